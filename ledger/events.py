@@ -1,0 +1,338 @@
+"""Domain events: what the ledger records, in the past tense, with Kubernetes field names.
+
+Every event is a frozen dataclass registered in :data:`EVENT_TYPES`. The stored payload (column
+``events.payload``) is the event's fields with Kubernetes spelling (``shareID``,
+``consumedCapacity``, ``reservedFor`` ...) produced by :func:`to_payload`; :func:`from_payload` reads
+it back. The envelope (stream, stream position, global position, times, source) is
+:class:`RecordedEvent` once stored and :class:`NewEvent` before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import ClassVar, TypeAlias
+
+from ledger.types import GlobalPosition, JSONObject, JSONValue, StreamId, StreamPosition
+
+SCHEMA_VERSION = 1
+"""Version of the payload shapes below; bumped when a payload changes incompatibly."""
+
+_RENAMES = {"share_id": "shareID", "uid": "uid", "pod_uid": "podUID", "owner_pod_uid": "ownerPodUID"}
+
+
+def _camel(name: str) -> str:
+    if name in _RENAMES:
+        return _RENAMES[name]
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of all domain events; ``TYPE`` is the stored ``events.type``."""
+
+    TYPE: ClassVar[str] = ""
+
+
+# --- devices and pools (source: ResourceSlice) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DevicePublished(Event):
+    """A device appeared in the counting generation of its pool.
+
+    Source: ``ResourceSlice.spec.devices[]`` of a slice at the highest ``spec.pool.generation``.
+    ``attributes`` and ``capacity`` keep the Kubernetes shapes (``{"model": {"string": "A100"}}``,
+    ``{"memory": {"value": "80Gi"}}``); ``consumes_counters`` is ``spec.devices[].consumesCounters``.
+    """
+
+    TYPE: ClassVar[str] = "DevicePublished"
+    driver: str
+    pool: str
+    device: str
+    node: str | None
+    slice_name: str
+    attributes: JSONObject
+    capacity: JSONObject
+    allow_multiple_allocations: bool
+    consumes_counters: list[JSONValue]
+    taints: list[JSONValue]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceUpdated(DevicePublished):
+    """A published device changed attributes, capacity, counters, taints, node or slice."""
+
+    TYPE: ClassVar[str] = "DeviceUpdated"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceWithdrawn(Event):
+    """A device left the counting generation of its pool (slice deleted, device removed, or a newer
+    pool generation without it). Allocations that still name it stay held off-slice (DESIGN §11.4)."""
+
+    TYPE: ClassVar[str] = "DeviceWithdrawn"
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolGenerationObserved(Event):
+    """The counting generation of a pool, or its completeness, changed.
+
+    Source: ``ResourceSlice.spec.pool`` {name, generation, resourceSliceCount}; ``slices`` is the
+    number of existing slices at that generation; ``complete`` is ``slices >= resourceSliceCount``.
+    """
+
+    TYPE: ClassVar[str] = "PoolGenerationObserved"
+    driver: str
+    pool: str
+    generation: int
+    resource_slice_count: int
+    slices: int
+    complete: bool
+    shared_counters: list[JSONValue]
+
+
+# --- claims (source: ResourceClaim) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimCreated(Event):
+    """A ResourceClaim was first seen.
+
+    ``origin`` is ``manual``, ``template`` or ``extended``; ``requests`` is
+    ``spec.devices.requests[]`` normalised to v1 (``exactly`` / ``firstAvailable``).
+    """
+
+    TYPE: ClassVar[str] = "ClaimCreated"
+    uid: str
+    namespace: str
+    name: str
+    origin: str
+    owner_pod: str | None
+    owner_pod_uid: str | None
+    requests: list[JSONValue]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimAllocated(Event):
+    """Devices were allocated to the claim: ``status.allocation.devices.results[]``.
+
+    Each result keeps ``request``, ``driver``, ``pool``, ``device``, ``adminAccess``, ``shareID``,
+    ``consumedCapacity`` plus ``deviceClassName`` resolved from the claim's request. ``node`` comes
+    from ``status.allocation.nodeSelector`` (a ``metadata.name`` match) when there is one.
+    """
+
+    TYPE: ClassVar[str] = "ClaimAllocated"
+    uid: str
+    namespace: str
+    name: str
+    results: list[JSONValue]
+    node: str | None
+    allocation_timestamp: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimReserved(Event):
+    """A consumer entered ``status.reservedFor[]`` ({resource, name, uid, apiGroup})."""
+
+    TYPE: ClassVar[str] = "ClaimReserved"
+    uid: str
+    consumer: JSONObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimUnreserved(Event):
+    """A consumer left ``status.reservedFor[]`` (or the claim was deleted while it was there)."""
+
+    TYPE: ClassVar[str] = "ClaimUnreserved"
+    uid: str
+    consumer: JSONObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimDeletionRequested(Event):
+    """``metadata.deletionTimestamp`` was set. Not a release: the devices stay held (DESIGN §11.1)."""
+
+    TYPE: ClassVar[str] = "ClaimDeletionRequested"
+    uid: str
+    deletion_timestamp: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimDeallocated(Event):
+    """The allocation left ``status.allocation`` (or the claim was deleted while allocated): a release,
+    dated when it was observed."""
+
+    TYPE: ClassVar[str] = "ClaimDeallocated"
+    uid: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimDeleted(Event):
+    """The ResourceClaim was DELETED from the API server."""
+
+    TYPE: ClassVar[str] = "ClaimDeleted"
+    uid: str
+
+
+# --- device classes, namespaces, pods ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceClassDefined(Event):
+    """A DeviceClass was first seen; ``spec`` is its v1 spec (selectors, config, extendedResourceName)."""
+
+    TYPE: ClassVar[str] = "DeviceClassDefined"
+    name: str
+    spec: JSONObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceClassChanged(DeviceClassDefined):
+    """The spec of a DeviceClass changed."""
+
+    TYPE: ClassVar[str] = "DeviceClassChanged"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceClassDeleted(Event):
+    """A DeviceClass was deleted."""
+
+    TYPE: ClassVar[str] = "DeviceClassDeleted"
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeamAssigned(Event):
+    """The team billed for a namespace was set or changed: the value of the team label, or the namespace
+    name when the label is absent. ``label`` is the label key read, ``None`` when the name was used."""
+
+    TYPE: ClassVar[str] = "TeamAssigned"
+    namespace: str
+    team: str
+    label: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodPhaseChanged(Event):
+    """A pod was first seen or changed ``status.phase`` or its claim links.
+
+    ``claims`` are the claim names it references: ``spec.resourceClaims[].resourceClaimName``,
+    ``status.resourceClaimStatuses[].resourceClaimName`` and
+    ``status.extendedResourceClaimStatus.resourceClaimName`` (DESIGN §11.3).
+    """
+
+    TYPE: ClassVar[str] = "PodPhaseChanged"
+    uid: str
+    namespace: str
+    name: str
+    phase: str
+    node: str | None
+    claims: list[JSONValue]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodDeleted(Event):
+    """A pod was DELETED: any ``reservedFor`` entry naming it is stale from now on."""
+
+    TYPE: ClassVar[str] = "PodDeleted"
+    uid: str
+    namespace: str
+    name: str
+
+
+EventClass: TypeAlias = type[Event]
+EVENT_TYPES: Mapping[str, EventClass] = {
+    cls.TYPE: cls
+    for cls in (
+        DevicePublished, DeviceUpdated, DeviceWithdrawn, PoolGenerationObserved,
+        ClaimCreated, ClaimAllocated, ClaimReserved, ClaimUnreserved, ClaimDeletionRequested,
+        ClaimDeallocated, ClaimDeleted, DeviceClassDefined, DeviceClassChanged, DeviceClassDeleted,
+        TeamAssigned, PodPhaseChanged, PodDeleted,
+    )
+}
+"""Every event type by its stored name."""
+
+
+def to_payload(event: Event) -> JSONObject:
+    """Return the stored payload of ``event``: its fields with Kubernetes key spelling."""
+    return {_camel(f.name): getattr(event, f.name) for f in dataclasses.fields(event)}
+
+
+def from_payload(type_: str, payload: Mapping[str, JSONValue]) -> Event:
+    """Rebuild an event from ``events.type`` and ``events.payload``.
+
+    Raises:
+        KeyError: ``type_`` is not in :data:`EVENT_TYPES` or the payload lacks a field.
+    """
+    cls = EVENT_TYPES[type_]
+    return cls(**{f.name: payload[_camel(f.name)] for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventSource:
+    """The observation an event came from: kind, uid, ``resourceVersion``, watch event type, and the
+    ``observations.digest`` of the line."""
+
+    kind: str
+    uid: str | None
+    resource_version: str | None
+    watch_type: str
+    digest: str
+
+    def to_json(self) -> JSONObject:
+        """Return the ``events.source`` column value."""
+        return {"kind": self.kind, "uid": self.uid, "resourceVersion": self.resource_version,
+                "watchType": self.watch_type, "digest": self.digest}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    """An event about to be appended: the domain event plus its envelope minus the global position.
+
+    ``event_id`` is deterministic (uuid5 of the observation digest and the event's index in it), so
+    re-translating the same observation yields the same ids and appending them again is a no-op.
+    """
+
+    stream: StreamId
+    stream_position: StreamPosition
+    event: Event
+    occurred_at: datetime
+    recorded_at: datetime
+    source: EventSource
+    event_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedEvent:
+    """An event as stored in table ``events``; ``payload`` uses Kubernetes key spelling."""
+
+    global_position: GlobalPosition
+    cluster: str
+    stream: StreamId
+    stream_position: StreamPosition
+    type: str
+    occurred_at: datetime
+    recorded_at: datetime
+    payload: JSONObject
+    source: JSONObject = field(default_factory=dict)
+
+
+def event_id_for(digest: str, index: int) -> uuid.UUID:
+    """Deterministic id of the ``index``-th event translated from observation ``digest``."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"dra-ledger:{digest}:{index}")
+
+
+def positions(events: Sequence[NewEvent]) -> dict[StreamId, StreamPosition]:
+    """Return the highest stream position per stream in ``events`` (for bookkeeping after an append)."""
+    out: dict[StreamId, StreamPosition] = {}
+    for e in events:
+        out[e.stream] = max(out.get(e.stream, StreamPosition(0)), e.stream_position)
+    return out

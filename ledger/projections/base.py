@@ -1,0 +1,69 @@
+"""What every projection shares: the ``Projection`` port and the interval helpers.
+
+Read models keep history as ``tstzrange`` intervals ``[from, to)``: an open interval (``to`` = NULL,
+``upper_inf``) is what holds now. Opening appends a row; closing sets the upper bound, never below
+the lower bound, so an event that arrives with an earlier ``occurred_at`` than its interval's start
+yields an empty interval instead of an invalid range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy import Connection, Table, text
+
+from ledger.events import RecordedEvent
+from ledger.types import JSONValue
+
+
+class Projection(Protocol):
+    """A read model named for the question it answers; applies events in global position order."""
+
+    name: str
+    """Checkpoint name (table ``checkpoints.projection``)."""
+    tables: Sequence[Table]
+    """Tables this projection owns (emptied by a rebuild)."""
+
+    def apply_event(self, conn: Connection, event: RecordedEvent) -> None:
+        """Apply one event inside the caller's transaction.
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database refused a write; the runner rolls back the
+                batch and its checkpoint, so the event is applied again on the next run.
+        """
+
+
+def open_interval(conn: Connection, table: Table, values: Mapping[str, object], start: datetime) -> None:
+    """Insert a row of ``table`` whose ``valid`` is ``[start, ∞)``."""
+    cols = ", ".join(values)
+    params = ", ".join(f":{c}" for c in values)
+    conn.execute(
+        text(f"INSERT INTO {table.name} ({cols}, valid) VALUES ({params}, tstzrange(:_start, NULL, '[)'))"),
+        {**values, "_start": start},
+    )
+
+
+def close_intervals(conn: Connection, table: Table, where: Mapping[str, object], end: datetime,
+                    *, extra: str = "") -> None:
+    """Close the open intervals of ``table`` matching ``where`` (column = value, ANDed) at ``end``."""
+    cond = " AND ".join(f"{c} = :{c}" for c in where)
+    conn.execute(
+        text(f"UPDATE {table.name} SET valid = tstzrange(lower(valid), greatest(lower(valid), :_end), '[)') "
+             f"WHERE {cond} AND upper_inf(valid) AND NOT isempty(valid) {extra}"),
+        {**where, "_end": end},
+    )
+
+
+def str_of(payload: Mapping[str, JSONValue], key: str) -> str:
+    """Return ``payload[key]`` as a string (payloads are written by the translator, so this holds)."""
+    value = payload[key]
+    assert isinstance(value, str), f"payload field {key!r} is not a string"
+    return value
+
+
+def opt_str_of(payload: Mapping[str, JSONValue], key: str) -> str | None:
+    """Return ``payload[key]`` as a string or ``None``."""
+    value = payload.get(key)
+    return value if isinstance(value, str) else None

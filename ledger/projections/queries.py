@@ -1,0 +1,367 @@
+"""Read-side queries over the read models: occupancy, usage, claims and idle claims at any instant.
+
+Every "at time T" question is answered with ``valid @> T`` on the GiST-indexed intervals, never by
+replaying events. Results are plain JSON-ready dicts with Kubernetes spelling (``shareID``,
+``adminAccess``): the exact bodies the CLI prints with ``--output json`` and the REST API returns.
+Times in results are RFC 3339 strings in UTC; device-hours are floats (hours).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+from typing import Literal
+
+from sqlalchemy import Connection, text
+
+from ledger.errors import Invalid
+from ledger.types import JSONObject, JSONValue
+
+GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
+GROUP_BY: Mapping[str, str] = {"team": "team", "namespace": "namespace", "deviceClass": "device_class",
+                               "model": "model", "node": "node"}
+TERMINAL = ("Succeeded", "Failed")
+IDLE_CATEGORIES = ("unreserved", "inactive-consumers", "unreferenced")
+
+
+def rfc3339(value: datetime) -> str:
+    """Format an aware datetime as RFC 3339 UTC with a ``Z`` (microseconds only when non-zero)."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _cluster_filter(cluster: str | None, alias: str = "") -> str:
+    prefix = f"{alias}." if alias else ""
+    return f" AND {prefix}cluster = :cluster" if cluster is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Consumer:
+    claim_uid: str
+    resource: str
+    name: str
+    uid: str | None
+    live: bool
+    running: bool
+
+
+def _consumers_at(conn: Connection, at: datetime, cluster: str | None) -> dict[str, list[_Consumer]]:
+    """Consumers in ``reservedFor`` at ``at`` per claim uid, with liveness of pods at ``at``.
+
+    A pod consumer is live unless the ledger saw it terminal (Succeeded/Failed) or deleted at ``at``;
+    a pod never seen is presumed live (DESIGN §11.2: only a pod known to be gone is stale). Non-pod
+    consumers are live holders of their own kind.
+    """
+    rows = conn.execute(text(
+        "SELECT c.cluster, c.claim_uid, c.resource, c.name, c.uid, "
+        " (SELECT p.phase FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid AND p.valid @> :at "
+        "  LIMIT 1) AS phase, "
+        " EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid) AS known "
+        "FROM claim_consumers c WHERE c.valid @> :at" + _cluster_filter(cluster, "c") +
+        " ORDER BY c.name"), {"at": at, "cluster": cluster}).all()
+    out: dict[str, list[_Consumer]] = defaultdict(list)
+    for r in rows:
+        if r.resource == "pods":
+            live = (r.phase is not None and r.phase not in TERMINAL) or not r.known
+            running = r.phase == "Running" or not r.known
+        else:
+            live = running = True
+        out[f"{r.cluster}\x00{r.claim_uid}"].append(
+            _Consumer(claim_uid=r.claim_uid, resource=r.resource, name=r.name, uid=r.uid, live=live, running=running))
+    return out
+
+
+def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
+              driver: str | None = None, pool: str | None = None) -> JSONObject:
+    """Every device at ``at`` with its holders, and totals.
+
+    Sources: ``device_inventory`` (published devices, highest pool generation) and
+    ``device_allocations`` (``ResourceClaim.status.allocation.devices.results[]``) intervals containing
+    ``at``; consumers from ``claim_consumers`` (``status.reservedFor``) filtered to live pods.
+
+    Returns:
+        ``{"at", "totals": {"devices", "allocated", "free", "shared"}, "devices": [{"driver", "pool",
+        "device", "node", "model", "offSlice", "allocations": [{"namespace", "claim", "team", "request",
+        "deviceClass", "shareID", "adminAccess", "conflict", "consumers": [pod names]}]}]}``, devices sorted
+        by (driver, pool, device). Devices allocated after leaving their slice appear with
+        ``offSlice: true`` and count in ``totals.devices``; devices consuming the same counter set count
+        once (one piece of hardware). ``free`` is never negative; ``adminAccess`` never occupies.
+    """
+    filters = ""
+    params: dict[str, object] = {"at": at, "cluster": cluster, "node": node, "driver": driver, "pool": pool}
+    for col, value in (("cluster", cluster), ("node", node), ("driver", driver), ("pool", pool)):
+        if value is not None:
+            filters += f" AND {col} = :{col}"
+    inventory = conn.execute(text(
+        "SELECT cluster, driver, pool, device, node, model, counter_set FROM device_inventory "
+        f"WHERE valid @> :at{filters}"), params).all()
+    allocations = conn.execute(text(
+        "SELECT cluster, driver, pool, device, node, model, claim_uid, namespace, claim, team, request, "
+        "device_class, share_id, admin_access, conflict FROM device_allocations "
+        f"WHERE valid @> :at{filters} ORDER BY namespace, claim, request, share_id NULLS FIRST"), params).all()
+    consumers = _consumers_at(conn, at, cluster)
+    devices: dict[tuple[str, str, str, str], JSONObject] = {}
+    units: dict[tuple[str, str, str, str], str] = {}
+    for r in inventory:
+        key = (r.cluster, r.driver, r.pool, r.device)
+        devices[key] = {"driver": r.driver, "pool": r.pool, "device": r.device, "node": r.node, "model": r.model,
+                        "offSlice": False, "allocations": []}
+        units[key] = r.counter_set or f"device:{r.device}"
+    for r in allocations:
+        key = (r.cluster, r.driver, r.pool, r.device)
+        if key not in devices:
+            devices[key] = {"driver": r.driver, "pool": r.pool, "device": r.device, "node": r.node,
+                            "model": r.model, "offSlice": True, "allocations": []}
+            units[key] = f"device:{r.device}"
+        live = [c.name for c in consumers.get(f"{r.cluster}\x00{r.claim_uid}", []) if c.live]
+        allocs = devices[key]["allocations"]
+        assert isinstance(allocs, list)
+        allocs.append({"namespace": r.namespace, "claim": r.claim, "team": r.team, "request": r.request,
+                       "deviceClass": r.device_class, "shareID": r.share_id, "adminAccess": r.admin_access,
+                       "conflict": r.conflict, "consumers": list(live)})
+    unit_keys = {(k[0], k[1], k[2], units[k]) for k in devices}
+    allocated_units: set[tuple[str, str, str, str]] = set()
+    shared_units: set[tuple[str, str, str, str]] = set()
+    for key, dev in devices.items():
+        allocs = dev["allocations"]
+        assert isinstance(allocs, list)
+        holding = [a for a in allocs if isinstance(a, dict) and not a["adminAccess"]]
+        unit = (key[0], key[1], key[2], units[key])
+        if holding:
+            allocated_units.add(unit)
+        consumers_n = sum(len(a["consumers"]) for a in holding if isinstance(a["consumers"], list))
+        if len(holding) > 1 or consumers_n > 1:
+            shared_units.add(unit)
+    ordered = [devices[k] for k in sorted(devices)]
+    return {"at": rfc3339(at),
+            "totals": {"devices": len(unit_keys), "allocated": len(allocated_units),
+                       "free": len(unit_keys) - len(allocated_units), "shared": len(shared_units)},
+            "devices": list(ordered)}
+
+
+def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str,
+          cluster: str | None = None) -> JSONObject:
+    """Device-hours over ``[start, end)`` grouped by ``group_by`` and always by DeviceClass and driver.
+
+    Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours).
+    ``adminAccess`` allocations are not billed. When several allocations hold one device at once
+    (shares, or a double booking), each device-second is split equally among them, so the rows add up
+    to the device's own hours (DESIGN §11.5).
+
+    Returns:
+        ``{"from", "to", "groupBy", "rows": [{<groupBy>: value, "deviceClass", "driver",
+        "deviceHours"}]}`` sorted by group value then class; hours rounded to 6 decimals.
+
+    Raises:
+        Invalid: ``group_by`` unknown, or ``start`` is not before ``end``.
+    """
+    if group_by not in GROUP_BY:
+        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+    if not start < end:
+        raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
+    col = GROUP_BY[group_by]
+    rows = conn.execute(text(
+        f"SELECT cluster, driver, pool, device, device_class, {col} AS grp, "
+        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), :end), :end) AS e "
+        "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
+        " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
+        {"start": start, "end": end, "cluster": cluster}).all()
+    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str]]]] = \
+        defaultdict(list)
+    for r in rows:
+        if r.e > r.s:
+            per_device[(r.cluster, r.driver, r.pool, r.device)].append(
+                (r.s, r.e, (str(r.grp) if r.grp is not None else "", r.device_class or "", r.driver)))
+    seconds: dict[tuple[str, str, str], float] = defaultdict(float)
+    for intervals in per_device.values():
+        _split_equally(intervals, seconds)
+    out: list[JSONValue] = [
+        {group_by: grp or None, "deviceClass": cls or None, "driver": drv, "deviceHours": round(s / 3600, 6)}
+        for (grp, cls, drv), s in sorted(seconds.items())]
+    if group_by == "deviceClass":
+        for row in out:
+            assert isinstance(row, dict)
+            row["deviceClass"] = row[group_by]
+    return {"from": rfc3339(start), "to": rfc3339(end), "groupBy": group_by, "rows": out}
+
+
+def _split_equally(intervals: Sequence[tuple[datetime, datetime, tuple[str, str, str]]],
+                   seconds: dict[tuple[str, str, str], float]) -> None:
+    """Sweep one device's intervals; each elementary span is divided among the intervals covering it."""
+    cuts = sorted({t for s, e, _ in intervals for t in (s, e)})
+    for lo, hi in pairwise(cuts):
+        covering = [g for s, e, g in intervals if s <= lo and e >= hi]
+        if covering:
+            share = (hi - lo).total_seconds() / len(covering)
+            for g in covering:
+                seconds[g] += share
+
+
+def _team_at(conn: Connection, cluster: str, namespace: str, at: datetime) -> str:
+    team = conn.execute(text("SELECT team FROM namespace_teams WHERE cluster = :c AND namespace = :ns "
+                             "AND valid @> :at LIMIT 1"), {"c": cluster, "ns": namespace, "at": at}).scalar()
+    return str(team) if team is not None else namespace
+
+
+def requested_counts(requests: Sequence[JSONValue]) -> dict[str, int]:
+    """Devices requested per DeviceClass from ``ResourceClaim.spec.devices.requests[]`` (v1 shape).
+
+    ``exactly`` with ``allocationMode: ExactCount`` counts ``count`` (default 1); ``All`` counts 0
+    (unknown until allocated); ``firstAvailable`` counts its first sub-request. ``adminAccess``
+    requests count 0 (they never occupy a device).
+    """
+    out: dict[str, int] = defaultdict(int)
+    for req in requests:
+        if not isinstance(req, dict):
+            continue
+        spec = req.get("exactly")
+        if not isinstance(spec, dict):
+            subs = req.get("firstAvailable")
+            spec = subs[0] if isinstance(subs, list) and subs and isinstance(subs[0], dict) else None
+        if not isinstance(spec, dict) or not isinstance(spec.get("deviceClassName"), str):
+            continue
+        mode = spec.get("allocationMode") or "ExactCount"
+        count = spec.get("count")
+        n = (count if isinstance(count, int) else 1) if mode == "ExactCount" else 0
+        if spec.get("adminAccess") is True:
+            n = 0
+        out[str(spec["deviceClassName"])] += n
+    return dict(out)
+
+
+def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str | None = None,
+           namespace: str | None = None) -> JSONObject:
+    """Claims known at ``at`` with their state, devices and live consumers.
+
+    Sources: ``claims`` (origin, requests), ``claim_states`` (pending/allocated intervals),
+    ``device_allocations`` and ``claim_consumers`` at ``at``. A claim deleted before ``at`` has state
+    ``deleted``; one created after ``at`` is not listed.
+
+    Args:
+        state: ``pending``, ``allocated``, ``deleted`` or ``all``.
+
+    Returns:
+        ``{"at", "claims": [{"namespace", "name", "uid", "origin", "state", "team",
+        "requested": {deviceClassName: count}, "devices": [{"driver", "pool", "device", "request",
+        "shareID", "adminAccess"}], "consumers": [names]}]}`` sorted by namespace, name.
+
+    Raises:
+        Invalid: unknown ``state``.
+    """
+    if state not in ("pending", "allocated", "deleted", "all"):
+        raise Invalid(f"state must be pending, allocated, deleted or all, got {state!r}")
+    params: dict[str, object] = {"at": at, "cluster": cluster, "namespace": namespace}
+    extra = _cluster_filter(cluster, "c") + (" AND c.namespace = :namespace" if namespace is not None else "")
+    rows = conn.execute(text(
+        "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.requests, c.deleted_at, "
+        " (SELECT s.state FROM claim_states s WHERE s.cluster = c.cluster AND s.claim_uid = c.uid "
+        "  AND s.valid @> :at LIMIT 1) AS st "
+        "FROM claims c WHERE c.created_at <= :at" + extra + " ORDER BY c.namespace, c.name, c.uid"), params).all()
+    allocs = conn.execute(text(
+        "SELECT cluster, claim_uid, driver, pool, device, request, share_id, admin_access FROM device_allocations "
+        "WHERE valid @> :at" + _cluster_filter(cluster) + " ORDER BY driver, pool, device, share_id"), params).all()
+    by_claim: dict[str, list[JSONValue]] = defaultdict(list)
+    for a in allocs:
+        by_claim[f"{a.cluster}\x00{a.claim_uid}"].append(
+            {"driver": a.driver, "pool": a.pool, "device": a.device, "request": a.request,
+             "shareID": a.share_id, "adminAccess": a.admin_access})
+    consumers = _consumers_at(conn, at, cluster)
+    out: list[JSONValue] = []
+    for r in rows:
+        st = r.st or ("deleted" if r.deleted_at is not None and r.deleted_at <= at else None)
+        if st is None or (state != "all" and st != state):
+            continue
+        key = f"{r.cluster}\x00{r.uid}"
+        out.append({"namespace": r.namespace, "name": r.name, "uid": r.uid, "origin": r.origin, "state": st,
+                    "team": _team_at(conn, r.cluster, r.namespace, at),
+                    "requested": dict(requested_counts(r.requests)), "devices": by_claim.get(key, []),
+                    "consumers": [c.name for c in consumers.get(key, []) if c.live]})
+    return {"at": rfc3339(at), "claims": out}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdleThresholds:
+    """How long a claim must be idle before it is listed, per category (seconds)."""
+
+    unreserved_s: float = 1800.0
+    """Allocated with empty ``reservedFor``; 30 min covers a normal pod start."""
+    inactive_consumers_s: float = 1800.0
+    """Reserved only by pods that are not Running; 30 min covers image pulls and restarts."""
+    unreferenced_s: float = 1800.0
+    """Manual claims no pod references."""
+
+    def for_category(self, category: str) -> float:
+        """Return the threshold of ``category`` in seconds."""
+        return {"unreserved": self.unreserved_s, "inactive-consumers": self.inactive_consumers_s,
+                "unreferenced": self.unreferenced_s}[category]
+
+
+def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = None,
+                thresholds: IdleThresholds = IdleThresholds(), cluster: str | None = None) -> JSONObject:
+    """The idle-claim report at ``at``: one row per claim, first matching category wins (DESIGN §11.7).
+
+    Categories: ``unreserved`` (allocated, ``reservedFor`` empty), ``inactive-consumers`` (reserved
+    only by pods not Running: Pending, Succeeded, Failed or deleted), ``unreferenced`` (manual claims
+    no existing pod references by name, listed with 0 wasted hours when unallocated). ``idleSince`` is
+    when the claim became idle; the threshold (or ``min_idle``) only decides whether it is listed.
+    ``wastedDeviceHours`` = hours since ``idleSince`` x devices held (``adminAccess`` excluded).
+
+    Returns:
+        ``{"at", "claims": [{"namespace", "name", "team", "category", "idleSince", "devices",
+        "wastedDeviceHours"}]}`` sorted by namespace, name.
+    """
+    params: dict[str, object] = {"at": at, "cluster": cluster}
+    rows = conn.execute(text(
+        "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.created_at, s.state, lower(s.valid) AS since "
+        "FROM claims c JOIN claim_states s ON s.cluster = c.cluster AND s.claim_uid = c.uid AND s.valid @> :at "
+        "WHERE true" + _cluster_filter(cluster, "c") + " ORDER BY c.namespace, c.name"), params).all()
+    consumers = _consumers_at(conn, at, cluster)
+    out: list[JSONValue] = []
+    for r in rows:
+        key = f"{r.cluster}\x00{r.uid}"
+        mine = consumers.get(key, [])
+        last_reserved_end = conn.execute(text(
+            "SELECT max(upper(valid)) FROM claim_consumers WHERE cluster = :c AND claim_uid = :u "
+            "AND upper(valid) <= :at"), {"c": r.cluster, "u": r.uid, "at": at}).scalar()
+        category: str | None = None
+        since: datetime = r.since
+        if r.state == "allocated" and not mine:
+            category = "unreserved"
+            since = max(x for x in (r.since, last_reserved_end) if x is not None)
+        elif r.state == "allocated" and not any(c.running for c in mine):
+            category = "inactive-consumers"
+            since = _stopped_running(conn, r.cluster, [c.uid for c in mine if c.uid], at, r.since)
+        elif r.origin == "manual" and not mine:
+            refs = conn.execute(text(
+                "SELECT count(*) FILTER (WHERE valid @> :at) AS now, max(upper(valid)) AS last "
+                "FROM pod_phases WHERE cluster = :c AND namespace = :ns AND claims ? :name AND lower(valid) <= :at"),
+                {"c": r.cluster, "ns": r.namespace, "name": r.name, "at": at}).one()
+            if not refs.now:
+                category = "unreferenced"
+                since = max(x for x in (r.created_at, refs.last, last_reserved_end) if x is not None)
+        if category is None:
+            continue
+        limit = min_idle.total_seconds() if min_idle is not None else thresholds.for_category(category)
+        idle_s = (at - since).total_seconds()
+        if idle_s < limit:
+            continue
+        devices = conn.execute(text(
+            "SELECT driver, pool, device FROM device_allocations WHERE cluster = :c AND claim_uid = :u "
+            "AND valid @> :at AND NOT admin_access ORDER BY driver, pool, device"),
+            {"c": r.cluster, "u": r.uid, "at": at}).all()
+        out.append({"namespace": r.namespace, "name": r.name, "team": _team_at(conn, r.cluster, r.namespace, at),
+                    "category": category, "idleSince": rfc3339(since),
+                    "devices": [f"{d.driver}/{d.pool}/{d.device}" for d in devices],
+                    "wastedDeviceHours": round(idle_s / 3600 * len(devices), 6)})
+    return {"at": rfc3339(at), "claims": out}
+
+
+def _stopped_running(conn: Connection, cluster: str, pod_uids: Sequence[str], at: datetime,
+                     allocated_since: datetime) -> datetime:
+    """When the last of ``pod_uids`` stopped Running before ``at`` (or the allocation start)."""
+    last = conn.execute(text(
+        "SELECT max(upper(valid)) FROM pod_phases WHERE cluster = :c AND pod_uid = ANY(:uids) "
+        "AND phase = 'Running' AND upper(valid) <= :at"), {"c": cluster, "uids": list(pod_uids), "at": at}).scalar()
+    return max(allocated_since, last) if last is not None else allocated_since

@@ -1,0 +1,728 @@
+"""Read recorded watch histories and kubectl output as one uniform stream of watch lines.
+
+Replay (DESIGN §9) must hand the translator the same ``(type, object)`` pairs a live watch gives,
+whatever the input file is:
+
+1. a recorded history: JSON Lines ``{"observedAt": "<RFC 3339>", "type": ..., "object": {...}}``;
+2. ``kubectl get ... -o json --watch --output-watch-events`` output: pretty-printed
+   ``{"type": ..., "object": {...}}`` documents one after the other;
+3. ``kubectl get -o yaml|json`` output: a ``List`` / ``XxxList`` or a single object, in JSON or in
+   (multi-document) YAML; each object becomes an ``ADDED`` line.
+
+The format is told from the content, never from the file name. These files come from people and
+clusters, so reading never raises on bad content: a line or document that cannot be read becomes a
+:class:`BrokenLine` and reading goes on with the next one. This module only parses: no database,
+no network, and no check of an object beyond the watch envelope (``type``, ``object``,
+``observedAt``) and, for Lists and YAML/JSON objects, a string ``kind``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, timezone
+from functools import lru_cache
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Final, Literal, TypeAlias, cast, get_args
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from ledger.errors import Invalid
+from ledger.types import JSONObject, JSONValue
+
+__all__ = [
+    "MAX_TEXT_CHARS",
+    "WATCH_TYPES",
+    "BrokenLine",
+    "WatchLine",
+    "WatchType",
+    "parse_time",
+    "read_history",
+    "read_text",
+]
+
+WatchType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+"""Watch event types that can be replayed (``ERROR`` events are reported as :class:`BrokenLine`)."""
+
+WATCH_TYPES: Final[frozenset[str]] = frozenset(get_args(WatchType))
+"""The values of :data:`WatchType`, for membership tests on decoded text."""
+
+MAX_TEXT_CHARS: Final = 4096
+"""Longest ``BrokenLine.text`` kept, in characters: enough to see the problem, bounded in memory."""
+
+_PROBE_LINES: Final = 3
+"""Non-blank lines looked at to recognise JSON Lines; more than one so a damaged first line is survived."""
+
+_YAML_NODE_BUDGET: Final = 2_000_000
+"""Most values one YAML document may expand to: stops alias bombs ("billion laughs")."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchLine:
+    """One watch event read from a file, in file order.
+
+    Source: one recorded line, one ``kubectl --output-watch-events`` document, or one object /
+    List item of ``kubectl get`` output (then ``type`` is always ``ADDED``).
+    """
+
+    source: str
+    """File path as given to :func:`read_history`, ``"<stdin>"``, or the ``source`` of :func:`read_text`."""
+    line: int
+    """1-based line where the event (or the List item) starts in the file."""
+    observed_at: datetime | None
+    """Receive time, tz-aware UTC: the line's ``observedAt``, else the ``at`` argument, else None."""
+    type: WatchType
+    object: JSONObject
+    """The Kubernetes object as decoded: only str/int/float/bool/None/list/dict values."""
+    digest: str
+    """Hex SHA-256 of the canonical JSON of ``[type, observed_at ISO 8601 or "", object]`` (keys sorted).
+
+    It depends on content only: the same event read from any file, in any format or formatting,
+    has the same digest; any change of type, instant or object changes it.
+    """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokenLine:
+    """A line or document that could not be read; reading went on after it."""
+
+    source: str
+    """As in :attr:`WatchLine.source`."""
+    line: int
+    """1-based line where the broken line, document or List item starts."""
+    reason: str
+    """Human-readable cause, e.g. ``invalid JSON: Expecting ',' delimiter (column 17)``."""
+    text: str
+    """The offending raw text, cut to :data:`MAX_TEXT_CHARS` characters."""
+    digest: str
+    """Hex SHA-256 of the whole raw text (its bytes when they are not UTF-8): independent of ``source``."""
+
+
+ReadResult: TypeAlias = WatchLine | BrokenLine
+
+
+# --------------------------------------------------------------------------------------------------
+# Time
+
+
+_RFC3339: Final = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
+)
+
+
+def parse_time(value: str) -> datetime:
+    """Parse an RFC 3339 timestamp that carries a zone.
+
+    Accepts ``Z`` (or ``z``) or a ``±hh:mm`` offset, ``T``/``t``/space between date and time, and
+    any number of fraction digits; digits beyond microseconds are truncated (Kubernetes writes up
+    to nanoseconds). Leap seconds (``:60``) are rejected.
+
+    Args:
+        value: e.g. ``"2026-11-02T09:00:00.123456Z"`` or ``"2026-11-02T10:00:00+01:00"``.
+
+    Returns:
+        The same instant as a tz-aware datetime in UTC.
+
+    Raises:
+        Invalid: no zone, not a string, out-of-range fields, or not a timestamp at all.
+    """
+    match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)}")
+    year, month, day, hour, minute, second, fraction, sign, off_h, off_m = match.groups()
+    zone = UTC
+    if sign is not None:
+        if int(off_h) > 23 or int(off_m) > 59:
+            raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)} (bad offset)")
+        offset = timedelta(hours=int(off_h), minutes=int(off_m))
+        zone = timezone(-offset if sign == "-" else offset)
+    micros = int((fraction or "")[:6].ljust(6, "0"))
+    try:
+        parsed = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=zone
+        )
+    except ValueError as e:
+        raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)} ({e})") from e
+    return parsed.astimezone(UTC)
+
+
+# Recorded files repeat the same receive time on every line of a burst (a relist, a resync).
+_parse_time_cached: Final = lru_cache(maxsize=1024)(parse_time)
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _as_utc(at: datetime | None) -> datetime | None:
+    if at is None:
+        return None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise Invalid(f"at: a timezone-aware datetime is required, got naive {at.isoformat()}")
+    return at.astimezone(UTC)
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def read_history(path: Path | str, *, at: datetime | None = None) -> Iterator[WatchLine | BrokenLine]:
+    """Read a recorded history or kubectl output file, lazily, in file order.
+
+    JSON Lines files are streamed line by line (constant memory, any size); the other formats are
+    read whole. The format is detected from the content as :func:`read_text` describes. The
+    string ``"-"`` reads standard input (``source`` is then ``"<stdin>"``).
+
+    Args:
+        path: the file; ``WatchLine.source`` is ``str(path)``.
+        at: receive time for inputs that carry none (kubectl output, Lists, JSON Lines without
+            ``observedAt``); a line's own ``observedAt`` always wins. Must be tz-aware.
+
+    Returns:
+        An iterator of :class:`WatchLine` and :class:`BrokenLine`, by increasing ``line``
+        (except that lines which are not UTF-8 in a non-JSON-Lines file are reported first).
+
+    Raises:
+        Invalid: ``at`` is naive (raised at once).
+        OSError: the file cannot be opened or read (raised by the first ``next()``).
+    """
+    at_utc = _as_utc(at)
+    if isinstance(path, str) and path == "-":
+        return _read_binary(sys.stdin.buffer, source="<stdin>", at=at_utc)
+    return _read_path(Path(path), source=str(path), at=at_utc)
+
+
+def read_text(text: str, *, source: str, at: datetime | None = None) -> Iterator[WatchLine | BrokenLine]:
+    """Read a whole history or kubectl output held in memory, lazily, in text order.
+
+    Detection, after a leading BOM and whitespace: if the first character is ``{`` and one of the
+    first three non-blank lines is on its own a JSON object with ``type`` and ``object``, the text
+    is JSON Lines (format 1). Otherwise, if it starts with ``{``, it is one or more JSON documents:
+    each ``{"type", "object"}`` document is a watch event (format 2) and any other document is a
+    Kubernetes object or List (format 3). Anything else is YAML (format 3, ``---`` separated).
+
+    Rules per format:
+
+    * JSON Lines: blank lines are skipped; ``observedAt`` is required unless ``at`` is given.
+    * Watch events: ``observed_at`` is the document's ``observedAt`` if any, else ``at``, else None.
+      A broken document is reported at its first line and reading resumes at the next line that
+      starts with ``{`` in column 0.
+    * Objects and Lists: every ``List`` / ``XxxList`` item and every other object is an ``ADDED``
+      line at ``at`` (None if not given), and must have a string ``kind``. Items of an ``XxxList``
+      that lack ``apiVersion`` / ``kind`` get the List's ``apiVersion`` and ``Xxx``. YAML items
+      carry their own start line; JSON items the line of their List. YAML timestamps stay strings
+      and every non-JSON YAML value (binary, set, non-string key...) is turned into a string.
+
+    Args:
+        text: the content; lines end with ``\\n`` (a ``\\r`` before it is ignored).
+        source: what to put in ``source``, e.g. a path or ``"<stdin>"``.
+        at: as for :func:`read_history`.
+
+    Returns:
+        An iterator of :class:`WatchLine` and :class:`BrokenLine` in text order.
+
+    Raises:
+        Invalid: ``at`` is naive (raised at once). Bad content never raises.
+    """
+    return _read_text(text, source=source, at=_as_utc(at))
+
+
+# --------------------------------------------------------------------------------------------------
+# Detection
+
+
+def _read_path(path: Path, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+    with path.open("rb") as handle:
+        yield from _read_binary(handle, source=source, at=at)
+
+
+def _read_binary(handle: BinaryIO, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+    head: list[bytes] = []
+    probe: list[str] = []
+    for raw in handle:
+        if not head:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        head.append(raw)
+        if raw.strip():
+            probe.append(raw.decode("utf-8", "replace"))
+            if len(probe) == _PROBE_LINES or not probe[0].lstrip().startswith("{"):
+                break
+    if _is_json_lines(probe):
+        yield from _read_json_lines(enumerate(chain(head, handle), 1), source=source, at=at)
+        return
+    data = b"".join(head) + handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", "replace")
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if (problem := _not_utf8(raw)) is not None:
+                yield _broken_bytes(source, number, problem + "; bad bytes replaced by U+FFFD", raw)
+    yield from _read_text(text, source=source, at=at)
+
+
+def _read_text(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+    text = text.removeprefix("\ufeff")
+    probe: list[str] = []
+    for raw in _iter_lines(text):
+        if raw and not raw.isspace():
+            probe.append(raw)
+            if len(probe) == _PROBE_LINES:
+                break
+    if _is_json_lines(probe):
+        yield from _read_json_lines(enumerate(_iter_lines(text), 1), source=source, at=at)
+    elif text.lstrip().startswith("{"):
+        yield from _read_json_documents(text, source=source, at=at)
+    else:
+        yield from _read_yaml(text, source=source, at=at)
+
+
+def _is_json_lines(probe: list[str]) -> bool:
+    """True if the text starts with ``{`` and a probed line alone is a watch-event JSON object."""
+    if not probe or not probe[0].lstrip().startswith("{"):
+        return False
+    for raw in probe:
+        try:
+            decoded: object = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(decoded, dict) and "type" in decoded and "object" in decoded:
+            return True
+    return False
+
+
+def _iter_lines(text: str) -> Iterator[str]:
+    """Split on ``\\n`` only: ``str.splitlines`` would also split on U+2028 inside JSON strings."""
+    start = 0
+    while (end := text.find("\n", start)) != -1:
+        yield text[start:end]
+        start = end + 1
+    if start < len(text):
+        yield text[start:]
+
+
+# --------------------------------------------------------------------------------------------------
+# Format 1: JSON Lines
+
+
+def _read_json_lines(
+    lines: Iterable[tuple[int, str | bytes]], *, source: str, at: datetime | None
+) -> Iterator[ReadResult]:
+    for number, item in lines:
+        if isinstance(item, bytes):
+            item = item.removesuffix(b"\n")
+            try:
+                raw = item.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield _broken_bytes(source, number, f"not UTF-8: {e.reason} at byte {e.start}", item)
+                continue
+        else:
+            raw = item
+        if not raw or raw.isspace():
+            continue
+        try:
+            decoded: object = json.loads(raw)
+        except json.JSONDecodeError as e:
+            yield _broken(source, number, f"invalid JSON: {e.msg} (column {e.colno})", raw)
+            continue
+        except (ValueError, RecursionError) as e:  # int longer than 4300 digits, absurd nesting
+            yield _broken(source, number, f"invalid JSON: {e}", raw)
+            continue
+        yield _watch_event(decoded, source=source, line=number, raw=raw, at=at, time_required=True)
+
+
+def _watch_event(
+    decoded: object, *, source: str, line: int, raw: str, at: datetime | None, time_required: bool
+) -> ReadResult:
+    """Check the watch envelope ``{observedAt?, type, object}`` and build the line."""
+    if not isinstance(decoded, dict):
+        return _broken(source, line, f"not a JSON object (found {_json_type(decoded)})", raw)
+    event_type = decoded.get("type")
+    obj = decoded.get("object")
+    if "type" not in decoded:
+        return _broken(source, line, "missing field 'type'", raw)
+    if event_type == "ERROR":
+        message = obj.get("message") if isinstance(obj, dict) else None
+        return _broken(source, line, f"type: ERROR events cannot be replayed (message: {message!r})", raw)
+    if not isinstance(event_type, str) or event_type not in WATCH_TYPES:
+        return _broken(
+            source, line, f"type: {_short_repr(event_type)} is not ADDED, MODIFIED, DELETED or BOOKMARK", raw
+        )
+    if "object" not in decoded:
+        return _broken(source, line, "missing field 'object'", raw)
+    if not isinstance(obj, dict):
+        return _broken(source, line, f"object: not a JSON object (found {_json_type(obj)})", raw)
+    observed_at = at
+    if "observedAt" in decoded:
+        value = decoded["observedAt"]
+        try:
+            if not isinstance(value, str):
+                raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)}")
+            observed_at = _parse_time_cached(value)
+        except Invalid as e:
+            return _broken(source, line, f"observedAt: {e}", raw)
+    elif observed_at is None and time_required:
+        return _broken(source, line, "missing field 'observedAt' (and no default time given)", raw)
+    return _watch_line(source, line, cast(WatchType, event_type), observed_at, cast(JSONObject, obj), raw)
+
+
+# --------------------------------------------------------------------------------------------------
+# Formats 2 and 3 in JSON: documents one after the other
+
+
+_JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")
+
+
+def _read_json_documents(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+    decoder = json.JSONDecoder()
+    pos, line = 0, 1
+    while True:
+        space = _JSON_SPACE.match(text, pos)
+        start = space.end() if space else pos
+        line += text.count("\n", pos, start)
+        if start >= len(text):
+            return
+        reason: str | None = None
+        try:
+            decoded, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as e:
+            reason = f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})"
+        except (ValueError, RecursionError) as e:
+            reason = f"invalid JSON: {e}"
+        if reason is not None:
+            # Resynchronise where kubectl starts its next document: a '{' in column 0.
+            after = text.find("\n{", start)
+            end = len(text) if after == -1 else after + 1
+            yield _broken(source, line, reason, text[start:end].rstrip())
+        else:
+            raw = text[start:end]
+            if _is_watch_event(decoded):
+                yield _watch_event(decoded, source=source, line=line, raw=raw, at=at, time_required=False)
+            else:
+                yield from _objects(decoded, source=source, line=line, item_lines=None, raw=raw, at=at)
+        line += text.count("\n", start, end)
+        pos = end
+
+
+def _is_watch_event(decoded: object) -> bool:
+    """A ``{"type", "object"}`` envelope, as opposed to an object (a Secret or Event has ``type``)."""
+    return isinstance(decoded, dict) and (
+        "object" in decoded or ("type" in decoded and "kind" not in decoded)
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Format 3 in YAML
+
+
+_DROPPED_TAGS: Final = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")
+"""Implicit YAML 1.1 types not resolved: unquoted timestamps (would be datetimes) and a lone ``=``
+(the safe loader cannot construct it). Both stay strings, as Kubernetes reads them."""
+
+if TYPE_CHECKING or yaml.__with_libyaml__:
+    from yaml import CSafeLoader as _BaseLoader
+else:  # pure-Python fallback, same API, about 10x slower
+    from yaml import SafeLoader as _BaseLoader
+
+
+class _YAMLLoader(_BaseLoader):
+    """Safe loader (libyaml when present) that leaves timestamps and a lone ``=`` as strings."""
+
+
+_YAMLLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _DROPPED_TAGS]
+    for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _construct_plain_string(loader: yaml.SafeLoader, node: ScalarNode) -> str:
+    return loader.construct_scalar(node)
+
+
+# An explicit `!!timestamp` tag still reaches the constructor: keep its text.
+_YAMLLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_plain_string)
+
+
+def _read_yaml(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+    for first_line, chunk in _yaml_chunks(text):
+        yield from _read_yaml_chunk(chunk, first_line=first_line, source=source, at=at)
+
+
+def _yaml_chunks(text: str) -> Iterator[tuple[int, str]]:
+    """Cut the text before each ``---`` line, so one broken document does not hide the next ones.
+
+    A part holding only comments, directives or blank lines stays with the document after it.
+    """
+    lines = text.split("\n")
+    start, has_content = 0, False
+    for index, raw in enumerate(lines):
+        if raw.startswith("---") and (len(raw) == 3 or raw[3] in " \t\r") and has_content:
+            yield start + 1, "\n".join(lines[start:index])
+            start, has_content = index, False
+        stripped = raw.lstrip()
+        if stripped and not stripped.startswith(("#", "%")):
+            has_content = True
+    yield start + 1, "\n".join(lines[start:])
+
+
+def _read_yaml_chunk(
+    chunk: str, *, first_line: int, source: str, at: datetime | None
+) -> Iterator[ReadResult]:
+    chunk_lines = chunk.split("\n")
+    error_line = _first_content_line(chunk_lines, first_line)  # where a failure is reported
+    documents = _yaml_documents(chunk)
+    while True:
+        try:
+            document = next(documents, None)
+        except (
+            yaml.YAMLError,
+            _NotJSONError,
+            RecursionError,
+            # Explicit tags reach constructors that raise plain errors, e.g. `!!int x`:
+            ValueError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+        ) as e:
+            # The loader's state is undefined after an error: give up on the rest of this chunk
+            # (it is one `---` document unless `...` markers were used).
+            problem = _yaml_problem(e, chunk=chunk, first_line=first_line)
+            yield _broken(source, error_line, f"invalid YAML: {problem}", chunk)
+            return
+        if document is None:
+            return
+        node, converted = document
+        line = first_line + node.start_mark.line
+        error_line = first_line + node.end_mark.line
+        raw = "\n".join(chunk_lines[node.start_mark.line : node.end_mark.line + 1])
+        item_lines = _item_lines(node, first_line)
+        yield from _objects(converted, source=source, line=line, item_lines=item_lines, raw=raw, at=at)
+
+
+def _yaml_documents(chunk: str) -> Iterator[tuple[Node, JSONValue]]:
+    """Each document's root node and its JSON value; raises what the loader raises."""
+    loader = _YAMLLoader(chunk)  # the pure-Python reader already rejects bad characters here
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                return
+            data: object = loader.construct_document(node)
+            yield node, _to_json(data, budget=[_YAML_NODE_BUDGET], active=set())
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(error: Exception, *, chunk: str, first_line: int) -> str:
+    """One-line description of a YAML failure, with its line in the whole text (1-based)."""
+    if isinstance(error, yaml.reader.ReaderError):  # a character YAML forbids, e.g. NUL
+        line = first_line + chunk.count("\n", 0, error.position)
+        column = error.position - (chunk.rfind("\n", 0, error.position) + 1) + 1
+        char = error.character
+        code = f"#x{char:04x}" if isinstance(char, int) else repr(char)
+        return f"unacceptable character {code}: {error.reason} (line {line}, column {column})"
+    if isinstance(error, yaml.MarkedYAMLError):
+        what = f"{error.context}: {error.problem}" if error.context else f"{error.problem}"
+        mark = error.problem_mark or error.context_mark
+        if mark is None:
+            return what
+        return f"{what} (line {first_line + mark.line}, column {mark.column + 1})"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error)
+
+
+def _first_content_line(chunk_lines: list[str], first_line: int) -> int:
+    for offset, raw in enumerate(chunk_lines):
+        stripped = raw.lstrip()
+        if stripped and not stripped.startswith(("#", "%")):
+            return first_line + offset
+    return first_line
+
+
+def _item_lines(node: Node, first_line: int) -> list[int] | None:
+    """Start line of each ``items[]`` entry of a List document, or None if not a plain List."""
+    if not isinstance(node, MappingNode):
+        return None
+    found: list[int] | None = None
+    for key, value in node.value:
+        if isinstance(key, ScalarNode) and key.value == "items" and isinstance(value, SequenceNode):
+            found = [first_line + item.start_mark.line for item in value.value]
+    return found
+
+
+class _NotJSONError(Exception):
+    """A YAML value that cannot become JSON (a recursive alias, an alias bomb)."""
+
+
+def _to_json(value: object, *, budget: list[int], active: set[int]) -> JSONValue:
+    """Copy a constructed YAML value into JSON types; ``budget`` counts values left to copy."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _NotJSONError(f"document expands to more than {_YAML_NODE_BUDGET} values (alias bomb?)")
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, dict | list | tuple | set | frozenset):
+        if id(value) in active:
+            raise _NotJSONError("recursive alias")
+        active.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return {_key_string(k): _to_json(v, budget=budget, active=active) for k, v in value.items()}
+            items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+            return [_to_json(v, budget=budget, active=active) for v in items]
+        finally:
+            active.discard(id(value))
+    return _scalar_string(value)
+
+
+def _key_string(key: object) -> str:
+    return key if isinstance(key, str) else _scalar_string(key)
+
+
+def _scalar_string(value: object) -> str:
+    """The JSON-ish text of a non-string YAML scalar: ``true``, ``null``, ``1``, ISO dates, base64."""
+    if value is None or isinstance(value, bool | int | float):
+        return json.dumps(value)
+    if isinstance(value, date):  # datetime too
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Objects and Lists (format 3)
+
+
+def _objects(
+    decoded: object,
+    *,
+    source: str,
+    line: int,
+    item_lines: list[int] | None,
+    raw: str,
+    at: datetime | None,
+) -> Iterator[ReadResult]:
+    """One ADDED line per item of a List, or one for a single object."""
+    if decoded is None:  # an empty YAML document (only comments, or a trailing `---`)
+        return
+    if not isinstance(decoded, dict):
+        yield _broken(source, line, f"not a Kubernetes object (found {_json_type(decoded)})", raw)
+        return
+    if (problem := _kind_problem(decoded)) is not None:
+        yield _broken(source, line, problem, raw)
+        return
+    kind = cast(str, decoded["kind"])
+    if not (kind == "List" or (kind.endswith("List") and "items" in decoded)):
+        yield _watch_line(source, line, "ADDED", at, cast(JSONObject, decoded), raw)
+        return
+    items = decoded.get("items")
+    if items is None:  # `kubectl get` of nothing prints `items: []`; Go may write null
+        return
+    if not isinstance(items, list):
+        yield _broken(source, line, f"items: not a list (found {_json_type(items)})", raw)
+        return
+    inherited: JSONObject = {}
+    if kind != "List":
+        if isinstance(api_version := decoded.get("apiVersion"), str):
+            inherited["apiVersion"] = api_version
+        inherited["kind"] = kind.removesuffix("List")
+    lines = item_lines if item_lines is not None and len(item_lines) == len(items) else [line] * len(items)
+    for index, (item, item_line) in enumerate(zip(items, lines, strict=True)):
+        if not isinstance(item, dict):
+            problem = f"items[{index}]: not an object (found {_json_type(item)})"
+            yield _broken(source, item_line, problem, _dump(item))
+            continue
+        missing = {k: v for k, v in inherited.items() if k not in item}
+        obj = cast(JSONObject, {**missing, **item} if missing else item)
+        if (problem := _kind_problem(obj)) is not None:
+            yield _broken(source, item_line, f"items[{index}]: {problem}", _dump(item))
+            continue
+        yield _watch_line(source, item_line, "ADDED", at, obj, raw)
+
+
+def _kind_problem(obj: JSONObject) -> str | None:
+    if "kind" not in obj:
+        return "missing field 'kind'"
+    if not isinstance(obj["kind"], str):
+        return f"kind: not a string (found {_json_type(obj['kind'])})"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Building results
+
+
+_CANONICAL: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
+)
+"""Encoder of the digest input. No cycle check (a quarter of the cost): decoded JSON cannot be
+cyclic and :func:`_to_json` rejects recursive YAML aliases."""
+
+
+def _watch_line(
+    source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject, raw: str
+) -> ReadResult:
+    """Build a WatchLine; ``raw`` is only used if the object is too deep to encode."""
+    try:
+        canonical = _CANONICAL.encode([event_type, observed_at.isoformat() if observed_at else "", obj])
+    except RecursionError:
+        return _broken(source, line, "object nested too deeply", raw)
+    digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+    return WatchLine(
+        source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest
+    )
+
+
+def _broken(source: str, line: int, reason: str, text: str) -> BrokenLine:
+    text = text.rstrip("\r")
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return BrokenLine(source=source, line=line, reason=reason, text=text[:MAX_TEXT_CHARS], digest=digest)
+
+
+def _broken_bytes(source: str, line: int, reason: str, raw: bytes) -> BrokenLine:
+    raw = raw.rstrip(b"\r\n")
+    text = raw.decode("utf-8", "replace")[:MAX_TEXT_CHARS]
+    digest = hashlib.sha256(raw).hexdigest()
+    return BrokenLine(source=source, line=line, reason=reason, text=text, digest=digest)
+
+
+def _not_utf8(raw: bytes) -> str | None:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not UTF-8: {e.reason} at byte {e.start}"
+    return None
+
+
+def _dump(value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__

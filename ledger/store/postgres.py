@@ -1,0 +1,176 @@
+"""PostgreSQL adapter of the event store (SQLAlchemy 2 Core on psycopg 3).
+
+Appends are serialised with ``LOCK TABLE events IN EXCLUSIVE MODE`` held until commit: commit order
+equals global position order, so a reader that reads ``global_position > X`` never skips an event that
+commits later with a smaller position. Readers are not blocked (EXCLUSIVE allows ACCESS SHARE).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, RowMapping, create_engine, text
+from sqlalchemy.exc import IntegrityError
+
+from ledger.errors import StreamConflict
+from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent, to_payload
+from ledger.translator.translate import TranslatorState
+from ledger.types import GlobalPosition, JSONObject, StreamId, StreamPosition
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    return create_engine(url, pool_pre_ping=True)
+
+
+def constraint_of(error: IntegrityError) -> str | None:
+    """Return the name of the constraint a psycopg ``IntegrityError`` violated (``diag.constraint_name``)."""
+    diag = getattr(error.orig, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    return name if isinstance(name, str) else None
+
+
+def lock_appends(conn: Connection) -> None:
+    """Take the append lock for the current transaction (see the module docstring for why)."""
+    conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservationRow:
+    """One row of table ``observations``: a watch event as received, recorded or rejected."""
+
+    digest: str
+    status: str
+    kind: str | None
+    api_version: str | None
+    namespace: str | None
+    name: str | None
+    uid: str | None
+    resource_version: str | None
+    watch_type: str | None
+    observed_at: object
+    recorded_at: object
+    origin: str
+    error: str | None
+    body: object
+
+
+def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> set[str]:
+    """Return which of ``digests`` are already in ``observations`` for ``cluster``."""
+    if not digests:
+        return set()
+    rows = conn.execute(text("SELECT digest FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
+                        {"c": cluster, "d": list(digests)}).scalars()
+    return {str(r) for r in rows}
+
+
+def insert_observations(conn: Connection, cluster: str, rows: Sequence[ObservationRow]) -> None:
+    """Insert observations; a digest already stored is skipped (idempotent re-delivery)."""
+    if not rows:
+        return
+    conn.execute(text(
+        "INSERT INTO observations (cluster, digest, status, kind, api_version, namespace, name, uid, "
+        "resource_version, watch_type, observed_at, recorded_at, origin, error, body) VALUES (:cluster, "
+        ":digest, :status, :kind, :api_version, :namespace, :name, :uid, :resource_version, :watch_type, "
+        ":observed_at, :recorded_at, :origin, :error, :body) "
+        "ON CONFLICT ON CONSTRAINT observations_cluster_digest_key DO NOTHING"),
+        [{"cluster": cluster, **{f: getattr(r, f) for f in r.__dataclass_fields__ if f != "body"},
+          "body": json.dumps(r.body)} for r in rows])
+
+
+def insert_events(conn: Connection, cluster: str, events: Sequence[NewEvent]) -> None:
+    """Insert translated events (caller holds the append lock).
+
+    Raises:
+        StreamConflict: a (stream, stream position) is taken: another writer appended to the stream.
+    """
+    if not events:
+        return
+    try:
+        conn.execute(text(
+            "INSERT INTO events (event_id, cluster, stream, stream_position, type, occurred_at, recorded_at, "
+            "schema_version, payload, source) VALUES (:event_id, :cluster, :stream, :stream_position, :type, "
+            ":occurred_at, :recorded_at, :schema_version, :payload, :source)"),
+            [{"event_id": e.event_id, "cluster": cluster, "stream": e.stream, "stream_position": e.stream_position,
+              "type": e.event.TYPE, "occurred_at": e.occurred_at, "recorded_at": e.recorded_at,
+              "schema_version": SCHEMA_VERSION, "payload": json.dumps(to_payload(e.event)),
+              "source": json.dumps(e.source.to_json())} for e in events])
+    except IntegrityError as e:
+        if constraint_of(e) != "events_stream_position_key":
+            raise
+        first = events[0]
+        raise StreamConflict(stream=first.stream, expected=first.stream_position - 1) from e
+
+
+def load_state(conn: Connection, cluster: str) -> TranslatorState:
+    """Load the translator's memory for ``cluster`` from table ``translator_state``."""
+    rows = conn.execute(text("SELECT key, state FROM translator_state WHERE cluster = :c"), {"c": cluster}).all()
+    return TranslatorState(entries={str(r.key): dict(r.state) for r in rows})
+
+
+def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:
+    """Persist the keys in ``state.dirty`` (upsert, or delete when gone) and clear ``dirty``."""
+    upserts = [{"c": cluster, "k": k, "s": json.dumps(state.entries[k])} for k in state.dirty if k in state.entries]
+    deletes = [k for k in state.dirty if k not in state.entries]
+    if upserts:
+        conn.execute(text("INSERT INTO translator_state (cluster, key, state) VALUES (:c, :k, :s) "
+                          "ON CONFLICT ON CONSTRAINT translator_state_pkey DO UPDATE SET state = excluded.state"),
+                     upserts)
+    if deletes:
+        conn.execute(text("DELETE FROM translator_state WHERE cluster = :c AND key = ANY(:k)"),
+                     {"c": cluster, "k": deletes})
+    state.dirty.clear()
+
+
+def _recorded(row: RowMapping) -> RecordedEvent:
+    payload = row["payload"]
+    source = row["source"]
+    assert isinstance(payload, dict) and isinstance(source, dict)
+    return RecordedEvent(
+        global_position=GlobalPosition(int(str(row["global_position"]))), cluster=str(row["cluster"]),
+        stream=StreamId(str(row["stream"])), stream_position=StreamPosition(int(str(row["stream_position"]))),
+        type=str(row["type"]), occurred_at=row["occurred_at"], recorded_at=row["recorded_at"],
+        payload=payload, source=source)
+
+
+_EVENT_COLUMNS = ("global_position, cluster, stream, stream_position, type, occurred_at, recorded_at, payload, "
+                  "source")
+
+
+def read_all(conn: Connection, *, after: GlobalPosition, limit: int, types: Iterable[str] | None = None,
+             stream: str | None = None) -> list[RecordedEvent]:
+    """Read events with ``global_position > after`` in position order, at most ``limit``.
+
+    Args:
+        after: exclusive lower bound (0 = from the first event).
+        limit: maximum number of events returned (> 0).
+        types: only these event types, when given.
+        stream: only this stream, when given.
+    """
+    where = ["global_position > :after"]
+    params: dict[str, object] = {"after": after, "limit": limit}
+    if types is not None:
+        where.append("type = ANY(:types)")
+        params["types"] = list(types)
+    if stream is not None:
+        where.append("stream = :stream")
+        params["stream"] = stream
+    rows = conn.execute(text(f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+                             "ORDER BY global_position LIMIT :limit"), params).mappings().all()
+    return [_recorded(r) for r in rows]
+
+
+def read_stream(conn: Connection, *, cluster: str, stream: str) -> list[RecordedEvent]:
+    """Read one stream in stream position order (1-based positions)."""
+    rows = conn.execute(text(f"SELECT {_EVENT_COLUMNS} FROM events WHERE cluster = :c AND stream = :s "
+                             "ORDER BY stream_position"), {"c": cluster, "s": stream}).mappings().all()
+    return [_recorded(r) for r in rows]
+
+
+def as_json(value: JSONObject) -> str:
+    """Encode a payload for a ``jsonb`` parameter."""
+    return json.dumps(value)

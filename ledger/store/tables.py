@@ -1,0 +1,219 @@
+"""The only SQLAlchemy ``MetaData`` of the ledger: every table, index and constraint, named.
+
+Alembic migrations create exactly these objects; runtime code never issues DDL. Constraint names are
+explicit so adapters can decide by ``diag.constraint_name`` (STYLE: errors by constraint, never by
+message text). Every key starts with ``cluster`` so the schema can be distributed by cluster later.
+Intervals are ``tstzrange`` ``[from, to)`` with GiST indexes: "at time T" is ``valid @> T``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TSTZRANGE, UUID
+
+metadata = MetaData(naming_convention={
+    "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+    "uq": "%(table_name)s_%(column_0_N_name)s_key",
+    "pk": "%(table_name)s_pkey",
+})
+
+TS = DateTime(timezone=True)
+
+observations = Table(
+    "observations", metadata,
+    Column("observation_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("digest", Text, nullable=False, comment="sha256 of the line: a re-delivered line is a no-op"),
+    Column("status", Text, nullable=False, comment="recorded | rejected"),
+    Column("kind", Text),
+    Column("api_version", Text),
+    Column("namespace", Text),
+    Column("name", Text),
+    Column("uid", Text),
+    Column("resource_version", Text),
+    Column("watch_type", Text),
+    Column("observed_at", TS),
+    Column("recorded_at", TS, nullable=False),
+    Column("origin", Text, nullable=False, comment="where the line came from: FILE:LINE or watch:KIND"),
+    Column("error", Text),
+    Column("body", JSONB, comment="the object as received; the raw text (as a JSON string) when rejected"),
+    UniqueConstraint("cluster", "digest", name="observations_cluster_digest_key"),
+)
+
+events = Table(
+    "events", metadata,
+    Column("global_position", BigInteger, Identity(always=True), primary_key=True),
+    Column("event_id", UUID(as_uuid=True), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("stream", Text, nullable=False),
+    Column("stream_position", Integer, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("occurred_at", TS, nullable=False),
+    Column("recorded_at", TS, nullable=False),
+    Column("schema_version", Integer, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("source", JSONB, nullable=False),
+    UniqueConstraint("event_id", name="events_event_id_key"),
+    UniqueConstraint("cluster", "stream", "stream_position", name="events_stream_position_key"),
+    Index("events_type_idx", "cluster", "type"),
+)
+
+translator_state = Table(
+    "translator_state", metadata,
+    Column("cluster", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("state", JSONB, nullable=False),
+    PrimaryKeyConstraint("cluster", "key", name="translator_state_pkey"),
+)
+
+checkpoints = Table(
+    "checkpoints", metadata,
+    Column("projection", Text, primary_key=True),
+    Column("position", BigInteger, nullable=False, comment="last global position applied (0 = none)"),
+    Column("updated_at", TS, nullable=False),
+)
+
+
+def _interval_indexes(name: str, *key: str) -> tuple[Index, Index]:
+    return (Index(f"{name}_valid_gist", "valid", postgresql_using="gist"),
+            Index(f"{name}_key_idx", *key))
+
+
+device_inventory = Table(
+    "device_inventory", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("driver", Text, nullable=False),
+    Column("pool", Text, nullable=False),
+    Column("device", Text, nullable=False),
+    Column("node", Text),
+    Column("slice_name", Text, nullable=False),
+    Column("model", Text),
+    Column("counter_set", Text,
+           comment="first consumesCounters counterSet: devices sharing it are one piece of hardware"),
+    Column("allow_multiple_allocations", Boolean, nullable=False),
+    Column("attributes", JSONB, nullable=False),
+    Column("capacity", JSONB, nullable=False),
+    Column("consumes_counters", JSONB, nullable=False),
+    Column("taints", JSONB, nullable=False),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("device_inventory", "cluster", "driver", "pool", "device"),
+)
+
+device_allocations = Table(
+    "device_allocations", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("claim_uid", Text, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("claim", Text, nullable=False),
+    Column("team", Text, nullable=False),
+    Column("request", Text, nullable=False),
+    Column("device_class", Text),
+    Column("driver", Text, nullable=False),
+    Column("pool", Text, nullable=False),
+    Column("device", Text, nullable=False),
+    Column("share_id", Text),
+    Column("consumed_capacity", JSONB, nullable=False),
+    Column("admin_access", Boolean, nullable=False),
+    Column("node", Text),
+    Column("model", Text),
+    Column("conflict", Boolean, nullable=False, comment="another non-shareable allocation of the device overlapped"),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("device_allocations", "cluster", "driver", "pool", "device"),
+    Index("device_allocations_claim_idx", "cluster", "claim_uid"),
+)
+
+claim_consumers = Table(
+    "claim_consumers", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("claim_uid", Text, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("api_group", Text),
+    Column("name", Text, nullable=False),
+    Column("uid", Text),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("claim_consumers", "cluster", "claim_uid"),
+)
+
+claims = Table(
+    "claims", metadata,
+    Column("cluster", Text, nullable=False),
+    Column("uid", Text, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("origin", Text, nullable=False, comment="manual | template | extended"),
+    Column("owner_pod", Text),
+    Column("owner_pod_uid", Text),
+    Column("requests", JSONB, nullable=False),
+    Column("state", Text, nullable=False, comment="pending | allocated | deleted (now)"),
+    Column("created_at", TS, nullable=False),
+    Column("deletion_requested_at", TS),
+    Column("deleted_at", TS),
+    PrimaryKeyConstraint("cluster", "uid", name="claims_pkey"),
+    Index("claims_name_idx", "cluster", "namespace", "name"),
+)
+
+claim_states = Table(
+    "claim_states", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("claim_uid", Text, nullable=False),
+    Column("state", Text, nullable=False, comment="pending | allocated"),
+    Column("node", Text),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("claim_states", "cluster", "claim_uid"),
+)
+
+pod_phases = Table(
+    "pod_phases", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("pod_uid", Text, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("phase", Text, nullable=False),
+    Column("node", Text),
+    Column("claims", JSONB, nullable=False, comment="names of the claims the pod references"),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("pod_phases", "cluster", "pod_uid"),
+    Index("pod_phases_namespace_idx", "cluster", "namespace"),
+)
+
+namespace_teams = Table(
+    "namespace_teams", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("team", Text, nullable=False),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("namespace_teams", "cluster", "namespace"),
+)
+
+device_classes = Table(
+    "device_classes", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("device_classes", "cluster", "name"),
+)
+
+READ_MODELS = (device_inventory, device_allocations, claim_consumers, claims, claim_states, pod_phases,
+               namespace_teams, device_classes)
+"""Tables derived from ``events``; ``rebuild`` empties and refills them."""

@@ -1,0 +1,590 @@
+"""The translator: previous recorded state + one watch event -> domain events.
+
+One code path serves live watches and recorded files. It is pure: the caller hands it a mutable
+:class:`TranslatorState` (loaded from table ``translator_state`` or empty) and persists the keys
+listed in ``state.dirty`` in the same transaction as the events returned. The translator diffs the
+new object against what it recorded last and emits only real transitions, so a relist, a duplicate
+delivery or a MODIFIED that changes nothing tracked emits nothing.
+
+Field rules (DESIGN §11) enforced here:
+- a release is the allocation leaving ``status.allocation`` or the claim DELETED, dated when observed;
+  ``deletionTimestamp`` only yields ``ClaimDeletionRequested``;
+- ``reservedFor`` entries are typed consumers keyed by uid; re-adding the same uid after a removal
+  is a new reservation, a repeated entry is not;
+- the pool generation that counts is the highest among the slices that exist now;
+- devices are identified by ``(driver, pool, device)``, never by slice name.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from ledger import events as ev
+from ledger.errors import InvalidObject, UnsupportedObject
+from ledger.events import EventSource, NewEvent, event_id_for
+from ledger.translator.fields import (
+    maps_in,
+    opt_bool,
+    opt_int,
+    opt_list,
+    opt_map,
+    opt_str,
+    opt_time,
+    parse_k8s_time,
+    req_str,
+)
+from ledger.translator.normalize import normalize
+from ledger.types import JSONObject, JSONValue, StreamId, StreamPosition
+
+WatchType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+EXTENDED_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
+@dataclass(slots=True)
+class TranslatorState:
+    """What the translator recorded last, per state key (``claim:<uid>``, ``pool:<driver>/<pool>``,
+    ``slice:<uid>``, ``class:<name>``, ``namespace:<name>``, ``pod:<uid>``).
+
+    Values are JSON objects so they can be stored as ``jsonb``. ``dirty`` lists the keys changed since
+    the caller last persisted; the caller clears it after writing.
+    """
+
+    entries: dict[str, JSONObject] = field(default_factory=dict)
+    dirty: set[str] = field(default_factory=set)
+
+    def get(self, key: str) -> JSONObject | None:
+        """Return the entry for ``key`` or ``None``."""
+        return self.entries.get(key)
+
+    def put(self, key: str, value: JSONObject) -> None:
+        """Store ``value`` under ``key`` and mark it dirty."""
+        self.entries[key] = value
+        self.dirty.add(key)
+
+    def delete(self, key: str) -> None:
+        """Forget ``key`` (its deletion is persisted as a dirty key with no entry)."""
+        self.entries.pop(key, None)
+        self.dirty.add(key)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """One watch event as received, already parsed.
+
+    ``observed_at`` is the receive time (``observedAt`` of a recorded line, or the time given to
+    ``replay --at``); ``recorded_at`` the time the ledger stores it; ``digest`` identifies the line.
+    """
+
+    type: WatchType
+    object: JSONObject
+    observed_at: datetime
+    recorded_at: datetime
+    digest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranslatorSettings:
+    """Options of the translator."""
+
+    team_label: str = "team"
+    """Namespace label whose value names the team billed for the namespace (DESIGN §2)."""
+
+
+@dataclass(slots=True)
+class _Emitter:
+    state: TranslatorState
+    obs: Observation
+    source: EventSource
+    out: list[NewEvent] = field(default_factory=list)
+
+    def emit(self, key: str, stream: StreamId, event: ev.Event, at: datetime, *, pos_holder: JSONObject,
+             pos_field: str = "pos") -> None:
+        position = _as_int(pos_holder.get(pos_field)) + 1
+        pos_holder[pos_field] = position
+        self.state.dirty.add(key)
+        self.out.append(NewEvent(
+            stream=stream, stream_position=StreamPosition(position), event=event, occurred_at=at,
+            recorded_at=self.obs.recorded_at, source=self.source,
+            event_id=event_id_for(self.obs.digest, len(self.out)),
+        ))
+
+
+def _as_int(value: JSONValue) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def translate(state: TranslatorState, obs: Observation,
+              settings: TranslatorSettings = TranslatorSettings()) -> list[NewEvent]:
+    """Translate one observation into domain events, updating ``state`` in place.
+
+    Args:
+        state: the translator's memory; changed keys are added to ``state.dirty``.
+        obs: the watch event; ``obs.object`` may be any supported API version (normalised to v1).
+        settings: team label key.
+
+    Returns:
+        The new events in append order (possibly empty: no tracked change, or a BOOKMARK).
+        Stream positions continue from ``state``; event ids derive from ``obs.digest``.
+
+    Raises:
+        InvalidObject: a field the ledger reads is missing or has the wrong type (path in message).
+        UnsupportedObject: an unknown kind or API version. In both cases ``state`` is unchanged.
+    """
+    if obs.type == "BOOKMARK":
+        return []
+    obj = normalize(obs.object)
+    kind = req_str(obj, "kind")
+    source = EventSource(kind=kind, uid=opt_str(obj, "metadata.uid"),
+                         resource_version=opt_str(obj, "metadata.resourceVersion"),
+                         watch_type=obs.type, digest=obs.digest)
+    handler = _HANDLERS.get(kind)
+    if handler is None:
+        if kind in ("ResourceClaimTemplate", "DeviceTaintRule"):
+            return []  # accepted kinds the ledger does not record yet
+        raise UnsupportedObject(f"kind {kind!r} is not tracked")
+    # Work on a copy so that an error half-way leaves the caller's state untouched.
+    scratch = TranslatorState(entries=dict(state.entries))
+    emitter = _Emitter(state=scratch, obs=obs, source=source)
+    handler(emitter, obj, settings)
+    for key in scratch.dirty:
+        if key in scratch.entries:
+            state.entries[key] = scratch.entries[key]
+        else:
+            state.entries.pop(key, None)
+    state.dirty |= scratch.dirty
+    return emitter.out
+
+
+def _owned(state: TranslatorState, key: str) -> JSONObject | None:
+    """Return a private deep copy of an entry so edits do not leak before commit."""
+    entry = state.get(key)
+    if entry is None:
+        return None
+    mine = copy.deepcopy(entry)
+    state.entries[key] = mine
+    return mine
+
+
+def _change_time(obj: JSONObject, fallback: datetime) -> datetime:
+    """Latest ``metadata.managedFields[].time``, else ``fallback`` (DESIGN §4 precedence)."""
+    latest: datetime | None = None
+    for entry in maps_in(obj, "metadata.managedFields"):
+        when = opt_time(entry, "time")
+        if when is not None and (latest is None or when > latest):
+            latest = when
+    return latest if latest is not None else fallback
+
+
+def _created_time(obj: JSONObject, fallback: datetime) -> datetime:
+    return opt_time(obj, "metadata.creationTimestamp") or fallback
+
+
+# --- ResourceSlice -> pool and device streams -------------------------------------------------
+
+
+def _device_view(slice_node: str | None, slice_name: str, dev: JSONObject, i: int) -> JSONObject:
+    prefix = f"spec.devices[{i}]"
+    try:
+        node = opt_str(dev, "nodeName") or slice_node
+        attributes = opt_map(dev, "attributes")
+        capacity = opt_map(dev, "capacity")
+        multi = bool(opt_bool(dev, "allowMultipleAllocations"))
+        counters = opt_list(dev, "consumesCounters")
+        taints = opt_list(dev, "taints")
+    except InvalidObject as e:
+        raise InvalidObject(f"{prefix}.{e.path}", e.reason) from e
+    return {"node": node, "slice": slice_name, "attributes": attributes, "capacity": capacity,
+            "allowMultipleAllocations": multi, "consumesCounters": counters, "taints": taints}
+
+
+def _slice_view(obj: JSONObject) -> tuple[str, str, str, JSONObject]:
+    driver = req_str(obj, "spec.driver")
+    pool = req_str(obj, "spec.pool.name")
+    generation = opt_int(obj, "spec.pool.generation") or 0
+    count = opt_int(obj, "spec.pool.resourceSliceCount") or 1
+    name = opt_str(obj, "metadata.name") or ""
+    slice_id = opt_str(obj, "metadata.uid") or f"name:{name}"
+    node = opt_str(obj, "spec.nodeName")
+    devices: JSONObject = {}
+    for i, dev in enumerate(maps_in(obj, "spec.devices")):
+        try:
+            dev_name = req_str(dev, "name")
+        except InvalidObject as e:
+            raise InvalidObject(f"spec.devices[{i}].{e.path}", e.reason) from e
+        devices[dev_name] = _device_view(node, name, dev, i)
+    view: JSONObject = {"name": name, "generation": generation, "count": count, "devices": devices,
+                        "sharedCounters": opt_list(obj, "spec.sharedCounters")}
+    return driver, pool, slice_id, view
+
+
+def _on_slice(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
+    driver, pool, slice_id, view = _slice_view(obj)
+    slice_key = f"slice:{slice_id}"
+    pool_id = f"{driver}/{pool}"
+    base = _created_time(obj, em.obs.observed_at) if em.obs.type == "ADDED" else em.obs.observed_at
+    at_publish = _change_time(obj, base)
+    previous = em.state.get(slice_key)
+    old_pool = previous.get("pool") if previous else None
+    if isinstance(old_pool, str) and old_pool != pool_id:
+        _remove_slice(em, old_pool, slice_id, em.obs.observed_at)
+    if em.obs.type == "DELETED":
+        _remove_slice(em, pool_id, slice_id, em.obs.observed_at)
+        em.state.delete(slice_key)
+        return
+    em.state.put(slice_key, {"pool": pool_id})
+    pool_key = f"pool:{pool_id}"
+    pstate = _owned(em.state, pool_key) or _new_pool(driver, pool)
+    slices = pstate["slices"]
+    assert isinstance(slices, dict)
+    slices[slice_id] = view
+    em.state.put(pool_key, pstate)
+    _reconcile_pool(em, pool_key, pstate, at_publish=at_publish, at_withdraw=em.obs.observed_at)
+
+
+def _new_pool(driver: str, pool: str) -> JSONObject:
+    return {"driver": driver, "pool": pool, "pos": 0, "slices": {}, "published": {}, "devpos": {},
+            "observed": None}
+
+
+def _remove_slice(em: _Emitter, pool_id: str, slice_id: str, at: datetime) -> None:
+    pool_key = f"pool:{pool_id}"
+    pstate = _owned(em.state, pool_key)
+    if pstate is None:
+        return
+    slices = pstate["slices"]
+    assert isinstance(slices, dict)
+    slices.pop(slice_id, None)
+    em.state.put(pool_key, pstate)
+    _reconcile_pool(em, pool_key, pstate, at_publish=at, at_withdraw=at)
+
+
+def _reconcile_pool(em: _Emitter, pool_key: str, pstate: JSONObject, *, at_publish: datetime,
+                    at_withdraw: datetime) -> None:
+    """Recompute the counting generation and the published device set of a pool; emit the diff."""
+    driver, pool = str(pstate["driver"]), str(pstate["pool"])
+    slices = pstate["slices"]
+    published = pstate["published"]
+    devpos = pstate["devpos"]
+    assert isinstance(slices, dict) and isinstance(published, dict) and isinstance(devpos, dict)
+    views = [v for v in slices.values() if isinstance(v, dict)]
+    # DESIGN §11.4: the generation that counts is the highest among the slices that exist *now*,
+    # so a driver restarting its generations from 1 is followed once the old slices are gone.
+    generation = max((_as_int(v["generation"]) for v in views), default=None)
+    current = [v for v in views if _as_int(v["generation"]) == generation]
+    wanted: dict[str, JSONValue] = {}
+    shared: list[JSONValue] = []
+    for v in sorted(current, key=lambda v: str(v["name"])):
+        devices = v["devices"]
+        assert isinstance(devices, dict)
+        wanted.update(devices)
+        shared.extend(opt_list(v, "sharedCounters"))
+    observed: JSONObject | None = None
+    if generation is not None:
+        count = max(_as_int(v["count"]) for v in current)
+        observed = {"generation": generation, "resourceSliceCount": count, "slices": len(current),
+                    "complete": len(current) >= count, "sharedCounters": shared}
+    if observed is not None and observed != pstate.get("observed"):
+        em.emit(pool_key, StreamId(f"pool:{driver}/{pool}"), ev.PoolGenerationObserved(
+            driver=driver, pool=pool, generation=_as_int(observed["generation"]),
+            resource_slice_count=_as_int(observed["resourceSliceCount"]),
+            slices=len(current), complete=bool(observed["complete"]), shared_counters=shared,
+        ), at_publish, pos_holder=pstate)
+    pstate["observed"] = observed
+    for name in sorted(set(published) - set(wanted)):
+        em.emit(pool_key, StreamId(f"device:{driver}/{pool}/{name}"),
+                ev.DeviceWithdrawn(driver=driver, pool=pool, device=name), at_withdraw,
+                pos_holder=devpos, pos_field=name)
+        del published[name]
+    for name in sorted(wanted):
+        view = wanted[name]
+        assert isinstance(view, dict)
+        before = published.get(name)
+        if before == view:
+            continue
+        cls = ev.DevicePublished if before is None else ev.DeviceUpdated
+        em.emit(pool_key, StreamId(f"device:{driver}/{pool}/{name}"), cls(
+            driver=driver, pool=pool, device=name, node=opt_str(view, "node"),
+            slice_name=str(view["slice"]), attributes=opt_map(view, "attributes"),
+            capacity=opt_map(view, "capacity"),
+            allow_multiple_allocations=bool(view["allowMultipleAllocations"]),
+            consumes_counters=opt_list(view, "consumesCounters"), taints=opt_list(view, "taints"),
+        ), at_publish, pos_holder=devpos, pos_field=name)
+        published[name] = view
+    em.state.put(pool_key, pstate)
+
+
+# --- ResourceClaim -> claim stream ------------------------------------------------------------
+
+
+def claim_uid_of(obj: Mapping[str, JSONValue]) -> str:
+    """Return ``metadata.uid``, or ``name:<namespace>/<name>`` for trimmed objects without one.
+
+    Raises:
+        InvalidObject: neither a uid nor a name is present.
+    """
+    uid = opt_str(obj, "metadata.uid")
+    if uid:
+        return uid
+    return f"name:{opt_str(obj, 'metadata.namespace') or ''}/{req_str(obj, 'metadata.name')}"
+
+
+def _origin(obj: JSONObject) -> tuple[str, str | None, str | None]:
+    annotations = opt_map(obj, "metadata.annotations")
+    owner_name: str | None = None
+    owner_uid: str | None = None
+    for ref in maps_in(obj, "metadata.ownerReferences"):
+        if ref.get("kind") == "Pod":
+            owner_name = opt_str(ref, "name")
+            owner_uid = opt_str(ref, "uid")
+            break
+    if annotations.get(EXTENDED_ANNOTATION) == "true":
+        return "extended", owner_name, owner_uid
+    if POD_CLAIM_ANNOTATION in annotations:
+        return "template", owner_name, owner_uid
+    return "manual", owner_name, owner_uid
+
+
+def _request_classes(requests: list[JSONObject]) -> tuple[dict[str, str | None], dict[str, bool]]:
+    """Map request names (``req`` and ``req/sub``) to deviceClassName and to adminAccess."""
+    classes: dict[str, str | None] = {}
+    admin: dict[str, bool] = {}
+    for i, req in enumerate(requests):
+        name = req_str(req, "name") if "name" in req else f"#{i}"
+        exactly = opt_map(req, "exactly")
+        if exactly:
+            classes[name] = opt_str(exactly, "deviceClassName")
+            admin[name] = bool(opt_bool(exactly, "adminAccess"))
+        for j, sub in enumerate(maps_in(req, "firstAvailable")):
+            sub_name = opt_str(sub, "name") or f"#{j}"
+            classes[f"{name}/{sub_name}"] = opt_str(sub, "deviceClassName")
+            admin[f"{name}/{sub_name}"] = False
+    return classes, admin
+
+
+def _results(obj: JSONObject, requests: list[JSONObject]) -> list[JSONValue] | None:
+    allocation = opt_map(obj, "status.allocation")
+    if not allocation:
+        return None
+    classes, admin = _request_classes(requests)
+    out: list[JSONValue] = []
+    for i, res in enumerate(maps_in(allocation, "devices.results")):
+        try:
+            request = req_str(res, "request")
+            result: JSONObject = {
+                "request": request,
+                "driver": req_str(res, "driver"),
+                "pool": req_str(res, "pool"),
+                "device": req_str(res, "device"),
+                "adminAccess": bool(opt_bool(res, "adminAccess")) or admin.get(request, False),
+                "shareID": opt_str(res, "shareID"),
+                "consumedCapacity": opt_map(res, "consumedCapacity"),
+                "deviceClassName": classes.get(request, classes.get(request.split("/")[0])),
+            }
+        except InvalidObject as e:
+            raise InvalidObject(f"status.allocation.devices.results[{i}].{e.path}", e.reason) from e
+        out.append(result)
+    out.sort(key=lambda r: (str(r["driver"]), str(r["pool"]), str(r["device"]), str(r["shareID"]))
+             if isinstance(r, dict) else ("", "", "", ""))
+    return out
+
+
+def _allocation_node(obj: JSONObject) -> str | None:
+    for term in maps_in(obj, "status.allocation.nodeSelector.nodeSelectorTerms"):
+        for match in maps_in(term, "matchFields"):
+            values = opt_list(match, "values")
+            if match.get("key") == "metadata.name" and len(values) == 1 and isinstance(values[0], str):
+                return values[0]
+    return None
+
+
+def _consumers(obj: JSONObject) -> dict[str, JSONValue]:
+    out: dict[str, JSONValue] = {}
+    for i, ref in enumerate(maps_in(obj, "status.reservedFor")):
+        try:
+            resource = req_str(ref, "resource")
+            name = req_str(ref, "name")
+            uid = opt_str(ref, "uid")
+            group = opt_str(ref, "apiGroup") or ""
+        except InvalidObject as e:
+            raise InvalidObject(f"status.reservedFor[{i}].{e.path}", e.reason) from e
+        key = uid or f"{group}/{resource}/{name}"
+        out[key] = {"resource": resource, "name": name, "uid": uid, "apiGroup": group or None}
+    return out
+
+
+def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
+    uid = claim_uid_of(obj)
+    namespace = req_str(obj, "metadata.namespace")
+    name = req_str(obj, "metadata.name")
+    key = f"claim:{uid}"
+    stream = StreamId(f"claim:{uid}")
+    requests = maps_in(obj, "spec.devices.requests")
+    results = _results(obj, requests)
+    consumers = _consumers(obj)
+    deletion = opt_str(obj, "metadata.deletionTimestamp")
+    rv = opt_str(obj, "metadata.resourceVersion")
+    state = _owned(em.state, key)
+    observed = em.obs.observed_at
+    if state is not None and em.obs.type != "DELETED" and rv is not None and state.get("rv") == rv:
+        return  # a relist or a repeated delivery of what we already recorded
+    if state is None:
+        origin, owner, owner_uid = _origin(obj)
+        state = {"pos": 0, "namespace": namespace, "name": name, "results": None, "consumers": {},
+                 "deletion": None, "rv": None}
+        em.emit(key, stream, ev.ClaimCreated(
+            uid=uid, namespace=namespace, name=name, origin=origin, owner_pod=owner,
+            owner_pod_uid=owner_uid, requests=list(requests)), _created_time(obj, observed),
+            pos_holder=state)
+    state["rv"] = rv
+    changed_at = _change_time(obj, observed)
+    if deletion is not None and state.get("deletion") is None:
+        em.emit(key, stream, ev.ClaimDeletionRequested(uid=uid, deletion_timestamp=deletion),
+                parse_k8s_time(deletion, "metadata.deletionTimestamp"), pos_holder=state)
+        state["deletion"] = deletion
+    old_results = state.get("results")
+    old_consumers = state.get("consumers")
+    assert isinstance(old_consumers, dict)
+    # Releases first (consumers, then the allocation), dated when observed (DESIGN §4, §11.1).
+    gone = sorted(set(old_consumers) - set(consumers)) if em.obs.type != "DELETED" else sorted(old_consumers)
+    for ckey in gone:
+        consumer = old_consumers.pop(ckey)
+        assert isinstance(consumer, dict)
+        em.emit(key, stream, ev.ClaimUnreserved(uid=uid, consumer=consumer), changed_at, pos_holder=state)
+    new_results = results if em.obs.type != "DELETED" else None
+    if old_results is not None and old_results != new_results:
+        em.emit(key, stream, ev.ClaimDeallocated(uid=uid), observed, pos_holder=state)
+        state["results"] = None
+    if em.obs.type == "DELETED":
+        em.emit(key, stream, ev.ClaimDeleted(uid=uid), observed, pos_holder=state)
+        em.state.put(key, {"pos": state["pos"], "deleted": True, "rv": rv})
+        return
+    if new_results is not None and state.get("results") is None:
+        stamp = opt_str(obj, "status.allocation.allocationTimestamp")
+        at = parse_k8s_time(stamp, "status.allocation.allocationTimestamp") if stamp else changed_at
+        em.emit(key, stream, ev.ClaimAllocated(
+            uid=uid, namespace=namespace, name=name, results=new_results, node=_allocation_node(obj),
+            allocation_timestamp=stamp), at, pos_holder=state)
+        state["results"] = new_results
+    for ckey in sorted(set(consumers) - set(old_consumers)):
+        consumer = consumers[ckey]
+        assert isinstance(consumer, dict)
+        em.emit(key, stream, ev.ClaimReserved(uid=uid, consumer=consumer), changed_at, pos_holder=state)
+        old_consumers[ckey] = consumer
+    em.state.put(key, state)
+
+
+def _on_claim_any(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -> None:
+    uid = claim_uid_of(obj)
+    existing = em.state.get(f"claim:{uid}")
+    if existing is not None and existing.get("deleted"):
+        return  # a uid is never reused: anything after the deletion is a late duplicate
+    if existing is None and em.obs.type == "DELETED":
+        # A DELETED for a claim never seen: record what it held, then its release and deletion.
+        added = Observation(type="ADDED", object=obj, observed_at=em.obs.observed_at,
+                            recorded_at=em.obs.recorded_at, digest=em.obs.digest)
+        sub = _Emitter(state=em.state, obs=added, source=em.source, out=em.out)
+        _on_claim(sub, obj, settings)
+    _on_claim(em, obj, settings)
+
+
+# --- DeviceClass, Namespace, Pod ----------------------------------------------------------------
+
+
+def _on_class(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
+    name = req_str(obj, "metadata.name")
+    key = f"class:{name}"
+    stream = StreamId(key)
+    spec = opt_map(obj, "spec")
+    state = _owned(em.state, key)
+    if em.obs.type == "DELETED":
+        if state is not None and not state.get("deleted"):
+            em.emit(key, stream, ev.DeviceClassDeleted(name=name), em.obs.observed_at, pos_holder=state)
+            em.state.put(key, {"pos": state["pos"], "deleted": True, "spec": None})
+        return
+    if state is None or state.get("deleted"):
+        state = {"pos": state["pos"] if state else 0, "spec": spec}
+        em.emit(key, stream, ev.DeviceClassDefined(name=name, spec=spec),
+                _created_time(obj, em.obs.observed_at), pos_holder=state)
+    elif state.get("spec") != spec:
+        state["spec"] = spec
+        em.emit(key, stream, ev.DeviceClassChanged(name=name, spec=spec),
+                _change_time(obj, em.obs.observed_at), pos_holder=state)
+    em.state.put(key, state)
+
+
+def _on_namespace(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -> None:
+    name = req_str(obj, "metadata.name")
+    key = f"namespace:{name}"
+    if em.obs.type == "DELETED":
+        return  # the last team stays the attribution of anything still recorded in the namespace
+    labels = opt_map(obj, "metadata.labels")
+    value = labels.get(settings.team_label)
+    team, label = (value, settings.team_label) if isinstance(value, str) and value else (name, None)
+    state = _owned(em.state, key)
+    first = state is None
+    if state is None:
+        state = {"pos": 0, "team": None}
+    if state.get("team") == team:
+        return
+    at = _created_time(obj, em.obs.observed_at) if first else _change_time(obj, em.obs.observed_at)
+    em.emit(key, StreamId(key), ev.TeamAssigned(namespace=name, team=team, label=label), at,
+            pos_holder=state)
+    state["team"] = team
+    em.state.put(key, state)
+
+
+def _pod_claims(obj: JSONObject) -> list[JSONValue]:
+    names: set[str] = set()
+    for ref in maps_in(obj, "spec.resourceClaims"):
+        claim = opt_str(ref, "resourceClaimName")
+        if claim:
+            names.add(claim)
+    for status in maps_in(obj, "status.resourceClaimStatuses"):
+        claim = opt_str(status, "resourceClaimName")
+        if claim:
+            names.add(claim)
+    extended = opt_str(obj, "status.extendedResourceClaimStatus.resourceClaimName")
+    if extended:
+        names.add(extended)
+    out: list[JSONValue] = [*sorted(names)]
+    return out
+
+
+def _on_pod(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
+    name = req_str(obj, "metadata.name")
+    namespace = req_str(obj, "metadata.namespace")
+    uid = opt_str(obj, "metadata.uid") or f"name:{namespace}/{name}"
+    key = f"pod:{uid}"
+    stream = StreamId(key)
+    state = _owned(em.state, key)
+    observed = em.obs.observed_at
+    view: JSONObject = {"phase": opt_str(obj, "status.phase") or "Pending",
+                        "node": opt_str(obj, "spec.nodeName"), "claims": _pod_claims(obj)}
+    if state is not None and state.get("deleted"):
+        return  # a pod uid is never reused; anything after its deletion is a late duplicate
+    if state is None or any(state.get(k) != v for k, v in view.items()):
+        at = _created_time(obj, observed) if state is None else _change_time(obj, observed)
+        state = {"pos": state["pos"] if state else 0, **view}
+        em.emit(key, stream, ev.PodPhaseChanged(
+            uid=uid, namespace=namespace, name=name, phase=str(view["phase"]),
+            node=opt_str(view, "node"), claims=opt_list(view, "claims")), at, pos_holder=state)
+    if em.obs.type == "DELETED":
+        em.emit(key, stream, ev.PodDeleted(uid=uid, namespace=namespace, name=name), observed,
+                pos_holder=state)
+        state = {"pos": state["pos"], "deleted": True}
+    em.state.put(key, state)
+
+
+_HANDLERS: Mapping[str, Callable[[_Emitter, JSONObject, TranslatorSettings], None]] = {
+    "ResourceSlice": _on_slice,
+    "ResourceClaim": _on_claim_any,
+    "DeviceClass": _on_class,
+    "Namespace": _on_namespace,
+    "Pod": _on_pod,
+}

@@ -1,0 +1,141 @@
+"""Builders of Kubernetes objects in real ``resource.k8s.io/v1`` shapes for hand-made histories.
+
+Names and uids come from a counter so tests never share ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from ledger.events import NewEvent
+from ledger.translator.translate import Observation, TranslatorState, translate
+from ledger.types import JSONObject, JSONValue
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+_ids = itertools.count(1)
+_rv = itertools.count(5000)
+
+
+def uid(prefix: str = "uid") -> str:
+    """A unique uid."""
+    return f"{prefix}-{next(_ids):06d}"
+
+
+def at(minutes: float) -> datetime:
+    """``T0`` plus ``minutes``."""
+    return T0 + timedelta(minutes=minutes)
+
+
+def stamp(minutes: float) -> str:
+    """RFC 3339 text of :func:`at`."""
+    return at(minutes).isoformat().replace("+00:00", "Z")
+
+
+def rv() -> str:
+    """A fresh resourceVersion."""
+    return str(next(_rv))
+
+
+def gpu(name: str, *, model: str = "LATEST-GPU-MODEL", multi: bool = False,
+        counters: list[JSONValue] | None = None) -> JSONObject:
+    """A device entry of ``ResourceSlice.spec.devices[]``."""
+    dev: JSONObject = {"name": name, "attributes": {"model": {"string": model}, "index": {"int": 0}},
+                       "capacity": {"memory": {"value": "80Gi"}}}
+    if multi:
+        dev["allowMultipleAllocations"] = True
+    if counters is not None:
+        dev["consumesCounters"] = counters
+    return dev
+
+
+def resource_slice(*, name: str, pool: str = "node-a", generation: int = 1, count: int = 1,
+                   devices: list[JSONValue], driver: str = "gpu.example.com", node: str = "node-a",
+                   slice_uid: str | None = None) -> JSONObject:
+    """A v1 ResourceSlice."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "uid": slice_uid or uid("slice"), "resourceVersion": rv(),
+                         "creationTimestamp": stamp(0)},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+                     "devices": devices}}
+
+
+def claim(*, name: str, namespace: str = "ml", claim_uid: str, count: int = 1,
+          device_class: str = "gpu.example.com", results: list[str] | None = None,
+          allocated_at: float | None = None, reserved: list[tuple[str, str]] | None = None,
+          deletion: float | None = None, annotations: dict[str, JSONValue] | None = None,
+          pool: str = "node-a", driver: str = "gpu.example.com") -> JSONObject:
+    """A v1 ResourceClaim; ``results`` are device names, ``reserved`` (pod name, pod uid) pairs."""
+    metadata: JSONObject = {"name": name, "namespace": namespace, "uid": claim_uid, "resourceVersion": rv(),
+                            "creationTimestamp": stamp(0)}
+    if annotations:
+        metadata["annotations"] = annotations
+    if deletion is not None:
+        metadata["deletionTimestamp"] = stamp(deletion)
+    status: JSONObject = {}
+    if results is not None:
+        allocation: JSONObject = {"devices": {"results": [
+            {"request": "gpu", "driver": driver, "pool": pool, "device": d} for d in results]}}
+        if allocated_at is not None:
+            allocation["allocationTimestamp"] = stamp(allocated_at)
+        status["allocation"] = allocation
+    if reserved:
+        status["reservedFor"] = [{"resource": "pods", "name": n, "uid": u} for n, u in reserved]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": metadata,
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}}]}},
+            "status": status}
+
+
+def namespace(name: str, team: str | None) -> JSONObject:
+    """A core/v1 Namespace, labelled ``team`` when given."""
+    labels: JSONObject = {"kubernetes.io/metadata.name": name}
+    if team is not None:
+        labels["team"] = team
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "uid": uid("ns"), "resourceVersion": rv(), "labels": labels,
+                         "creationTimestamp": stamp(0)}}
+
+
+def pod(*, name: str, pod_uid: str, namespace: str = "ml", phase: str = "Running",
+        claim_name: str | None = None) -> JSONObject:
+    """A core/v1 Pod referencing ``claim_name`` by ``resourceClaimName``."""
+    spec: JSONObject = {"containers": [{"name": "c", "image": "x"}]}
+    if claim_name:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": pod_uid, "resourceVersion": rv(),
+                         "creationTimestamp": stamp(0)},
+            "spec": spec, "status": {"phase": phase}}
+
+
+class Feed:
+    """Feeds observations to the translator with a shared state, numbering digests."""
+
+    def __init__(self) -> None:
+        self.state = TranslatorState()
+        self._n = itertools.count()
+
+    def __call__(self, type_: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"], obj: JSONObject,
+                 minutes: float) -> list[NewEvent]:
+        """Translate one watch event observed at ``T0 + minutes``; return the new events."""
+        obs = Observation(type=type_, object=obj, observed_at=at(minutes), recorded_at=at(minutes),
+                          digest=f"d{next(self._n)}")
+        return translate(self.state, obs)
+
+
+def types(events: list[NewEvent]) -> list[str]:
+    """The event type names, in order."""
+    return [e.event.TYPE for e in events]
+
+
+def dig(obj: JSONObject, *path: str) -> JSONObject:
+    """The nested mapping at ``path`` inside ``obj`` (asserting each step is a mapping)."""
+    cur: JSONValue = obj
+    for key in path:
+        assert isinstance(cur, dict), key
+        cur = cur[key]
+    assert isinstance(cur, dict)
+    return cur

@@ -1,0 +1,152 @@
+"""The translator on hand-made transitions: which events, in which order, dated when."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ledger import events as ev
+from ledger.errors import InvalidObject, UnsupportedObject
+from tests.factories import Feed, at, claim, dig, gpu, namespace, pod, resource_slice, types, uid
+
+
+def test_allocation_is_dated_by_allocation_timestamp_and_release_by_observation() -> None:
+    feed, cid = Feed(), uid("claim")
+    assert types(feed("ADDED", claim(name="c", claim_uid=cid), 1)) == ["ClaimCreated"]
+    allocated = feed("MODIFIED", claim(name="c", claim_uid=cid, results=["gpu-0"], allocated_at=2.5), 3)
+    assert types(allocated) == ["ClaimAllocated"]
+    assert allocated[0].occurred_at == at(2.5)
+    event = allocated[0].event
+    assert isinstance(event, ev.ClaimAllocated)
+    assert event.results == [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0",
+                              "adminAccess": False, "shareID": None, "consumedCapacity": {},
+                              "deviceClassName": "gpu.example.com"}]
+    released = feed("MODIFIED", claim(name="c", claim_uid=cid), 40)
+    assert types(released) == ["ClaimDeallocated"]
+    assert released[0].occurred_at == at(40)
+    assert [e.stream_position for e in allocated + released] == [2, 3]
+
+
+def test_a_second_pod_reserving_the_claim_adds_one_reservation() -> None:
+    feed, cid = Feed(), uid("claim")
+    pod_a, pod_b = ("a", uid("pod")), ("b", uid("pod"))
+    feed("ADDED", claim(name="c", claim_uid=cid, results=["gpu-1"], allocated_at=1, reserved=[pod_a]), 1)
+    second = feed("MODIFIED", claim(name="c", claim_uid=cid, results=["gpu-1"], allocated_at=1,
+                                    reserved=[pod_a, pod_b]), 2)
+    assert types(second) == ["ClaimReserved"]
+    reserved = second[0].event
+    assert isinstance(reserved, ev.ClaimReserved)
+    assert reserved.consumer == {"resource": "pods", "name": "b", "uid": pod_b[1], "apiGroup": None}
+
+
+def test_a_repeated_delivery_or_relist_emits_nothing() -> None:
+    feed, cid = Feed(), uid("claim")
+    obj = claim(name="c", claim_uid=cid, results=["gpu-1"], allocated_at=1)
+    assert types(feed("ADDED", obj, 1)) == ["ClaimCreated", "ClaimAllocated"]
+    assert feed("MODIFIED", copy.deepcopy(obj), 2) == []
+    assert feed("ADDED", copy.deepcopy(obj), 3) == []  # relist shows it again with the same resourceVersion
+
+
+def test_a_modified_that_changes_nothing_tracked_emits_nothing() -> None:
+    feed, cid = Feed(), uid("claim")
+    obj = claim(name="c", claim_uid=cid, results=["gpu-1"], allocated_at=1)
+    feed("ADDED", obj, 1)
+    relabelled = copy.deepcopy(obj)
+    dig(relabelled, "metadata")["resourceVersion"] = "999999"
+    dig(relabelled, "metadata")["labels"] = {"x": "y"}
+    assert feed("MODIFIED", relabelled, 2) == []
+
+
+def test_deletion_timestamp_is_not_a_release_but_deletion_while_allocated_is() -> None:
+    feed, cid, p = Feed(), uid("claim"), ("a", uid("pod"))
+    feed("ADDED", claim(name="c", claim_uid=cid, results=["gpu-2"], allocated_at=1, reserved=[p]), 1)
+    stuck = feed("MODIFIED", claim(name="c", claim_uid=cid, results=["gpu-2"], allocated_at=1, reserved=[p],
+                                   deletion=10), 11)
+    assert types(stuck) == ["ClaimDeletionRequested"]
+    assert stuck[0].occurred_at == at(10)
+    gone = feed("DELETED", claim(name="c", claim_uid=cid, results=["gpu-2"], allocated_at=1, reserved=[p],
+                                 deletion=10), 200)
+    assert types(gone) == ["ClaimUnreserved", "ClaimDeallocated", "ClaimDeleted"]
+    assert {e.occurred_at for e in gone[1:]} == {at(200)}
+
+
+def test_a_deleted_for_a_claim_never_seen_records_its_life_and_release() -> None:
+    feed, cid = Feed(), uid("claim")
+    got = feed("DELETED", claim(name="c", claim_uid=cid, results=["gpu-3"], allocated_at=5), 30)
+    assert types(got) == ["ClaimCreated", "ClaimAllocated", "ClaimDeallocated", "ClaimDeleted"]
+    assert got[1].occurred_at == at(5) and got[2].occurred_at == at(30)
+
+
+def test_slice_publishes_devices_and_a_pool_generation_bump_replaces_them() -> None:
+    feed = Feed()
+    first = feed("ADDED", resource_slice(name="s-1", generation=1, devices=[gpu("gpu-0"), gpu("gpu-1")]), 0)
+    assert types(first) == ["PoolGenerationObserved", "DevicePublished", "DevicePublished"]
+    # The driver restarts and publishes generation 2 in a new slice with only gpu-1 and gpu-2.
+    bumped = feed("ADDED", resource_slice(name="s-2", generation=2, devices=[gpu("gpu-1"), gpu("gpu-2")]), 5)
+    assert types(bumped) == ["PoolGenerationObserved", "DeviceWithdrawn", "DeviceUpdated", "DevicePublished"]
+    withdrawn = bumped[1].event
+    assert isinstance(withdrawn, ev.DeviceWithdrawn) and withdrawn.device == "gpu-0"
+    assert bumped[1].stream == "device:gpu.example.com/node-a/gpu-0"
+    updated = bumped[2].event  # same device, now published by another slice
+    assert isinstance(updated, ev.DeviceUpdated) and updated.slice_name == "s-2"
+
+
+def test_the_highest_generation_among_existing_slices_counts_after_a_restart_from_one() -> None:
+    feed = Feed()
+    old = resource_slice(name="old", generation=7, devices=[gpu("gpu-0")])
+    feed("ADDED", old, 0)
+    new = resource_slice(name="new", generation=1, devices=[gpu("gpu-9")])
+    assert types(feed("ADDED", new, 1)) == []  # generation 1 < 7: does not count yet
+    switched = feed("DELETED", old, 2)
+    assert types(switched) == ["PoolGenerationObserved", "DeviceWithdrawn", "DevicePublished"]
+
+
+def test_a_device_removed_from_a_slice_is_withdrawn_and_nothing_else_changes() -> None:
+    feed, sid = Feed(), uid("slice")
+    feed("ADDED", resource_slice(name="s", slice_uid=sid, devices=[gpu("gpu-0"), gpu("gpu-1")]), 0)
+    shrunk = feed("MODIFIED", resource_slice(name="s", slice_uid=sid, devices=[gpu("gpu-0")]), 3)
+    assert types(shrunk) == ["DeviceWithdrawn"]
+    assert shrunk[0].occurred_at == at(3)
+
+
+def test_identity_is_driver_pool_device_not_slice_name() -> None:
+    feed = Feed()
+    feed("ADDED", resource_slice(name="a", pool="node-a", devices=[gpu("gpu-0")]), 0)
+    other = feed("ADDED", resource_slice(name="b", pool="node-b", node="node-b", devices=[gpu("gpu-0")]), 0)
+    assert [e.stream for e in other] == ["pool:gpu.example.com/node-b", "device:gpu.example.com/node-b/gpu-0"]
+
+
+def test_team_comes_from_the_label_else_the_namespace_name_and_relabels_are_dated() -> None:
+    feed = Feed()
+    labelled = feed("ADDED", namespace("ml", "vision"), 0)
+    plain = feed("ADDED", namespace("scratch", None), 0)
+    assert [(e.event.team, e.event.label) for e in labelled + plain  # type: ignore[attr-defined]
+            ] == [("vision", "team"), ("scratch", None)]
+    relabel = namespace("ml", "nlp")
+    assert types(feed("MODIFIED", relabel, 42)) == ["TeamAssigned"]
+
+
+def test_pod_links_come_from_spec_and_status_and_deletion_is_recorded() -> None:
+    feed, pid = Feed(), uid("pod")
+    obj = pod(name="p", pod_uid=pid, phase="Pending", claim_name="manual-claim")
+    obj["status"] = {"phase": "Pending", "extendedResourceClaimStatus": {"resourceClaimName": "p-ext-1"},
+                     "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}
+    first = feed("ADDED", obj, 0)
+    assert types(first) == ["PodPhaseChanged"]
+    assert first[0].event.claims == ["manual-claim", "p-ext-1", "p-gpu-x"]  # type: ignore[attr-defined]
+    assert types(feed("DELETED", obj, 9)) == ["PodDeleted"]
+
+
+def test_bad_objects_raise_located_errors_and_leave_state_untouched() -> None:
+    feed, cid = Feed(), uid("claim")
+    bad = claim(name="c", claim_uid=cid, results=["gpu-0"])
+    results = dig(bad, "status", "allocation", "devices")["results"]
+    assert isinstance(results, list) and isinstance(results[0], dict)
+    results[0]["device"] = 7
+    with pytest.raises(InvalidObject) as info:
+        feed("ADDED", bad, 0)
+    assert info.value.path == "status.allocation.devices.results[0].device"
+    assert feed.state.entries == {}
+    with pytest.raises(UnsupportedObject):
+        feed("ADDED", {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}, 0)
