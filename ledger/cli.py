@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 
 from ledger import services
 from ledger.errors import Invalid, LedgerError
@@ -43,6 +44,7 @@ app.add_typer(db_app, name="db")
 out = Console()
 err = Console(stderr=True)
 EMBEDDED_DATABASE = "dra_ledger"
+DEMO_CLUSTER = "seed-lab"
 PROGRESS_MIN_LINES = 5000
 
 
@@ -117,7 +119,12 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except LedgerError as e:
-        err.print(f"[red]error:[/red] {e}")
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    except OperationalError as e:
+        # Unreachable server, bad credentials, database missing: say so without a traceback.
+        first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+        typer.echo(f"error: cannot use the database: {first}", err=True)
         raise typer.Exit(2) from e
 
 
@@ -200,10 +207,11 @@ def _count_lines(paths: list[Path]) -> int:
 
 
 def _print_report(report: services.IngestReport) -> None:
+    # Plain, unwrapped lines: one rejection per line, greppable by FILE:LINE.
     for rejection in report.rejected:
-        err.print(f"[yellow]rejected[/yellow] {rejection.origin}: {rejection.reason}")
-    err.print(f"{report.lines} lines: {report.recorded} recorded, {report.duplicates} already recorded, "
-              f"{len(report.rejected)} rejected; {report.events} events appended")
+        typer.echo(f"rejected {rejection.origin}: {rejection.reason}", err=True)
+    typer.echo(f"{report.lines} lines: {report.recorded} recorded, {report.duplicates} already recorded, "
+               f"{len(report.rejected)} rejected; {report.events} events appended", err=True)
 
 
 @app.command()
@@ -244,7 +252,7 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     table = Table(title=title, title_justify="left")
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*row)
     out.print(table)
@@ -267,14 +275,14 @@ def render_occupancy(body: JSONObject) -> None:
         assert isinstance(dev, dict)
         allocs = dev["allocations"]
         assert isinstance(allocs, list)
-        name = f"{dev['driver']}/{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
+        name = f"{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
         if not allocs:
             rows.append([name, _s(dev["node"]), "free", "", "", ""])
         for a in allocs:
             assert isinstance(a, dict)
             holder = f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")
             rows.append([name, _s(dev["node"]), holder, _s(a["team"]), _s(a["shareID"]), _s(a["consumers"])])
-    _table(f"Occupancy at {body['at']}", ["device", "node", "held by", "team", "shareID", "consumers"], rows)
+    _table(f"Occupancy at {body['at']}", ["pool/device", "node", "held by", "team", "shareID", "consumers"], rows)
     totals = body["totals"]
     assert isinstance(totals, dict)
     out.print("devices {devices}, allocated {allocated}, free {free}, shared {shared}".format(**totals))
@@ -423,36 +431,42 @@ def seed_lab_path() -> Path:
 
 @app.command()
 def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
-    """Replay the bundled seed-lab history into a fresh demo database and print what the ledger knows."""
+    """Replay the bundled seed-lab history (cluster 'seed-lab') and print what the ledger knows.
+
+    Replaying is idempotent, so running the demo again adds nothing; the embedded server stays up so
+    the query commands that follow reuse it.
+    """
     from ledger.recorded import WatchLine, read_history
 
     settings = _settings(url, data_dir)
     history = seed_lab_path()
     with _errors():
-        if settings.database_url:
-            engine = open_engine(settings)
-        else:
+        if not settings.database_url:
             from ledger.embedded import EmbeddedPostgres, default_data_dir
 
             server = EmbeddedPostgres(settings.data_dir or default_data_dir())
-            admin = server.start()
-            err.print(f"embedded PostgreSQL at {admin} (data dir {server.data_dir})")
-            schema.drop_database(admin, "dra_ledger_demo")
-            engine = open_engine(settings, database="dra_ledger_demo")
+            err.print(f"embedded PostgreSQL 18 at {server.start()} (data dir {server.data_dir})")
+        engine = open_engine(settings)
         times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
-        report = services.replay_files(engine, [history], cluster="seed-lab")
+        report = services.replay_files(engine, [history], cluster=DEMO_CLUSTER)
         _print_report(report)
         start, end = min(times), max(times)
-        peak = start + (end - start) / 6
+        busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
         with engine.connect() as conn:
             out.rule(f"seed-lab: one node, 8 GPUs, history {queries.rfc3339(start)} .. {queries.rfc3339(end)}")
-            render_occupancy(queries.occupancy(conn, at=peak))
-            render_claims(queries.claims(conn, at=peak, state="pending"))
-            render_occupancy(queries.occupancy(conn, at=end))
+            c = DEMO_CLUSTER
+            render_occupancy(queries.occupancy(conn, at=busy, cluster=c))
+            out.print("Pending claims (requested more devices than are free):")
+            render_claims(queries.claims(conn, at=busy, state="pending", cluster=c))
+            out.print("After train-0 finished and the shared claim's pods went away:")
+            render_occupancy(queries.occupancy(conn, at=end, cluster=c))
             render_usage(queries.usage(conn, start=start.replace(minute=0, second=0, microsecond=0), end=end,
-                                       group_by="team"))
-            render_idle(queries.idle_claims(conn, at=end))
-    out.print("Try: dra-ledger occupancy --at 2026-11-02T09:30:00Z  (data stays in database dra_ledger_demo)")
+                                       group_by="team", cluster=c))
+            render_idle(queries.idle_claims(conn, at=end, cluster=c))
+    out.print("The seed-lab history stays in the ledger as cluster 'seed-lab' and the embedded server keeps "
+              "running for the next command (stop it with `dra-ledger db stop`). Try:\n"
+              "  dra-ledger occupancy --at 2026-11-02T10:40:00Z --output json\n"
+              "  dra-ledger usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team")
 
 
 def main() -> None:

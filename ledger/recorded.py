@@ -146,9 +146,7 @@ def parse_time(value: str) -> datetime:
         zone = timezone(-offset if sign == "-" else offset)
     micros = int((fraction or "")[:6].ljust(6, "0"))
     try:
-        parsed = datetime(
-            int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=zone
-        )
+        parsed = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=zone)
     except ValueError as e:
         raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)} ({e})") from e
     return parsed.astimezone(UTC)
@@ -415,9 +413,7 @@ def _read_json_documents(text: str, *, source: str, at: datetime | None) -> Iter
 
 def _is_watch_event(decoded: object) -> bool:
     """A ``{"type", "object"}`` envelope, as opposed to an object (a Secret or Event has ``type``)."""
-    return isinstance(decoded, dict) and (
-        "object" in decoded or ("type" in decoded and "kind" not in decoded)
-    )
+    return isinstance(decoded, dict) and ("object" in decoded or ("type" in decoded and "kind" not in decoded))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -474,9 +470,7 @@ def _yaml_chunks(text: str) -> Iterator[tuple[int, str]]:
     yield start + 1, "\n".join(lines[start:])
 
 
-def _read_yaml_chunk(
-    chunk: str, *, first_line: int, source: str, at: datetime | None
-) -> Iterator[ReadResult]:
+def _read_yaml_chunk(chunk: str, *, first_line: int, source: str, at: datetime | None) -> Iterator[ReadResult]:
     chunk_lines = chunk.split("\n")
     error_line = _first_content_line(chunk_lines, first_line)  # where a failure is reported
     documents = _yaml_documents(chunk)
@@ -663,9 +657,7 @@ def _kind_problem(obj: JSONObject) -> str | None:
 # Building results
 
 
-_CANONICAL: Final = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
-)
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False)
 """Encoder of the digest input. No cycle check (a quarter of the cost): decoded JSON cannot be
 cyclic and :func:`_to_json` rejects recursive YAML aliases."""
 
@@ -679,9 +671,7 @@ def _watch_line(
     except RecursionError:
         return _broken(source, line, "object nested too deeply", raw)
     digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
-    return WatchLine(
-        source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest
-    )
+    return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest)
 
 
 def _broken(source: str, line: int, reason: str, text: str) -> BrokenLine:

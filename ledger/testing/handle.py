@@ -18,8 +18,13 @@ from ledger.events import RecordedEvent
 from ledger.projections import queries, runner
 from ledger.projections.queries import IdleThresholds
 from ledger.store.postgres import read_all
+from ledger.store.tables import READ_MODELS
 from ledger.translator.translate import TranslatorSettings
 from ledger.types import GlobalPosition, JSONObject
+
+VOLATILE_COLUMNS = frozenset({"row_id", "observation_id", "global_position", "recorded_at", "updated_at",
+                              "event_id", "source"})
+"""Columns that differ between two ledgers holding the same history (ids, receive times, digests)."""
 
 
 @dataclass(slots=True)
@@ -71,10 +76,22 @@ class LedgerHandle:
             return read_all(conn, after=GlobalPosition(0), limit=10_000_000, types=types)
 
     def rows(self, table: str) -> list[tuple[object, ...]]:
-        """All rows of a ledger table ordered by every column: for comparing two ledgers."""
+        """All rows of a ledger table, ordered, without surrogate keys and receive times.
+
+        Columns ``row_id``, ``observation_id``, ``global_position``, ``recorded_at`` and ``updated_at``
+        are left out, so two ledgers fed the same history compare equal however often lines were
+        re-delivered and whenever they were replayed.
+        """
         with self.engine.connect() as conn:
             columns = [str(c) for c in conn.execute(text(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = :t "
-                "AND table_schema = current_schema() ORDER BY ordinal_position"), {"t": table}).scalars()]
+                "AND table_schema = current_schema() ORDER BY ordinal_position"), {"t": table}).scalars()
+                if c not in VOLATILE_COLUMNS]
+            listed = ", ".join(f'"{c}"' for c in columns)
             order = ", ".join(f'"{c}"::text' for c in columns)
-            return [tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY {order}")).all()]
+            return [tuple(r) for r in conn.execute(text(f"SELECT {listed} FROM {table} ORDER BY {order}")).all()]
+
+    def snapshot(self) -> dict[str, list[tuple[object, ...]]]:
+        """Rows (see :meth:`rows`) of ``events`` and every read model, by table name."""
+        runner.catch_up(self.engine)
+        return {name: self.rows(name) for name in ("events", *(t.name for t in READ_MODELS))}

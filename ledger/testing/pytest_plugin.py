@@ -7,6 +7,7 @@ Fixtures:
     ``ledger_engine``: a fresh database copied from the template for one test (dropped afterwards).
     ``ledger``: a :class:`~ledger.testing.handle.LedgerHandle` on that database with ``replay()``
         and the query layer.
+    ``ledger_factory``: a callable making more fresh ledgers within one test.
 
 Tests that use these fixtures are marked ``ledger_db`` automatically, so ``-m ledger_db`` selects
 them. Example::
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import Engine
@@ -32,7 +33,7 @@ from ledger.store.postgres import make_engine
 from ledger.testing.handle import LedgerHandle
 from ledger.testing.pg import create_database, drop_database, test_server
 
-DB_FIXTURES = frozenset({"ledger", "ledger_engine", "ledger_template", "ledger_server"})
+DB_FIXTURES = frozenset({"ledger", "ledger_engine", "ledger_template", "ledger_server", "ledger_factory"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,6 +88,25 @@ def ledger_engine(ledger_server: str, ledger_template: str) -> Iterator[Engine]:
 def ledger(ledger_engine: Engine) -> LedgerHandle:
     """A :class:`LedgerHandle` on a fresh database."""
     return LedgerHandle(engine=ledger_engine)
+
+
+@pytest.fixture()
+def ledger_factory(ledger_server: str, ledger_template: str) -> Iterator[Callable[[], LedgerHandle]]:
+    """A callable that makes further fresh ledgers in one test (to compare two replays, say)."""
+    made: list[tuple[str, Engine]] = []
+
+    def make() -> LedgerHandle:
+        name = f"ledger_t_{uuid.uuid4().hex[:12]}"
+        engine = make_engine(create_database(ledger_server, name, template=ledger_template))
+        made.append((name, engine))
+        return LedgerHandle(engine=engine)
+
+    try:
+        yield make
+    finally:
+        for name, engine in made:
+            engine.dispose()
+            drop_database(ledger_server, name)
 
 
 def database_name(engine: Engine) -> str:

@@ -356,9 +356,7 @@ def test_list_items_start_at_their_own_line_in_yaml() -> None:
 
 
 def test_a_leading_comment_is_skipped_and_the_object_starts_after_it() -> None:
-    watch = list(
-        read_history(REAL / "example-driver_resourceclaimtemplate_firstavailable-3-subrequests_v1.yaml")
-    )
+    watch = list(read_history(REAL / "example-driver_resourceclaimtemplate_firstavailable-3-subrequests_v1.yaml"))
 
     assert [w.line for w in watch] == [3]
 
@@ -518,9 +516,7 @@ def test_parse_time_rejects_a_time_without_a_zone() -> None:
         parse_time("2026-11-02T09:00:00")
 
 
-@pytest.mark.parametrize(
-    "value", ["", "yesterday", "2026-11-02", "2026-13-02T09:00:00Z", "2026-11-02T09:00:00+25:00"]
-)
+@pytest.mark.parametrize("value", ["", "yesterday", "2026-11-02", "2026-13-02T09:00:00Z", "2026-11-02T09:00:00+25:00"])
 def test_parse_time_rejects_garbage(value: str) -> None:
     with pytest.raises(Invalid):
         parse_time(value)
@@ -549,9 +545,7 @@ def test_identical_content_gives_identical_digests_whatever_the_format_or_source
     as_yaml = "kind: Pod\napiVersion: v1\nmetadata:\n  namespace: n\n  name: p\n"
 
     digests = {
-        w.digest
-        for text in (recorded, pretty, as_yaml, recorded)
-        for w in read_text(text, source=f"{len(text)}", at=T)
+        w.digest for text in (recorded, pretty, as_yaml, recorded) for w in read_text(text, source=f"{len(text)}", at=T)
     }
     other_time = {w.digest for w in read_text(pretty, source="s", at=datetime(2026, 1, 1, tzinfo=UTC))}
 
@@ -563,10 +557,7 @@ def test_broken_lines_have_the_same_digest_in_any_file() -> None:
     text = '{"type": "ADDED", "object": {"kind": "Pod"}}\n{"truncated'
 
     digests = {
-        r.digest
-        for source in ("a", "b")
-        for r in read_text(text, source=source, at=T)
-        if isinstance(r, BrokenLine)
+        r.digest for source in ("a", "b") for r in read_text(text, source=source, at=T) if isinstance(r, BrokenLine)
     }
 
     assert digests == {hashlib.sha256(b'{"truncated').hexdigest()}
@@ -607,9 +598,7 @@ def test_every_truncation_of_every_input_reads_without_raising(cut_every: int) -
         "kind: Pod\nx: " + "- " * 5000 + "1\n",
         '{"type": "ADDED", "object": {"kind": "Pod", "n": ' + "9" * 5000 + "}}",
         "a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n"
-        + "".join(
-            f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
-        )
+        + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
         + "kind: Pod\n",
         "kind: Pod\nx: !!timestamp not-a-time\n",
         "kind: Pod\n? [a, b]\n: c\n",

@@ -1,0 +1,56 @@
+"""The CLI end to end on a real database: the demo, bad parameters, and the schema check."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, create_engine, text
+from typer.testing import CliRunner
+
+from ledger.cli import app
+from ledger.testing.pg import create_database, drop_database
+
+
+def _url(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+def test_the_demo_replays_the_bundled_history_and_prints_its_tables(ledger_engine: Engine) -> None:
+    result = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine)])
+    assert result.exit_code == 0, result.output
+    # 09:30: six GPUs held (gpu-1 by two pods), two free; 12:00: five held; big is pending with 4.
+    assert "devices 8, allocated 6, free 2, shared 1" in result.output
+    assert "devices 8, allocated 5, free 3, shared 0" in result.output
+    assert "ml-train/big" in result.output
+    again = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine)])
+    assert "39 lines: 0 recorded, 39 already recorded" in again.output
+
+
+def test_bad_parameters_are_reported_not_crashed(ledger_engine: Engine) -> None:
+    url = _url(ledger_engine)
+    bad_time = CliRunner().invoke(app, ["occupancy", "--at", "yesterday", "--database-url", url])
+    assert bad_time.exit_code == 2 and "not an RFC 3339 time" in bad_time.output
+    no_zone = CliRunner().invoke(app, ["occupancy", "--at", "2026-11-02T09:30:00", "--database-url", url])
+    assert no_zone.exit_code == 2
+    reversed_window = CliRunner().invoke(app, ["usage", "--from", "2026-11-02T12:00:00Z", "--to",
+                                               "2026-11-02T09:00:00Z", "--database-url", url])
+    assert reversed_window.exit_code == 2 and "--from must be before --to" in reversed_window.output
+    bad_idle = CliRunner().invoke(app, ["idle-claims", "--min-idle", "soon", "--database-url", url])
+    assert bad_idle.exit_code == 2 and "ISO 8601" in bad_idle.output
+
+
+def test_a_database_without_the_schema_is_refused_with_the_command_to_run(ledger_server: str) -> None:
+    name = "ledger_empty_schema_check"
+    drop_database(ledger_server, name)
+    url = create_database(ledger_server, name)
+    try:
+        result = CliRunner().invoke(app, ["occupancy", "--database-url", url])
+        assert result.exit_code == 2
+        assert "run `dra-ledger db upgrade`" in result.output
+        upgraded = CliRunner().invoke(app, ["db", "upgrade", "--database-url", url])
+        assert upgraded.exit_code == 0, upgraded.output
+        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM events")).scalar_one() == 0
+        engine.dispose()
+        assert CliRunner().invoke(app, ["occupancy", "--database-url", url]).exit_code == 0
+    finally:
+        drop_database(ledger_server, name)

@@ -1,0 +1,147 @@
+"""Replay is idempotent, tolerant of re-delivery and relists, and rebuild gives identical read models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from ledger.cli import app
+from ledger.projections import runner
+from ledger.testing.handle import LedgerHandle
+from tests.paths import HISTORIES, REAL
+
+SEED = HISTORIES / "seed-lab.jsonl"
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def _count(ledger: LedgerHandle, table: str) -> int:
+    with ledger.engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def test_replaying_the_same_file_twice_adds_no_rows(ledger: LedgerHandle) -> None:
+    first = ledger.replay(SEED)
+    before = ledger.snapshot()
+    counts = {t: _count(ledger, t) for t in ("observations", "events", "translator_state")}
+    second = ledger.replay(SEED)
+    assert (first.recorded, first.duplicates) == (39, 0)
+    assert (second.recorded, second.duplicates, second.events) == (0, 39, 0)
+    assert {t: _count(ledger, t) for t in counts} == counts
+    assert ledger.snapshot() == before
+
+
+def test_every_line_delivered_twice_gives_the_same_ledger(ledger_factory: Callable[[], LedgerHandle],
+                                                          tmp_path: Path) -> None:
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text("".join(f"{line}\n{line}\n" for line in _lines(SEED)))
+    clean, twice = ledger_factory(), ledger_factory()
+    clean.replay(SEED)
+    report = twice.replay(doubled)
+    assert report.duplicates == 39
+    assert twice.snapshot() == clean.snapshot()
+
+
+def _relist(lines: list[str], observed_at: str) -> list[str]:
+    """A relist at ``observed_at``: every object alive now, re-sent as ADDED with its resourceVersion."""
+    alive: dict[tuple[str, str], dict[str, Any]] = {}
+    for line in lines:
+        record = json.loads(line)
+        obj = record["object"]
+        if record["type"] == "BOOKMARK":
+            continue
+        key = (obj["kind"], obj["metadata"]["uid"])
+        if record["type"] == "DELETED":
+            alive.pop(key, None)
+        else:
+            alive[key] = obj
+    return [json.dumps({"observedAt": observed_at, "type": "ADDED", "object": obj}) for obj in alive.values()]
+
+
+def test_a_relist_in_the_middle_changes_nothing(ledger_factory: Callable[[], LedgerHandle], tmp_path: Path) -> None:
+    lines = _lines(SEED)
+    middle = 25  # after the ext-0 claim was allocated, before the big claim exists
+    relisted = tmp_path / "relisted.jsonl"
+    head = lines[:middle]
+    relist = _relist(head, "2026-11-02T09:20:30Z")  # 29 s after the last line before it
+    assert len(relist) > 10
+    relisted.write_text("\n".join([*head, *relist, *lines[middle:]]) + "\n")
+    clean, with_relist = ledger_factory(), ledger_factory()
+    clean.replay(SEED)
+    report = with_relist.replay(relisted)
+    assert report.recorded == 39 + len(relist)
+    assert with_relist.snapshot() == clean.snapshot()
+
+
+def test_rebuild_gives_read_models_identical_to_the_live_ones(ledger: LedgerHandle) -> None:
+    ledger.replay(SEED)
+    for path in sorted(REAL.glob("*.yaml")):
+        ledger.replay(path)
+    live = ledger.snapshot()
+    assert live["device_allocations"] and live["device_inventory"]
+    applied = runner.rebuild(ledger.engine)
+    assert applied == len(live["events"])
+    assert ledger.snapshot() == live
+
+
+def test_rebuild_through_the_cli_reports_the_events_applied(ledger: LedgerHandle) -> None:
+    ledger.replay(SEED)
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(app, ["rebuild", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    assert f"rebuilt read models from {_count(ledger, 'events')} events" in result.output
+
+
+def test_a_bad_line_is_reported_stored_and_does_not_stop_the_lines_after_it(ledger: LedgerHandle,
+                                                                            tmp_path: Path) -> None:
+    lines = _lines(SEED)
+    broken = json.loads(lines[7])  # the first allocation of train-0's claim
+    broken["object"]["status"]["allocation"]["devices"]["results"][0]["device"] = 7
+    bad_file = tmp_path / "bad.jsonl"
+    bad_file.write_text("\n".join([*lines[:5], lines[5][:80], *lines[6:7], json.dumps(broken), *lines[8:]]) + "\n")
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(app, ["replay", str(bad_file), "--database-url", url])
+    assert result.exit_code == 1
+    assert f"{bad_file}:6: invalid JSON" in result.output
+    assert f"{bad_file}:8: MODIFIED ResourceClaim ml-train/train-0-gpu-4fj8q: " \
+           "status.allocation.devices.results[0].device: expected a string, got 7" in result.output
+    with ledger.engine.connect() as conn:
+        rejected = conn.execute(text("SELECT origin FROM observations WHERE status = 'rejected' ORDER BY origin")).all()
+    assert [r.origin for r in rejected] == [f"{bad_file}:6", f"{bad_file}:8"]
+    # The lines after the bad ones were all recorded: the pair, pick-seven and ext-0 claims are held.
+    occupancy: Any = ledger.occupancy(at=_t("2026-11-02T09:30:00Z"))
+    held = sorted(d["device"] for d in occupancy["devices"] if d["allocations"])
+    # train-0 never got its allocation (the line was rejected, and line 6 was its pod) ...
+    assert held == ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-7"]
+
+
+def _t(value: str) -> Any:
+    from ledger.recorded import parse_time
+
+    return parse_time(value)
+
+
+def test_kubectl_watch_output_and_yaml_lists_replay_like_recorded_lines(ledger: LedgerHandle,
+                                                                        tmp_path: Path) -> None:
+    # `kubectl get resourceclaims -o json --watch --output-watch-events`: pretty-printed events back to back.
+    claims = [json.loads(line) for line in _lines(SEED) if '"kind":"ResourceClaim"' in line
+              and '"name":"pick-seven"' in line]
+    watch = tmp_path / "watch.json"
+    watch.write_text("\n".join(json.dumps({"type": c["type"], "object": c["object"]}, indent=4) for c in claims))
+    # `kubectl get resourceslices -o yaml`: a List holding the lab node's slice.
+    slice_obj = next(json.loads(line)["object"] for line in _lines(SEED) if '"kind":"ResourceSlice"' in line)
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [slice_obj]}))
+    report = ledger.replay(slices, watch, at=_t("2026-11-02T10:00:00Z"))
+    assert report.rejected == []
+    held: Any = ledger.occupancy(at=_t("2026-11-02T10:00:00Z"))
+    assert held["totals"] == {"devices": 8, "allocated": 1, "free": 7, "shared": 0}
+    assert [d["device"] for d in held["devices"] if d["allocations"]] == ["gpu-7"]
