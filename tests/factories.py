@@ -6,7 +6,9 @@ Names and uids come from a counter so tests never share ids.
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Literal
 
 from ledger.events import NewEvent
@@ -139,3 +141,10 @@ def dig(obj: JSONObject, *path: str) -> JSONObject:
         cur = cur[key]
     assert isinstance(cur, dict)
     return cur
+
+
+def history(path: Path, events: list[tuple[str, JSONObject, float]]) -> Path:
+    """Write a recorded history (DESIGN §9) of (watch type, object, minutes after T0) to ``path``."""
+    lines = [json.dumps({"observedAt": stamp(m), "type": t, "object": o}) for t, o, m in events]
+    path.write_text("\n".join(lines) + "\n")
+    return path
