@@ -22,16 +22,15 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
-from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
 from ledger import services
 from ledger.errors import Invalid, LedgerError
-from ledger.projections import queries, runner
+from ledger.projections.queries import rfc3339
 from ledger.recorded import parse_time
 from ledger.settings import Settings
 from ledger.store import schema
-from ledger.store.postgres import make_engine
+from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings
 from ledger.types import JSONObject, JSONValue
 
@@ -43,7 +42,6 @@ app.add_typer(db_app, name="db")
 
 out = Console()
 err = Console(stderr=True)
-EMBEDDED_DATABASE = "dra_ledger"
 DEMO_CLUSTER = "seed-lab"
 PROGRESS_MIN_LINES = 5000
 
@@ -95,25 +93,6 @@ def _settings(url: str | None, data_dir: Path | None) -> Settings:
     return Settings().model_copy(update=updates)
 
 
-def open_engine(settings: Settings, *, database: str = EMBEDDED_DATABASE) -> Engine:
-    """Return an engine on the ledger database, its schema current.
-
-    With ``settings.database_url`` the schema is checked (SchemaNotReady tells the operator to run
-    ``dra-ledger db upgrade``); without it an embedded PostgreSQL is started or reused and migrated.
-    """
-    if settings.database_url:
-        engine = make_engine(settings.database_url)
-        schema.require_current(engine)
-        return engine
-    from ledger.embedded import EmbeddedPostgres, default_data_dir
-
-    server = EmbeddedPostgres(settings.data_dir or default_data_dir())
-    admin_url = server.start()
-    engine = make_engine(schema.ensure_database(admin_url, database))
-    schema.upgrade(engine)
-    return engine
-
-
 @contextmanager
 def _errors() -> Iterator[None]:
     try:
@@ -155,11 +134,11 @@ def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     settings = _settings(url, data_dir)
     with _errors():
         if settings.database_url:
-            engine = make_engine(settings.database_url)
-            schema.upgrade(engine)
+            db = LedgerDatabase.from_url(settings.database_url)
+            db.upgrade()
         else:
-            engine = open_engine(settings)
-        out.print(f"schema at revision {schema.current_revision(engine)}")
+            db = services.open_ledger(settings)
+        out.print(f"schema at revision {schema.current_revision(db.engine)}")
 
 
 @db_app.command("current")
@@ -167,8 +146,8 @@ def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Print the schema revision of the database and the one this code needs."""
     settings = _settings(url, data_dir)
     with _errors():
-        engine = make_engine(settings.database_url) if settings.database_url else open_engine(settings)
-        out.print(f"database: {schema.current_revision(engine) or 'empty'}; code: {schema.head_revision()}")
+        db = LedgerDatabase.from_url(settings.database_url) if settings.database_url else services.open_ledger(settings)
+        out.print(f"database: {schema.current_revision(db.engine) or 'empty'}; code: {schema.head_revision()}")
 
 
 @db_app.command("start")
@@ -225,10 +204,10 @@ def replay(
     settings = _settings(url, data_dir)
     when = _time(at, "--at") if at else None
     with _errors():
-        engine = open_engine(settings)
+        db = services.open_ledger(settings)
         with _progress(_count_lines(files), "replay") as progress:
             report = services.replay_files(
-                engine, files, cluster=cluster or settings.cluster, at=when,
+                db, files, cluster=cluster or settings.cluster, at=when,
                 settings=TranslatorSettings(team_label=settings.team_label), batch_size=settings.batch_size,
                 progress=progress)
     _print_report(report)
@@ -241,8 +220,7 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Rebuild every read model from the events (global position 0) and swap it in atomically."""
     settings = _settings(url, data_dir)
     with _errors():
-        engine = open_engine(settings)
-        applied = runner.rebuild(engine)
+        applied = services.rebuild(services.open_ledger(settings))
     err.print(f"rebuilt read models from {applied} events")
 
 
@@ -329,11 +307,11 @@ def render_idle(body: JSONObject) -> None:
                                             "wasted device-hours"], rows)
 
 
-def _query(settings: Settings, run: Callable[[Engine], JSONObject]) -> JSONObject:
+def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
     with _errors():
-        engine = open_engine(settings)
-        runner.catch_up(engine)
-        return run(engine)
+        db = services.open_ledger(settings)
+        services.catch_up(db)
+        return run(db)
 
 
 @app.command()
@@ -345,9 +323,8 @@ def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="O
     """Every device at T with its holders and the totals devices / allocated / free / shared."""
     when = _time(at, "--at")
 
-    def run(engine: Engine) -> JSONObject:
-        with engine.connect() as conn:
-            return queries.occupancy(conn, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.occupancy(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
 
     _emit(_query(_settings(url, data_dir), run), output, render_occupancy)
 
@@ -373,9 +350,8 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
 
-    def run(engine: Engine) -> JSONObject:
-        with engine.connect() as conn:
-            return queries.usage(conn, start=t0, end=t1, group_by=group_by.value, cluster=cluster)
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster)
 
     _emit(_query(_settings(url, data_dir), run), output, render_usage)
 
@@ -397,9 +373,8 @@ def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = Cl
     """Claims at T with state, origin, team, requested devices, allocated devices and consumers."""
     when = _time(at, "--at")
 
-    def run(engine: Engine) -> JSONObject:
-        with engine.connect() as conn:
-            return queries.claims(conn, at=when, state=state.value, cluster=cluster, namespace=namespace)
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace)
 
     _emit(_query(_settings(url, data_dir), run), output, render_claims)
 
@@ -414,9 +389,8 @@ def idle_claims(at: AtOpt = None,
     when = _time(at, "--at")
     threshold = _duration(min_idle, "--min-idle") if min_idle is not None else None
 
-    def run(engine: Engine) -> JSONObject:
-        with engine.connect() as conn:
-            return queries.idle_claims(conn, at=when, min_idle=threshold, cluster=cluster)
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster)
 
     _emit(_query(_settings(url, data_dir), run), output, render_idle)
 
@@ -446,23 +420,22 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
 
             server = EmbeddedPostgres(settings.data_dir or default_data_dir())
             err.print(f"embedded PostgreSQL 18 at {server.start()} (data dir {server.data_dir})")
-        engine = open_engine(settings)
+        db = services.open_ledger(settings)
         times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
-        report = services.replay_files(engine, [history], cluster=DEMO_CLUSTER)
+        report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
         _print_report(report)
         start, end = min(times), max(times)
         busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
-        with engine.connect() as conn:
-            out.rule(f"seed-lab: one node, 8 GPUs, history {queries.rfc3339(start)} .. {queries.rfc3339(end)}")
-            c = DEMO_CLUSTER
-            render_occupancy(queries.occupancy(conn, at=busy, cluster=c))
-            out.print("Pending claims (requested more devices than are free):")
-            render_claims(queries.claims(conn, at=busy, state="pending", cluster=c))
-            out.print("After train-0 finished and the shared claim's pods went away:")
-            render_occupancy(queries.occupancy(conn, at=end, cluster=c))
-            render_usage(queries.usage(conn, start=start.replace(minute=0, second=0, microsecond=0), end=end,
-                                       group_by="team", cluster=c))
-            render_idle(queries.idle_claims(conn, at=end, cluster=c))
+        out.rule(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
+        c = DEMO_CLUSTER
+        render_occupancy(services.occupancy(db, at=busy, cluster=c))
+        out.print("Pending claims (requested more devices than are free):")
+        render_claims(services.claims(db, at=busy, state="pending", cluster=c))
+        out.print("After train-0 finished and the shared claim's pods went away:")
+        render_occupancy(services.occupancy(db, at=end, cluster=c))
+        render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
+                                    group_by="team", cluster=c))
+        render_idle(services.idle_claims(db, at=end, cluster=c))
     out.print("The seed-lab history stays in the ledger as cluster 'seed-lab' and the embedded server keeps "
               "running for the next command (stop it with `dra-ledger db stop`). Try:\n"
               "  dra-ledger occupancy --at 2026-11-02T10:40:00Z --output json\n"

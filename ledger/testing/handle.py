@@ -17,6 +17,7 @@ from ledger import services
 from ledger.events import RecordedEvent
 from ledger.projections import queries, runner
 from ledger.projections.queries import IdleThresholds
+from ledger.store.database import LedgerDatabase
 from ledger.store.postgres import read_all
 from ledger.store.tables import READ_MODELS
 from ledger.translator.translate import TranslatorSettings
@@ -39,9 +40,14 @@ class LedgerHandle:
     cluster: str = "default"
     team_label: str = "team"
 
+    @property
+    def db(self) -> LedgerDatabase:
+        """The same database as a :class:`LedgerDatabase` (what ``ledger.services`` takes)."""
+        return LedgerDatabase(engine=self.engine)
+
     def replay(self, *paths: Path | str, at: datetime | None = None) -> services.IngestReport:
         """Replay recorded histories or kubectl output into this ledger (see ``services.replay_files``)."""
-        return services.replay_files(self.engine, [Path(p) for p in paths], cluster=self.cluster, at=at,
+        return services.replay_files(self.db, [Path(p) for p in paths], cluster=self.cluster, at=at,
                                      settings=TranslatorSettings(team_label=self.team_label))
 
     def occupancy(self, at: datetime, **filters: str) -> JSONObject:

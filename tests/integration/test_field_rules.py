@@ -144,7 +144,7 @@ def test_concurrent_writers_to_one_stream_get_exactly_one_stream_conflict(ledger
     def write(i: int) -> None:
         barrier.wait()
         try:
-            services.ingest(ledger.engine, read_history(files[i]), cluster="default", state=states[i])
+            services.ingest(ledger.db, read_history(files[i]), cluster="default", state=states[i])
             outcomes.append("ok")
         except StreamConflict:
             outcomes.append("conflict")
@@ -182,7 +182,7 @@ def test_a_reader_following_global_positions_never_skips_a_committed_event(ledge
                 return
 
     def write(i: int) -> None:
-        services.ingest(ledger.engine, read_history(files[i]), cluster=f"c{i}", batch_size=3)
+        services.ingest(ledger.db, read_history(files[i]), cluster=f"c{i}", batch_size=3)
 
     reader = threading.Thread(target=follow)
     reader.start()

@@ -1,0 +1,106 @@
+"""The ledger's database as one object: connections, the append transaction, reads.
+
+:mod:`ledger.services` talks to PostgreSQL only through :class:`LedgerDatabase`, so the use cases
+(and everything above them: CLI, API, workers) never touch SQLAlchemy or psycopg directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, Engine
+
+from ledger.events import NewEvent, RecordedEvent
+from ledger.store import postgres as pg
+from ledger.store import schema
+from ledger.store.postgres import ObservationRow
+from ledger.translator.translate import TranslatorState
+from ledger.types import GlobalPosition
+
+
+@dataclass(slots=True)
+class AppendBatch:
+    """What one append transaction writes: observations, events, and the translator state.
+
+    Built inside :meth:`LedgerDatabase.append`; written when the ``with`` block ends without error.
+    """
+
+    conn: Connection
+    cluster: str
+    observations: list[ObservationRow] = field(default_factory=list)
+    events: list[NewEvent] = field(default_factory=list)
+
+    def known(self, digests: Sequence[str]) -> set[str]:
+        """Return which observation digests are already stored for this cluster."""
+        return pg.known_digests(self.conn, self.cluster, digests)
+
+
+@dataclass(slots=True)
+class LedgerDatabase:
+    """A ledger database (schema at head) behind a SQLAlchemy engine."""
+
+    engine: Engine
+
+    @classmethod
+    def from_url(cls, url: str) -> LedgerDatabase:
+        """Open the database at ``url`` (``postgresql://`` or ``postgresql+psycopg://``)."""
+        return cls(engine=pg.make_engine(url))
+
+    @property
+    def url(self) -> str:
+        """The database URL, with its password, for handing to another process."""
+        return self.engine.url.render_as_string(hide_password=False)
+
+    def require_current(self) -> None:
+        """Raise ``SchemaNotReady`` unless the schema is at this code's head revision."""
+        schema.require_current(self.engine)
+
+    def upgrade(self) -> None:
+        """Migrate the schema to head (needs DDL rights)."""
+        schema.upgrade(self.engine)
+
+    def load_state(self, cluster: str) -> TranslatorState:
+        """Load the translator's memory for ``cluster``."""
+        with self.engine.connect() as conn:
+            return pg.load_state(conn, cluster)
+
+    @contextmanager
+    def append(self, cluster: str, state: TranslatorState) -> Iterator[AppendBatch]:
+        """One append transaction under the append lock (see :mod:`ledger.store.postgres`).
+
+        On a clean exit the batch's observations, events and ``state.dirty`` commit together; on an
+        error nothing is written and ``state`` is reloaded from the database so it matches again.
+
+        Raises:
+            StreamConflict: another writer appended to one of the batch's streams.
+        """
+        try:
+            with self.engine.begin() as conn:
+                pg.lock_appends(conn)
+                batch = AppendBatch(conn=conn, cluster=cluster)
+                yield batch
+                pg.insert_observations(conn, cluster, batch.observations)
+                pg.insert_events(conn, cluster, batch.events)
+                pg.save_state(conn, cluster, state)
+        except BaseException:
+            state.entries = self.load_state(cluster).entries
+            state.dirty.clear()
+            raise
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A connection for read-model queries (one snapshot per statement)."""
+        with self.engine.connect() as conn:
+            yield conn
+
+    def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
+                 stream: str | None = None) -> list[RecordedEvent]:
+        """Events after global position ``after`` (see :func:`ledger.store.postgres.read_all`)."""
+        with self.engine.connect() as conn:
+            return pg.read_all(conn, after=after, limit=limit, types=types, stream=stream)
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
