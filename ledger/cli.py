@@ -9,6 +9,7 @@ PostgreSQL in ``--data-dir`` and keep its schema current; with a URL they check 
 from __future__ import annotations
 
 import enum
+import importlib.metadata
 import importlib.resources
 import sys
 from collections.abc import Callable, Iterator
@@ -442,6 +443,21 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
               "  dra-ledger usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team")
 
 
+COMMAND_GROUP = "dra_ledger.commands"
+"""Entry-point group through which other packages add commands (``api``: serve; ``workers``: watch).
+
+Each entry point names a callable taking the Typer ``app``; it registers its commands on it. This keeps
+``ledger`` free of imports of ``api`` and ``workers`` (the import contract in pyproject.toml).
+"""
+
+
+def _load_plugins() -> None:
+    for entry in sorted(importlib.metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        register = entry.load()
+        register(app)
+
+
 def main() -> None:
-    """Console-script entry point of ``dra-ledger``."""
+    """Console-script entry point of ``dra-ledger``: load command plugins, then run."""
+    _load_plugins()
     app()

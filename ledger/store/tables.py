@@ -87,6 +87,18 @@ checkpoints = Table(
 )
 
 
+watch_checkpoints = Table(
+    "watch_checkpoints", metadata,
+    Column("cluster", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("api_version", Text, nullable=False),
+    Column("resource_version", Text, nullable=False, comment="opaque; compared only for equality"),
+    Column("updated_at", TS, nullable=False),
+    PrimaryKeyConstraint("cluster", "kind", name="watch_checkpoints_pkey"),
+)
+"""The resourceVersion each watch resumes from; committed with the observations it covers."""
+
+
 def _interval_indexes(name: str, *key: str) -> tuple[Index, Index]:
     return (Index(f"{name}_valid_gist", "valid", postgresql_using="gist"),
             Index(f"{name}_key_idx", *key))
