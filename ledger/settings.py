@@ -23,5 +23,7 @@ class Settings(BaseSettings):
     """Name of the cluster the recorded objects come from; every row is keyed by it."""
     team_label: str = "team"
     """Namespace label naming the team billed for the namespace; the namespace name when absent."""
+    config: Path | None = None
+    """Configuration file (TOML or YAML, see :mod:`ledger.config`); unset = built-in defaults."""
     batch_size: int = 1000
     """Watch events per append transaction during replay (bigger batches, fewer commits)."""

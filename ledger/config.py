@@ -1,0 +1,208 @@
+"""The ledger's configuration file (TOML or YAML), validated with pydantic.
+
+Settings that are lists or tables (team overrides, Kueue ``deviceClassMappings``, quotas, prices, API
+tokens) live in this file; scalar settings stay in the environment (:mod:`ledger.settings`). The file
+is named by ``LEDGER_CONFIG`` (or ``--config``); without one, :data:`DEFAULT` applies. Every unknown
+key or bad value is an error naming its location, e.g. ``quotas[0].nominalQuota: Input should be
+greater than or equal to 0``.
+
+Example (TOML)::
+
+    [teams]
+    label = "team"                          # namespace label naming the team
+    overrides = { "kube-system" = "platform" }
+
+    [[deviceClassMappings]]                 # Kueue's shape: resource name -> DeviceClasses
+    name = "example.com/gpu"
+    deviceClassNames = ["gpu.example.com"]
+
+    [[quotas]]
+    team = "vision"
+    resourceName = "example.com/gpu"
+    nominalQuota = 3
+
+    [[prices]]                              # per device-hour, by DeviceClass or model
+    deviceClass = "gpu.example.com"
+    perDeviceHour = 2.5
+
+    [idle]
+    unreservedSeconds = 1800
+
+    [[api.tokens]]
+    name = "chargeback"
+    token = "change-me"                     # or tokenEnv = "CHARGEBACK_TOKEN"
+    teams = ["vision"]                      # omit for all teams
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ledger.errors import Invalid
+
+QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+"""Kubernetes qualified name (label-key syntax), as Kueue requires for mapping and class names."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class TeamsConfig(_Model):
+    """How namespaces map to teams."""
+
+    label: str = "team"
+    """Namespace label whose value names the team; the namespace name when absent."""
+    overrides: dict[str, str] = Field(default_factory=dict)
+    """namespace -> team, winning over the label."""
+
+
+class DeviceClassMapping(_Model):
+    """Kueue ``resources.deviceClassMappings[]``: a logical resource name and the classes counted under it."""
+
+    name: str = Field(pattern=QUALIFIED_NAME, max_length=253)
+    device_class_names: list[str] = Field(alias="deviceClassNames", min_length=1, max_length=8)
+
+
+class Quota(_Model):
+    """Nominal quota of a team for one logical resource name (a count, like Kueue's nominalQuota)."""
+
+    team: str
+    resource_name: str = Field(alias="resourceName")
+    nominal_quota: float = Field(alias="nominalQuota", ge=0)
+
+
+class Price(_Model):
+    """Price per device-hour for a DeviceClass or a device model (exactly one of them)."""
+
+    device_class: str | None = Field(default=None, alias="deviceClass")
+    model: str | None = None
+    per_device_hour: float = Field(alias="perDeviceHour", ge=0)
+    currency: str = "USD"
+
+    @model_validator(mode="after")
+    def _one_key(self) -> Price:
+        if (self.device_class is None) == (self.model is None):
+            raise ValueError("give exactly one of deviceClass or model")
+        return self
+
+
+class IdleConfig(_Model):
+    """Idle-claim thresholds per category, in seconds (DESIGN §5: 30 minutes each by default)."""
+
+    unreserved_seconds: float = Field(default=1800, alias="unreservedSeconds", ge=0)
+    inactive_consumers_seconds: float = Field(default=1800, alias="inactiveConsumersSeconds", ge=0)
+    unreferenced_seconds: float = Field(default=1800, alias="unreferencedSeconds", ge=0)
+
+
+class ApiToken(_Model):
+    """A bearer token of the REST API; ``teams`` limits what it sees (``None`` = every team)."""
+
+    name: str
+    token: str | None = Field(default=None, min_length=16)
+    token_env: str | None = Field(default=None, alias="tokenEnv")
+    teams: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiToken:
+        if (self.token is None) == (self.token_env is None):
+            raise ValueError("give exactly one of token or tokenEnv")
+        return self
+
+    def secret(self) -> str:
+        """Return the token value (read from the environment for ``tokenEnv``).
+
+        Raises:
+            Invalid: the named environment variable is unset or shorter than 16 characters.
+        """
+        if self.token is not None:
+            return self.token
+        value = os.environ.get(str(self.token_env), "")
+        if len(value) < 16:
+            raise Invalid(f"api.tokens[{self.name}]: environment variable {self.token_env} is unset or "
+                          "shorter than 16 characters")
+        return value
+
+
+class ApiConfig(_Model):
+    """REST API access."""
+
+    tokens: list[ApiToken] = Field(default_factory=list)
+    metrics_public: bool = Field(default=True, alias="metricsPublic")
+    """Serve ``/metrics`` without a token."""
+
+
+class LedgerConfig(_Model):
+    """The whole configuration file."""
+
+    teams: TeamsConfig = Field(default_factory=TeamsConfig)
+    device_class_mappings: list[DeviceClassMapping] = Field(default_factory=list, alias="deviceClassMappings",
+                                                            max_length=16)
+    quotas: list[Quota] = Field(default_factory=list)
+    prices: list[Price] = Field(default_factory=list)
+    idle: IdleConfig = Field(default_factory=IdleConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+
+    @model_validator(mode="after")
+    def _kueue_rules(self) -> LedgerConfig:
+        names: set[str] = set()
+        owner: dict[str, str] = {}
+        for mapping in self.device_class_mappings:
+            if mapping.name in names:
+                raise ValueError(f"deviceClassMappings: name {mapping.name!r} appears twice")
+            names.add(mapping.name)
+            for cls in mapping.device_class_names:
+                if cls in owner:
+                    raise ValueError(f"deviceClassMappings: device class {cls!r} already mapped to "
+                                     f"resource {owner[cls]!r}")
+                owner[cls] = mapping.name
+        return self
+
+    def resource_name_of(self, device_class: str) -> str | None:
+        """Return the logical resource name a DeviceClass is counted under, or ``None`` if unmapped."""
+        for mapping in self.device_class_mappings:
+            if device_class in mapping.device_class_names:
+                return mapping.name
+        return None
+
+
+DEFAULT = LedgerConfig()
+
+
+def load_config(path: Path | str | None) -> LedgerConfig:
+    """Read and validate the configuration file at ``path`` (``.toml``, ``.yaml`` or ``.yml``).
+
+    Returns :data:`DEFAULT` when ``path`` is ``None``.
+
+    Raises:
+        Invalid: the file cannot be read or parsed, or a key is unknown or has a bad value; the
+            message names the file and every bad location.
+    """
+    if path is None:
+        return DEFAULT
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise Invalid(f"{path}: cannot read the configuration file: {e.strerror}") from e
+    try:
+        if path.suffix == ".toml":
+            data: object = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise Invalid(f"{path}: the configuration file must end in .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise Invalid(f"{path}: not valid {path.suffix[1:].upper()}: {e}") from e
+    try:
+        return LedgerConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
+                             for err in e.errors())
+        raise Invalid(f"{path}: {problems}") from e
