@@ -84,8 +84,9 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     Returns:
         ``{"at", "totals": {"devices", "allocated", "free", "shared"}, "devices": [{"driver", "pool",
         "device", "node", "model", "offSlice", "allocations": [{"namespace", "claim", "team", "request",
-        "deviceClass", "shareID", "adminAccess", "conflict", "consumers": [pod names]}]}]}``, devices sorted
-        by (driver, pool, device). Devices allocated after leaving their slice appear with
+        "deviceClass", "shareID", "consumedCapacity", "adminAccess", "conflict", "consumers": [pod names]}]}]}``,
+        devices sorted by (driver, pool, device); ``consumedCapacity`` maps capacity name -> Quantity
+        string (``{}`` for a whole device). Devices allocated after leaving their slice appear with
         ``offSlice: true`` and count in ``totals.devices``; devices consuming the same counter set count
         once (one piece of hardware). ``free`` is never negative; ``adminAccess`` never occupies.
     """
@@ -99,7 +100,7 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         f"WHERE valid @> :at{filters}"), params).all()
     allocations = conn.execute(text(
         "SELECT cluster, driver, pool, device, node, model, claim_uid, namespace, claim, team, request, "
-        "device_class, share_id, admin_access, conflict FROM device_allocations "
+        "device_class, share_id, consumed_capacity, admin_access, conflict FROM device_allocations "
         f"WHERE valid @> :at{filters} ORDER BY namespace, claim, request, share_id NULLS FIRST"), params).all()
     consumers = _consumers_at(conn, at, cluster)
     devices: dict[tuple[str, str, str, str], JSONObject] = {}
@@ -119,7 +120,8 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         allocs = devices[key]["allocations"]
         assert isinstance(allocs, list)
         allocs.append({"namespace": r.namespace, "claim": r.claim, "team": r.team, "request": r.request,
-                       "deviceClass": r.device_class, "shareID": r.share_id, "adminAccess": r.admin_access,
+                       "deviceClass": r.device_class, "shareID": r.share_id,
+                       "consumedCapacity": r.consumed_capacity, "adminAccess": r.admin_access,
                        "conflict": r.conflict, "consumers": list(live)})
     unit_keys = {(k[0], k[1], k[2], units[k]) for k in devices}
     allocated_units: set[tuple[str, str, str, str]] = set()
@@ -245,7 +247,8 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
     Returns:
         ``{"at", "claims": [{"namespace", "name", "uid", "origin", "state", "team",
         "requested": {deviceClassName: count}, "devices": [{"driver", "pool", "device", "request",
-        "shareID", "adminAccess"}], "consumers": [names]}]}`` sorted by namespace, name.
+        "shareID", "consumedCapacity", "adminAccess"}], "consumers": [names]}]}`` sorted by namespace, name.
+        ``consumedCapacity`` maps capacity name -> Quantity string (``{}`` for a whole device).
 
     Raises:
         Invalid: unknown ``state``.
@@ -260,13 +263,14 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
         "  AND s.valid @> :at LIMIT 1) AS st "
         "FROM claims c WHERE c.created_at <= :at" + extra + " ORDER BY c.namespace, c.name, c.uid"), params).all()
     allocs = conn.execute(text(
-        "SELECT cluster, claim_uid, driver, pool, device, request, share_id, admin_access FROM device_allocations "
+        "SELECT cluster, claim_uid, driver, pool, device, request, share_id, consumed_capacity, admin_access "
+        "FROM device_allocations "
         "WHERE valid @> :at" + _cluster_filter(cluster) + " ORDER BY driver, pool, device, share_id"), params).all()
     by_claim: dict[str, list[JSONValue]] = defaultdict(list)
     for a in allocs:
         by_claim[f"{a.cluster}\x00{a.claim_uid}"].append(
             {"driver": a.driver, "pool": a.pool, "device": a.device, "request": a.request,
-             "shareID": a.share_id, "adminAccess": a.admin_access})
+             "shareID": a.share_id, "consumedCapacity": a.consumed_capacity, "adminAccess": a.admin_access})
     consumers = _consumers_at(conn, at, cluster)
     out: list[JSONValue] = []
     for r in rows:

@@ -182,7 +182,7 @@ def _nest_exactly(request: JSONObject) -> JSONObject:
 
     As upstream does, ``exactly`` is created when any of its fields is set (``null`` counts as unset)
     and ``firstAvailable`` is kept as it is: a request that sets both stays invalid in ``v1`` too,
-    so the translator rejects it instead of this function silently dropping half of it.
+    and the translator records both halves as sent instead of this function silently dropping one.
     """
     exactly: JSONObject = {key: value for key in _EXACTLY_FIELDS if (value := request.get(key)) is not None}
     out = {key: value for key, value in request.items() if key not in _EXACTLY_FIELDS}

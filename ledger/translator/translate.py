@@ -44,6 +44,8 @@ WatchType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 EXTENDED_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+DEFAULT_NAMESPACE = "default"
+"""Namespace of a namespaced manifest written without one (where ``kubectl apply`` puts it)."""
 
 
 @dataclass(slots=True)
@@ -322,6 +324,18 @@ def _reconcile_pool(em: _Emitter, pool_key: str, pstate: JSONObject, *, at_publi
 # --- ResourceClaim -> claim stream ------------------------------------------------------------
 
 
+def namespace_of(obj: Mapping[str, JSONValue]) -> str:
+    """Return ``metadata.namespace`` of a Pod or ResourceClaim, or ``"default"`` when it is missing.
+
+    The API server always sets it; a manifest replayed from a file often omits it (the
+    dra-driver-cpu claim in ``fixtures/real``), and ``kubectl apply`` would create it in ``default``.
+
+    Raises:
+        InvalidObject: the namespace is present but not a string.
+    """
+    return opt_str(obj, "metadata.namespace") or DEFAULT_NAMESPACE
+
+
 def claim_uid_of(obj: Mapping[str, JSONValue]) -> str:
     """Return ``metadata.uid``, or ``name:<namespace>/<name>`` for trimmed objects without one.
 
@@ -331,7 +345,7 @@ def claim_uid_of(obj: Mapping[str, JSONValue]) -> str:
     uid = opt_str(obj, "metadata.uid")
     if uid:
         return uid
-    return f"name:{opt_str(obj, 'metadata.namespace') or ''}/{req_str(obj, 'metadata.name')}"
+    return f"name:{namespace_of(obj)}/{req_str(obj, 'metadata.name')}"
 
 
 def _origin(obj: JSONObject) -> tuple[str, str | None, str | None]:
@@ -420,7 +434,7 @@ def _consumers(obj: JSONObject) -> dict[str, JSONValue]:
 
 def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     uid = claim_uid_of(obj)
-    namespace = req_str(obj, "metadata.namespace")
+    namespace = namespace_of(obj)
     name = req_str(obj, "metadata.name")
     key = f"claim:{uid}"
     stream = StreamId(f"claim:{uid}")
@@ -558,7 +572,7 @@ def _pod_claims(obj: JSONObject) -> list[JSONValue]:
 
 def _on_pod(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     name = req_str(obj, "metadata.name")
-    namespace = req_str(obj, "metadata.namespace")
+    namespace = namespace_of(obj)
     uid = opt_str(obj, "metadata.uid") or f"name:{namespace}/{name}"
     key = f"pod:{uid}"
     stream = StreamId(key)

@@ -150,3 +150,17 @@ def test_bad_objects_raise_located_errors_and_leave_state_untouched() -> None:
     assert feed.state.entries == {}
     with pytest.raises(UnsupportedObject):
         feed("ADDED", {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}, 0)
+
+
+def test_a_claim_or_pod_manifest_without_a_namespace_is_recorded_in_default() -> None:
+    feed, cid, pid = Feed(), uid("claim"), uid("pod")
+    manifest = claim(name="c", claim_uid=cid)
+    del dig(manifest, "metadata")["namespace"]
+    bare_pod = pod(name="p", pod_uid=pid)
+    del dig(bare_pod, "metadata")["namespace"]
+
+    (created,) = feed("ADDED", manifest, 0)
+    (phase,) = feed("ADDED", bare_pod, 0)
+
+    assert isinstance(created.event, ev.ClaimCreated) and created.event.namespace == "default"
+    assert isinstance(phase.event, ev.PodPhaseChanged) and phase.event.namespace == "default"
