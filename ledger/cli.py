@@ -26,6 +26,7 @@ from rich.table import Table
 from sqlalchemy.exc import OperationalError
 
 from ledger import services
+from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
 from ledger.recorded import parse_time
@@ -85,13 +86,24 @@ def _duration(value: str, option: str) -> timedelta:
     return parsed
 
 
-def _settings(url: str | None, data_dir: Path | None) -> Settings:
+def settings_from(url: str | None, data_dir: Path | None) -> Settings:
+    """Settings from the environment, overridden by the ``--database-url`` / ``--data-dir`` options.
+
+    Raises:
+        typer.Exit: (code 2) an environment variable has a bad value; the message names it.
+    """
+    try:
+        base = Settings()
+    except ValidationError as e:
+        problems = "; ".join(f"LEDGER_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
+        typer.echo(f"error: bad setting: {problems}", err=True)
+        raise typer.Exit(2) from e
     updates: dict[str, object] = {}
     if url:
         updates["database_url"] = url
     if data_dir:
         updates["data_dir"] = data_dir
-    return Settings().model_copy(update=updates)
+    return base.model_copy(update=updates)
 
 
 @contextmanager
@@ -132,7 +144,7 @@ def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]
 @db_app.command("upgrade")
 def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Migrate the ledger schema to the newest revision (the only step that needs DDL rights)."""
-    settings = _settings(url, data_dir)
+    settings = settings_from(url, data_dir)
     with _errors():
         if settings.database_url:
             db = LedgerDatabase.from_url(settings.database_url)
@@ -145,27 +157,36 @@ def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 @db_app.command("current")
 def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Print the schema revision of the database and the one this code needs."""
-    settings = _settings(url, data_dir)
+    settings = settings_from(url, data_dir)
     with _errors():
         db = LedgerDatabase.from_url(settings.database_url) if settings.database_url else services.open_ledger(settings)
         out.print(f"database: {schema.current_revision(db.engine) or 'empty'}; code: {schema.head_revision()}")
 
 
+def _refuse_with_url(url: str | None) -> None:
+    if url:
+        typer.echo("error: LEDGER_DATABASE_URL (or --database-url) is set, so the embedded server is not in use; "
+                   "unset it to manage the embedded server", err=True)
+        raise typer.Exit(2)
+
+
 @db_app.command("start")
-def db_start(data_dir: DataDirOpt = None) -> None:
+def db_start(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     """Start (or reuse) the embedded PostgreSQL and print its URL."""
     from ledger.embedded import EmbeddedPostgres, default_data_dir
 
+    _refuse_with_url(url)
     with _errors():
         server = EmbeddedPostgres(data_dir or default_data_dir())
         out.print(server.start())
 
 
 @db_app.command("stop")
-def db_stop(data_dir: DataDirOpt = None) -> None:
+def db_stop(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     """Stop the embedded PostgreSQL cleanly (a fast shutdown: connections are closed)."""
     from ledger.embedded import EmbeddedPostgres, default_data_dir
 
+    _refuse_with_url(url)
     with _errors():
         server = EmbeddedPostgres(data_dir or default_data_dir())
         if server.is_running():
@@ -202,7 +223,7 @@ def replay(
     cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
-    settings = _settings(url, data_dir)
+    settings = settings_from(url, data_dir)
     when = _time(at, "--at") if at else None
     with _errors():
         db = services.open_ledger(settings)
@@ -219,7 +240,7 @@ def replay(
 @app.command()
 def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Rebuild every read model from the events (global position 0) and swap it in atomically."""
-    settings = _settings(url, data_dir)
+    settings = settings_from(url, data_dir)
     with _errors():
         applied = services.rebuild(services.open_ledger(settings))
     err.print(f"rebuilt read models from {applied} events")
@@ -293,9 +314,12 @@ def render_usage(body: JSONObject) -> None:
     assert isinstance(rows_in, list)
     rows = [[_s(r[key]), _s(r["deviceClass"]), _s(r["driver"]), f"{r['deviceHours']:.3f}"]
             for r in rows_in if isinstance(r, dict)]
-    heading = [key] if key != "deviceClass" else ["deviceClass (again)"]
-    _table(f"Device-hours from {body['from']} to {body['to']}", [*heading, "deviceClass", "driver",
-                                                                   "device-hours"], rows)
+    if key == "deviceClass":  # the group is the class itself: one column
+        rows = [[cls, drv, hours] for _, cls, drv, hours in rows]
+        columns = ["deviceClass", "driver", "device-hours"]
+    else:
+        columns = [key, "deviceClass", "driver", "device-hours"]
+    _table(f"Device-hours from {body['from']} to {body['to']}", columns, rows)
 
 
 def render_idle(body: JSONObject) -> None:
@@ -327,7 +351,7 @@ def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="O
     def run(db: LedgerDatabase) -> JSONObject:
         return services.occupancy(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
 
-    _emit(_query(_settings(url, data_dir), run), output, render_occupancy)
+    _emit(_query(settings_from(url, data_dir), run), output, render_occupancy)
 
 
 class GroupBy(enum.StrEnum):
@@ -354,7 +378,7 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     def run(db: LedgerDatabase) -> JSONObject:
         return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster)
 
-    _emit(_query(_settings(url, data_dir), run), output, render_usage)
+    _emit(_query(settings_from(url, data_dir), run), output, render_usage)
 
 
 class ClaimState(enum.StrEnum):
@@ -377,7 +401,7 @@ def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = Cl
     def run(db: LedgerDatabase) -> JSONObject:
         return services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace)
 
-    _emit(_query(_settings(url, data_dir), run), output, render_claims)
+    _emit(_query(settings_from(url, data_dir), run), output, render_claims)
 
 
 @app.command("idle-claims")
@@ -393,7 +417,195 @@ def idle_claims(at: AtOpt = None,
     def run(db: LedgerDatabase) -> JSONObject:
         return services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster)
 
-    _emit(_query(_settings(url, data_dir), run), output, render_idle)
+    _emit(_query(settings_from(url, data_dir), run), output, render_idle)
+
+
+# --- quotas, sharing, pending demand, reports (the configuration file matters here) -------------
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
+                                                help="Configuration file (TOML or YAML); unset = defaults.")]
+
+
+def _config(path: Path | None) -> LedgerConfig:
+    with _errors():
+        return load_config(path)
+
+
+def _number(value: JSONValue) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.6g}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{int(value):,}"
+    return _s(value)
+
+
+def render_quotas(body: JSONObject) -> None:
+    """Print a quotas body (usage versus quota, or its intervals over time) as a table."""
+    if "intervals" in body:
+        intervals = body["intervals"]
+        assert isinstance(intervals, list)
+        rows = [[_s(i["team"]), _s(i["resourceName"]), _s(i["from"]), _s(i["to"]), _number(i["used"]),
+                 _number(i["nominalQuota"]), "OVER" if i["overQuota"] else ""]
+                for i in intervals if isinstance(i, dict)]
+        _table(f"Counted usage from {body['from']} to {body['to']}",
+               ["team", "resource name", "from", "to", "used", "nominal quota", ""], rows)
+        return
+    rows_in = body["rows"]
+    assert isinstance(rows_in, list)
+    rows = [[_s(r["team"]), _s(r["resourceName"]), _number(r["used"]), _number(r["nominalQuota"]),
+             "OVER" if r["overQuota"] else "", "\n".join(str(x) for x in r["reasons"]) if isinstance(r["reasons"], list)
+             else ""] for r in rows_in if isinstance(r, dict)]
+    _table(f"Kueue-style counted usage at {body['at']}", ["team", "resource name", "used", "nominal quota", "",
+                                                         "Kueue would refuse"], rows)
+
+
+def render_shared(body: JSONObject) -> None:
+    """Print a shared body: shared devices, counter sets (partitions) and multi-consumer claims."""
+    devices, sets, claims = body["devices"], body["counterSets"], body["claims"]
+    assert isinstance(devices, list) and isinstance(sets, list) and isinstance(claims, list)
+    rows: list[list[str]] = []
+    for d in devices:
+        assert isinstance(d, dict) and isinstance(d["allocations"], list)
+        for a in d["allocations"]:
+            assert isinstance(a, dict)
+            rows.append([f"{d['pool']}/{d['device']}", f"{a['namespace']}/{a['claim']}", _s(a["team"]),
+                         _s(a["shareID"]), f"{a['fraction']:.6g}", _s(d["split"])])
+    _table(f"Shared devices at {body['at']}", ["pool/device", "claim", "team", "shareID", "share", "split by"], rows)
+    rows = []
+    for c in sets:
+        assert isinstance(c, dict) and isinstance(c["counters"], dict) and isinstance(c["partitions"], list)
+        counters = ", ".join(f"{k}: {_number(v['inUse'])}/{_number(v['total'])}" for k, v in c["counters"].items()
+                             if isinstance(v, dict))
+        held = ", ".join(f"{p['device']} ({a['namespace']}/{a['claim']})" for p in c["partitions"]
+                         if isinstance(p, dict) and isinstance(p["allocations"], list)
+                         for a in p["allocations"] if isinstance(a, dict))
+        rows.append([f"{c['pool']}/{c['counterSet']}", counters, held or "-"])
+    _table("Partitionable devices (counter sets)", ["pool/counter set", "in use / total", "allocated partitions"],
+           rows)
+    rows = [[f"{c['namespace']}/{c['name']}", _s(c["team"]), _s(c["devices"]),
+             ", ".join(str(x["name"]) for x in c["consumers"] if isinstance(x, dict))
+             if isinstance(c["consumers"], list) else ""] for c in claims if isinstance(c, dict)]
+    _table("Claims with several consumers", ["claim", "team", "devices", "consumers (equal split)"], rows)
+
+
+def render_pending(body: JSONObject) -> None:
+    """Print a pending body: per DeviceClass requested vs free, then the claims waiting."""
+    classes, claims = body["classes"], body["claims"]
+    assert isinstance(classes, list) and isinstance(claims, list)
+    _table(f"Pending demand at {body['at']}", ["deviceClass", "claims", "requested", "free"],
+           [[_s(c["deviceClass"]), _s(c["claims"]), _s(c["requested"]), _s(c["free"])]
+            for c in classes if isinstance(c, dict)])
+    rows = []
+    for c in claims:
+        assert isinstance(c, dict) and isinstance(c["requests"], list)
+        wants = ", ".join(f"{r['deviceClass']}: {r['count']} ({r['free']} free)" for r in c["requests"]
+                          if isinstance(r, dict))
+        rows.append([f"{c['namespace']}/{c['name']}", _s(c["team"]), _s(c["pendingSince"]), wants or "-"])
+    _table("Pending claims", ["claim", "team", "pending since", "requested"], rows)
+
+
+@app.command()
+def quotas(at: AtOpt = None,
+           start: Annotated[str | None, typer.Option("--from", help="With --to: usage over time instead.")] = None,
+           end: Annotated[str | None, typer.Option("--to", help="Window end, exclusive (RFC 3339).")] = None,
+           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
+           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Kueue-style counted usage per team and resource name versus quota (deviceClassMappings, quotas)."""
+    cfg = _config(config)
+    if (start is None) != (end is None):
+        raise typer.BadParameter("give both --from and --to, or neither", param_hint="--from")
+
+    def run(db: LedgerDatabase) -> JSONObject:
+        if start is not None and end is not None:
+            return services.quota_history(db, start=_time(start, "--from"), end=_time(end, "--to"), config=cfg,
+                                          cluster=cluster)
+        return services.quotas(db, at=_time(at, "--at"), config=cfg, cluster=cluster)
+
+    _emit(_query(settings_from(url, data_dir), run), output, render_quotas)
+
+
+def render_shared_usage(body: JSONObject) -> None:
+    """Print a shared-usage body: shared device-hours charged per team and DeviceClass."""
+    rows_in = body["rows"]
+    assert isinstance(rows_in, list)
+    _table(f"Shared device-hours from {body['from']} to {body['to']}", ["team", "deviceClass", "driver",
+                                                                         "device-hours"],
+           [[_s(r["team"]), _s(r["deviceClass"]), _s(r["driver"]), f"{r['deviceHours']:.6f}"]
+            for r in rows_in if isinstance(r, dict)])
+
+
+@app.command()
+def shared(at: AtOpt = None,
+           start: Annotated[str | None, typer.Option("--from", help="With --to: shared device-hours charged "
+                                                     "over [from, to) instead.")] = None,
+           end: Annotated[str | None, typer.Option("--to", help="Window end, exclusive (RFC 3339).")] = None,
+           cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
+           data_dir: DataDirOpt = None) -> None:
+    """Shared devices (shareID, consumable capacity), partitions of counter sets, multi-consumer claims at T."""
+    if (start is None) != (end is None):
+        raise typer.BadParameter("give both --from and --to, or neither", param_hint="--from")
+    if start is not None and end is not None:
+        t0, t1 = _time(start, "--from"), _time(end, "--to")
+
+        def run_window(db: LedgerDatabase) -> JSONObject:
+            return services.shared_usage(db, start=t0, end=t1, cluster=cluster)
+
+        _emit(_query(settings_from(url, data_dir), run_window), output, render_shared_usage)
+        return
+    when = _time(at, "--at")
+
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.shared(db, at=when, cluster=cluster)
+
+    _emit(_query(settings_from(url, data_dir), run), output, render_shared)
+
+
+@app.command()
+def pending(at: AtOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
+            data_dir: DataDirOpt = None) -> None:
+    """Pending demand at T: per DeviceClass claims waiting, devices requested, devices free (CEL, taints)."""
+    when = _time(at, "--at")
+
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.pending(db, at=when, cluster=cluster)
+
+    _emit(_query(settings_from(url, data_dir), run), output, render_pending)
+
+
+report_app = typer.Typer(help="Reports: the idle-claim cleanup report.", no_args_is_help=True)
+app.add_typer(report_app, name="report")
+
+
+class ReportFormat(enum.StrEnum):
+    """Output format of reports."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@report_app.command("idle-claims")
+def report_idle_claims(at: AtOpt = None,
+                       min_idle: Annotated[str | None, typer.Option(
+                           "--min-idle", help="Override every category's threshold (ISO 8601 or seconds).")] = None,
+                       output_format: Annotated[ReportFormat, typer.Option("--format", "-f",
+                                                                           help="table, json or csv.")]
+                       = ReportFormat.table,
+                       config: ConfigOpt = None, cluster: ClusterOpt = None, url: UrlOpt = None,
+                       data_dir: DataDirOpt = None) -> None:
+    """Idle claims at T with the configured thresholds ([idle]) and team overrides; CSV for spreadsheets."""
+    when = _time(at, "--at")
+    threshold = _duration(min_idle, "--min-idle") if min_idle is not None else None
+    cfg = _config(config)
+
+    def run(db: LedgerDatabase) -> JSONObject:
+        return services.idle_report(db, at=when, config=cfg, min_idle=threshold, cluster=cluster)
+
+    body = _query(settings_from(url, data_dir), run)
+    if output_format is ReportFormat.csv:
+        sys.stdout.write(services.idle_report_csv(body))
+    else:
+        _emit(body, Output(output_format.value), render_idle)
 
 
 # --- demo ----------------------------------------------------------------------------------------
@@ -404,8 +616,14 @@ def seed_lab_path() -> Path:
     return Path(str(importlib.resources.files("ledger") / "data" / "seed-lab.jsonl"))
 
 
+DEMO_FOLLOWUPS: list[Callable[[Settings], None]] = []
+"""Run after the demo printed the ledger (the API plugin registers one that serves the API)."""
+
+
 @app.command()
-def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
+         serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the REST API afterwards "
+                                             "(when the API is installed).")] = True) -> None:
     """Replay the bundled seed-lab history (cluster 'seed-lab') and print what the ledger knows.
 
     Replaying is idempotent, so running the demo again adds nothing; the embedded server stays up so
@@ -413,7 +631,7 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     """
     from ledger.recorded import WatchLine, read_history
 
-    settings = _settings(url, data_dir)
+    settings = settings_from(url, data_dir)
     history = seed_lab_path()
     with _errors():
         if not settings.database_url:
@@ -437,10 +655,15 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
         render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
                                     group_by="team", cluster=c))
         render_idle(services.idle_claims(db, at=end, cluster=c))
-    out.print("The seed-lab history stays in the ledger as cluster 'seed-lab' and the embedded server keeps "
-              "running for the next command (stop it with `dra-ledger db stop`). Try:\n"
+    where = ("the embedded server keeps running for the next command (stop it with `dra-ledger db stop`)"
+             if not settings.database_url else "it is in the database of LEDGER_DATABASE_URL")
+    out.print(f"The seed-lab history stays in the ledger as cluster 'seed-lab'; {where}. Try:\n"
               "  dra-ledger occupancy --at 2026-11-02T10:40:00Z --output json\n"
               "  dra-ledger usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team")
+    if serve:
+        with _errors():
+            for followup in DEMO_FOLLOWUPS:
+                followup(settings)
 
 
 COMMAND_GROUP = "dra_ledger.commands"

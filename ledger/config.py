@@ -16,6 +16,11 @@ Example (TOML)::
     name = "example.com/gpu"
     deviceClassNames = ["gpu.example.com"]
 
+    [[deviceClassMappings]]                 # a counter source: charge MIG partitions by memory
+    name = "gpu.memory"
+    deviceClassNames = ["mig.nvidia.com"]
+    sources = [{ counter = "memory" }]
+
     [[quotas]]
     team = "vision"
     resourceName = "example.com/gpu"
@@ -37,13 +42,15 @@ Example (TOML)::
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ledger.errors import Invalid
+from ledger.quantities import parse_quantity
 
 QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -63,11 +70,44 @@ class TeamsConfig(_Model):
     """namespace -> team, winning over the label."""
 
 
+class MappingSource(_Model):
+    """A non-count charge of a mapping (Kueue v0.18+ counter sources, v0.19+ capacity sources).
+
+    Exactly one of ``counter`` or ``capacity``: the charge of a request of a mapped class becomes
+    ``count`` x the largest ``consumesCounters[].counters[counter]`` among the devices the class
+    selects (counter), or ``count`` x ``exactly.capacity.requests[capacity]`` (else the device's
+    ``requestPolicy.default``, else its full capacity) (capacity). Units: the quantity's base unit.
+    """
+
+    counter: str | None = None
+    """Counter name in ``consumesCounters[].counters`` (e.g. ``memory``)."""
+    capacity: str | None = None
+    """Capacity name in ``capacity.requests`` / device ``capacity`` (e.g. ``gpu.example.com/memory``)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> MappingSource:
+        if (self.counter is None) == (self.capacity is None):
+            raise ValueError("give exactly one of counter or capacity")
+        return self
+
+
 class DeviceClassMapping(_Model):
     """Kueue ``resources.deviceClassMappings[]``: a logical resource name and the classes counted under it."""
 
     name: str = Field(pattern=QUALIFIED_NAME, max_length=253)
     device_class_names: list[str] = Field(alias="deviceClassNames", min_length=1, max_length=8)
+    sources: list[MappingSource] = Field(default_factory=list)
+    """Empty (the default): each request counts ``count`` devices. Otherwise the summed charges of
+    these sources, in the source's unit (bytes for a memory counter)."""
+
+    @field_validator("device_class_names")
+    @classmethod
+    def _qualified(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if len(name) > 253 or not re.match(QUALIFIED_NAME, name):
+                raise ValueError(f"{name!r} is not a valid qualified name (label-key syntax, at most 253 "
+                                 "characters)")
+        return names
 
 
 class Quota(_Model):
@@ -76,6 +116,17 @@ class Quota(_Model):
     team: str
     resource_name: str = Field(alias="resourceName")
     nominal_quota: float = Field(alias="nominalQuota", ge=0)
+    """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources."""
+
+    @field_validator("nominal_quota", mode="before")
+    @classmethod
+    def _quantity(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return float(parse_quantity(value))
+            except Invalid as e:
+                raise ValueError(str(e)) from e
+        return value
 
 
 class Price(_Model):
@@ -152,17 +203,46 @@ class LedgerConfig(_Model):
     @model_validator(mode="after")
     def _kueue_rules(self) -> LedgerConfig:
         names: set[str] = set()
-        owner: dict[str, str] = {}
+        owner: dict[str, DeviceClassMapping] = {}
         for mapping in self.device_class_mappings:
             if mapping.name in names:
                 raise ValueError(f"deviceClassMappings: name {mapping.name!r} appears twice")
             names.add(mapping.name)
             for cls in mapping.device_class_names:
-                if cls in owner:
+                first = owner.get(cls)
+                # Kueue v0.19: a class may be in two mappings only when both charge different counters.
+                if first is not None and not _distinct_counters(first, mapping):
                     raise ValueError(f"deviceClassMappings: device class {cls!r} already mapped to "
-                                     f"resource {owner[cls]!r}")
-                owner[cls] = mapping.name
+                                     f"resource {first.name!r}")
+                owner.setdefault(cls, mapping)
+        seen: set[tuple[str, str]] = set()
+        for quota in self.quotas:
+            if (quota.team, quota.resource_name) in seen:
+                raise ValueError(f"quotas: team {quota.team!r} has two quotas for {quota.resource_name!r}")
+            seen.add((quota.team, quota.resource_name))
         return self
+
+    def mappings_of(self, device_class: str) -> list[DeviceClassMapping]:
+        """Return every mapping a DeviceClass is counted under (empty if unmapped; two only for two
+        counter mappings with different counters), in configuration order."""
+        return [m for m in self.device_class_mappings if device_class in m.device_class_names]
+
+    def mapping_of(self, device_class: str) -> DeviceClassMapping | None:
+        """Return the first mapping a DeviceClass is counted under, or ``None`` if unmapped."""
+        found = self.mappings_of(device_class)
+        return found[0] if found else None
+
+    def team_of(self, namespace: str, recorded: str) -> str:
+        """Return the team billed for ``namespace``: an override from ``teams.overrides``, else ``recorded``
+        (the team the ledger recorded from the namespace label)."""
+        return self.teams.overrides.get(namespace, recorded)
+
+    def quota_of(self, team: str, resource_name: str) -> float | None:
+        """Return the nominal quota of ``team`` for ``resource_name`` (``None`` when none is configured)."""
+        for quota in self.quotas:
+            if quota.team == team and quota.resource_name == resource_name:
+                return quota.nominal_quota
+        return None
 
     def resource_name_of(self, device_class: str) -> str | None:
         """Return the logical resource name a DeviceClass is counted under, or ``None`` if unmapped."""
@@ -170,6 +250,13 @@ class LedgerConfig(_Model):
             if device_class in mapping.device_class_names:
                 return mapping.name
         return None
+
+
+def _distinct_counters(a: DeviceClassMapping, b: DeviceClassMapping) -> bool:
+    counters_a = {s.counter for s in a.sources}
+    counters_b = {s.counter for s in b.sources}
+    only_counters = all(s.counter is not None for s in (*a.sources, *b.sources))
+    return bool(a.sources and b.sources and only_counters and not counters_a & counters_b)
 
 
 DEFAULT = LedgerConfig()

@@ -52,5 +52,16 @@ class UnsupportedObject(Invalid):
     """A kind or API version the ledger does not track (e.g. ``resource.k8s.io/v1alpha3``)."""
 
 
+class Unavailable(LedgerError):
+    """The ledger database cannot be reached now (connection refused, server restarting); retry later."""
+
+
 class SchemaNotReady(LedgerError):
     """The database schema is missing or older than this code; run ``dra-ledger db upgrade``."""
+
+
+class StoreUnavailable(Unavailable):
+    """The ledger database cannot be reached right now (connection refused or lost, server restarting).
+
+    Transient: nothing of the failed transaction was committed; retry after a backoff.
+    """

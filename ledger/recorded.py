@@ -46,6 +46,7 @@ __all__ = [
     "parse_time",
     "read_history",
     "read_text",
+    "watch_line",
 ]
 
 WatchType: TypeAlias = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
@@ -149,7 +150,10 @@ def parse_time(value: str) -> datetime:
         parsed = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=zone)
     except ValueError as e:
         raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)} ({e})") from e
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError as e:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
+        raise Invalid(f"time out of range (years 1-9999 in UTC): {_short_repr(value)}") from e
 
 
 # Recorded files repeat the same receive time on every line of a burst (a relist, a resync).
@@ -716,3 +720,28 @@ def _json_type(value: object) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def watch_line(
+    *, source: str, line: int, event_type: WatchType, observed_at: datetime, obj: JSONObject
+) -> WatchLine | BrokenLine:
+    """Build the line a live watch event would be in a recorded file (same digest as replaying it).
+
+    Used by the watch workers so that a live event and the same event read back from a recording
+    share one identity.
+
+    Args:
+        source: where the event came from, e.g. ``"watch:ResourceClaim"``.
+        line: 1-based sequence number of the event from that source.
+        event_type: ADDED, MODIFIED, DELETED or BOOKMARK.
+        observed_at: receive time; must be tz-aware (converted to UTC).
+        obj: the decoded object, as the API server sent it.
+
+    Returns:
+        A :class:`WatchLine`, or a :class:`BrokenLine` when the object is nested too deeply to digest.
+
+    Raises:
+        Invalid: ``observed_at`` is naive.
+    """
+    at = _as_utc(observed_at)
+    return _watch_line(source, line, event_type, at, obj, _dump(obj))

@@ -7,23 +7,31 @@ batch. Queries delegate to :mod:`ledger.projections.queries` after the projectio
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ledger.errors import LedgerError
-from ledger.projections import queries, runner
-from ledger.projections.queries import IdleThresholds
-from ledger.recorded import BrokenLine, WatchLine, read_history
+from ledger.config import LedgerConfig
+from ledger.errors import Invalid, LedgerError, StoreUnavailable, StreamConflict
+from ledger.events import RecordedEvent
+from ledger.projections import pending as pending_demand
+from ledger.projections import queries, rollups, runner, snapshots
+from ledger.projections import quotas as quota_counting
+from ledger.projections import shared as sharing
+from ledger.projections.queries import IdleThresholds, rfc3339
+from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import schema
-from ledger.store.database import LedgerDatabase
-from ledger.store.postgres import ObservationRow
+from ledger.store.database import AppendBatch, LedgerDatabase, unavailable_as_error
+from ledger.store.postgres import ObservationRow, WatchCheckpointRow
+from ledger.translator import relist
 from ledger.translator.fields import opt_str
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
-from ledger.types import JSONObject
+from ledger.types import GlobalPosition, JSONObject, JSONValue
 
 Progress = Callable[[int], None]
 
@@ -87,7 +95,8 @@ def _row_for(line: WatchLine, *, recorded_at: datetime, origin: str, error: str 
 def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, cluster: str,
            settings: TranslatorSettings = TranslatorSettings(), at: datetime | None = None,
            batch_size: int = 1000, progress: Progress | None = None,
-           state: TranslatorState | None = None) -> IngestReport:
+           state: TranslatorState | None = None,
+           on_batch: Callable[[AppendBatch], None] | None = None) -> IngestReport:
     """Record watch lines as observations and translate them into events, idempotently.
 
     Each batch commits its observations, events and translator state together under the append
@@ -102,54 +111,102 @@ def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, clust
         batch_size: lines per transaction.
         progress: called with the number of lines handled after each batch.
         state: translator memory to reuse between calls (loaded from the database when ``None``).
+        on_batch: called with each batch before it is written, inside its transaction (the watch
+            workers add their resourceVersion checkpoint there).
 
     Returns:
         Counts, plus every rejected line with its origin and reason (broken lines, invalid or
         unsupported objects). Rejections never stop the lines after them.
 
     Raises:
-        StreamConflict: another writer appended to the same streams concurrently.
+        StreamConflict: another writer kept moving the same streams first, :data:`CONFLICT_RETRIES`
+            times in a row (a batch losing a race is retried after re-reading the state).
     """
     report = IngestReport()
     if state is None:
         state = db.load_state(cluster)
     for chunk in _chunks(lines, batch_size):
-        recorded_at = datetime.now(UTC)
-        chunk_report = IngestReport(lines=len(chunk))
-        with db.append(cluster, state) as batch:
-            seen = batch.known([x.digest for x in chunk])
-            for item in chunk:
-                origin = f"{item.source}:{item.line}"
-                if item.digest in seen:
-                    chunk_report.duplicates += 1
-                    continue
-                seen.add(item.digest)
-                if isinstance(item, BrokenLine):
-                    batch.observations.append(ObservationRow(
-                        digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
-                        name=None, uid=None, resource_version=None, watch_type=None, observed_at=None,
-                        recorded_at=recorded_at, origin=origin, error=item.reason, body=item.text))
-                    chunk_report.rejected.append(Rejection(origin=origin, reason=item.reason))
-                    continue
-                observed = item.observed_at or at or recorded_at
-                obs = Observation(type=item.type, object=item.object, observed_at=observed,
-                                  recorded_at=recorded_at, digest=item.digest)
-                try:
-                    produced = translate(state, obs, settings)
-                except (LedgerError, ValueError, TypeError, KeyError) as e:
-                    # A bad object is recorded and reported, never allowed to stop the batch.
-                    reason = f"{_describe(item)}: {e}"
-                    batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=reason))
-                    chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
-                    continue
-                batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=None))
-                batch.events.extend(produced)
-            chunk_report.recorded = len(batch.observations)
-            chunk_report.events = len(batch.events)
+        for attempt in range(1, CONFLICT_RETRIES + 1):
+            try:
+                chunk_report = _ingest_chunk(db, chunk, cluster=cluster, settings=settings, at=at, state=state,
+                                             on_batch=on_batch)
+                break
+            except StreamConflict:
+                # Another writer appended to these streams first. db.append reloaded the translator state;
+                # translating again skips what it recorded (digests) and continues its stream positions.
+                if attempt == CONFLICT_RETRIES:
+                    raise
         report.merge(chunk_report)
         if progress is not None:
             progress(len(chunk))
     return report
+
+
+CONFLICT_RETRIES = 5
+"""Attempts per batch when another writer moves a stream first (each retry re-reads the state)."""
+
+
+def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *, cluster: str,
+                  settings: TranslatorSettings, at: datetime | None, state: TranslatorState,
+                  on_batch: Callable[[AppendBatch], None] | None) -> IngestReport:
+    """One append transaction for ``chunk`` (see :func:`ingest`)."""
+    recorded_at = datetime.now(UTC)
+    chunk_report = IngestReport(lines=len(chunk))
+    with db.append(cluster, state) as batch:
+        seen = batch.known([x.digest for x in chunk])
+        for item in chunk:
+            origin = f"{item.source}:{item.line}"
+            if item.digest in seen:
+                chunk_report.duplicates += 1
+                continue
+            seen.add(item.digest)
+            if isinstance(item, BrokenLine):
+                batch.observations.append(ObservationRow(
+                    digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
+                    name=None, uid=None, resource_version=None, watch_type=None, observed_at=None,
+                    recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason), body=_no_nul(item.text)))
+                chunk_report.rejected.append(Rejection(origin=origin, reason=_no_nul(item.reason)))
+                continue
+            if _holds_nul(item.object):
+                reason = _no_nul(f"{_describe(item)}: holds a NUL character (\\u0000), which PostgreSQL "
+                                 "cannot store")
+                batch.observations.append(ObservationRow(
+                    digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
+                    name=None, uid=None, resource_version=None, watch_type=item.type,
+                    observed_at=item.observed_at, recorded_at=recorded_at, origin=origin, error=reason,
+                    body=json.dumps(item.object)))  # as text: the escape stays six characters, never a NUL
+                chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
+                continue
+            observed = item.observed_at or at or recorded_at
+            # Event ids derive from this digest: prefix the cluster so the same history replayed into
+            # two clusters gives two sets of events (ids are unique store-wide).
+            obs = Observation(type=item.type, object=item.object, observed_at=observed,
+                              recorded_at=recorded_at, digest=f"{cluster}/{item.digest}")
+            try:
+                produced = translate(state, obs, settings)
+            except (LedgerError, ValueError, TypeError, KeyError) as e:
+                # A bad object is recorded and reported, never allowed to stop the batch.
+                reason = _no_nul(f"{_describe(item)}: {e}")
+                batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=reason))
+                chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
+                continue
+            batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=None))
+            batch.events.extend(produced)
+        chunk_report.recorded = len(batch.observations) - len(chunk_report.rejected)
+        chunk_report.events = len(batch.events)
+        if on_batch is not None:
+            on_batch(batch)
+    return chunk_report
+
+
+def _no_nul(text: str) -> str:
+    """``text`` with NUL characters written as ``\\u0000`` (text columns refuse U+0000)."""
+    return text.replace("\x00", "\\u0000")
+
+
+def _holds_nul(obj: JSONObject) -> bool:
+    """Whether any key or string in ``obj`` holds U+0000 (jsonb and text columns refuse it)."""
+    return "\\u0000" in json.dumps(obj)
 
 
 def _describe(item: WatchLine) -> str:
@@ -237,8 +294,13 @@ def rebuild(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:
-    """Events not yet applied, per projection (head global position - checkpoint)."""
-    return runner.lag(db.engine)
+    """Events not yet applied, per projection (head global position - checkpoint).
+
+    Raises:
+        Unavailable: the database cannot be reached.
+    """
+    with db.reading() as conn:
+        return runner.lag_on(conn)
 
 
 # --- queries (read models only; the bodies the CLI prints and the API returns) --------------------
@@ -251,15 +313,25 @@ def occupancy(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, n
         return queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
 
 
-def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str,
-          cluster: str | None = None) -> JSONObject:
+def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
+          teams: Sequence[str] | None = None, step: timedelta | None = None,
+          config: LedgerConfig | None = None) -> JSONObject:
     """Device-hours over ``[start, end)``; see :func:`ledger.projections.queries.usage`.
 
+    ``config.prices`` (when given and not empty) adds a ``cost`` to priced rows.
+
     Raises:
-        Invalid: unknown ``group_by`` or an empty window.
+        Invalid: unknown ``group_by``, an empty window, or a bad ``step``.
     """
+    prices = None
+    if config is not None and config.prices:
+        prices = queries.PriceTable(
+            by_class={p.device_class: p.per_device_hour for p in config.prices if p.device_class},
+            by_model={p.model: p.per_device_hour for p in config.prices if p.model},
+            currency=config.prices[0].currency)
     with db.reading() as conn:
-        return queries.usage(conn, start=start, end=end, group_by=group_by, cluster=cluster)
+        return queries.usage(conn, start=start, end=end, group_by=group_by, cluster=cluster, teams=teams,
+                             step=step, prices=prices)
 
 
 def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str | None = None,
@@ -278,3 +350,388 @@ def idle_claims(db: LedgerDatabase, *, at: datetime, min_idle: timedelta | None 
     """The idle-claim report at ``at``; see :func:`ledger.projections.queries.idle_claims`."""
     with db.reading() as conn:
         return queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=thresholds, cluster=cluster)
+
+
+# --- audit log, histories, timelines --------------------------------------------------------------
+
+
+def event_body(event: RecordedEvent) -> JSONObject:
+    """One stored event as the API and CLI show it (camelCase envelope, Kubernetes-spelled payload)."""
+    return {"globalPosition": int(event.global_position), "cluster": event.cluster, "stream": str(event.stream),
+            "streamPosition": int(event.stream_position), "type": event.type,
+            "occurredAt": rfc3339(event.occurred_at), "recordedAt": rfc3339(event.recorded_at),
+            "payload": event.payload}
+
+
+def events(db: LedgerDatabase, *, after: int = 0, limit: int = 100, types: Sequence[str] | None = None,
+           stream: str | None = None) -> list[JSONObject]:
+    """The audit log: events with ``global position > after`` in position order (table ``events``).
+
+    Args:
+        after: exclusive lower bound (0 = from the first event).
+        limit: at most this many (1..10000).
+        types: only these event types; ``stream``: only this stream (e.g. ``claim:<uid>``).
+
+    Raises:
+        Invalid: ``after`` negative or ``limit`` out of range.
+    """
+    if after < 0:
+        raise Invalid(f"afterPosition must be >= 0, got {after}")
+    if not 1 <= limit <= 10_000:
+        raise Invalid(f"limit must be between 1 and 10000, got {limit}")
+    return [event_body(e) for e in db.read_all(after=GlobalPosition(after), limit=limit, types=types, stream=stream)]
+
+
+def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str | None = None) -> JSONObject:
+    """Every event of every claim named ``namespace/name`` (a name can be reused by a new claim), in order.
+
+    Returns:
+        ``{"namespace", "name", "uids": [...], "events": [event bodies in stream order, claim by claim]}``.
+
+    Raises:
+        UnknownClaim: no claim of that name was recorded.
+    """
+    with db.reading() as conn:
+        found = queries.claim_uids(conn, namespace=namespace, name=name, cluster=cluster)
+    history: list[JSONValue] = []
+    for claim_cluster, uid in found:
+        history.extend(event_body(e) for e in db.read_stream(cluster=claim_cluster, stream=f"claim:{uid}"))
+    return {"namespace": namespace, "name": name, "uids": [uid for _, uid in found], "events": history}
+
+
+def device_timeline(db: LedgerDatabase, *, driver: str, pool: str, device: str, start: datetime, end: datetime,
+                    cluster: str | None = None) -> JSONObject:
+    """Inventory and allocation intervals of one device; see :func:`ledger.projections.queries.device_timeline`.
+
+    Raises:
+        Invalid: ``start`` is not before ``end``.
+        UnknownDevice: the device was never recorded.
+    """
+    if not start < end:
+        raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
+    with db.reading() as conn:
+        return queries.device_timeline(conn, driver=driver, pool=pool, device=device, start=start, end=end,
+                                       cluster=cluster)
+
+
+def ping(db: LedgerDatabase) -> None:
+    """Run a trivial query.
+
+    Raises:
+        Unavailable: the database cannot be reached.
+    """
+    with db.reading() as conn:
+        queries.ping(conn)
+
+
+def team_of(db: LedgerDatabase, *, namespace: str, cluster: str | None = None) -> str:
+    """The team a namespace is billed to now (table ``namespace_teams``), else the namespace name."""
+    with db.reading() as conn:
+        return queries.team_now(conn, namespace=namespace, cluster=cluster)
+
+
+# --- watch workers: live batches with their resourceVersion checkpoint ----------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchCheckpoint:
+    """Where the watch of one kind resumes: table ``watch_checkpoints`` (one row per cluster and kind)."""
+
+    kind: str
+    """Kubernetes kind, e.g. ``ResourceClaim``."""
+    api_version: str
+    """The version the resourceVersion was read from, e.g. ``resource.k8s.io/v1``."""
+    resource_version: str
+    """Opaque; compared only for equality (DESIGN: never ordered)."""
+
+
+def load_state(db: LedgerDatabase, cluster: str) -> TranslatorState:
+    """Load the translator's memory for ``cluster`` (table ``translator_state``).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached (transient).
+    """
+    with unavailable_as_error():
+        return db.load_state(cluster)
+
+
+def load_watch_checkpoints(db: LedgerDatabase, cluster: str) -> dict[str, WatchCheckpoint]:
+    """Stored watch checkpoints of ``cluster``, by kind (table ``watch_checkpoints``).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached (transient).
+    """
+    with unavailable_as_error():
+        rows = db.load_watch_checkpoints(cluster)
+    return {r.kind: WatchCheckpoint(kind=r.kind, api_version=r.api_version, resource_version=r.resource_version)
+            for r in rows}
+
+
+def database_ready(db: LedgerDatabase) -> bool:
+    """True when the database answers ``SELECT 1`` (for readiness probes); never raises for an outage."""
+    try:
+        with unavailable_as_error():
+            db.ping()
+    except StoreUnavailable:
+        return False
+    return True
+
+
+def _checkpoint_row(checkpoint: WatchCheckpoint) -> WatchCheckpointRow:
+    return WatchCheckpointRow(kind=checkpoint.kind, api_version=checkpoint.api_version,
+                              resource_version=checkpoint.resource_version)
+
+
+def record_watch_batch(db: LedgerDatabase, lines: Sequence[WatchLine | BrokenLine], *, cluster: str,
+                       state: TranslatorState, checkpoint: WatchCheckpoint,
+                       settings: TranslatorSettings = TranslatorSettings()) -> IngestReport:
+    """Ingest one burst of watch events and move the kind's checkpoint, in ONE transaction.
+
+    The checkpoint commits with the observations and events it covers (DESIGN §8), so a crash at any
+    point either keeps both or neither: the watch resumes from the checkpoint and the events after it
+    are delivered again. An empty ``lines`` (a BOOKMARK) moves only the checkpoint. Idempotent as
+    :func:`ingest` is: a re-delivered line or a repeated object adds nothing.
+
+    Args:
+        lines: the watch events of the burst in stream order (all of one kind); no size limit, but the
+            caller keeps bursts near ``Settings.batch_size``.
+        state: translator memory, shared by every call for ``cluster`` (one writer at a time).
+        checkpoint: the resourceVersion of the last event (or BOOKMARK) of the burst.
+
+    Returns:
+        Counts as :func:`ingest` returns them.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached; nothing was committed and ``state`` may be
+            stale: load it again with :func:`load_state` before the next call.
+        StreamConflict: another writer appended to the same streams (a second leader).
+    """
+    rows = [_checkpoint_row(checkpoint)]
+    with unavailable_as_error():
+        if not lines:
+            with db.append(cluster, state) as batch:
+                batch.save_watch_checkpoints(rows)
+            return IngestReport()
+        return ingest(db, lines, cluster=cluster, settings=settings, batch_size=len(lines), state=state,
+                      on_batch=lambda batch: batch.save_watch_checkpoints(rows))
+
+
+def reconcile_relist(db: LedgerDatabase, objects: Sequence[JSONObject], *, cluster: str, state: TranslatorState,
+                     checkpoint: WatchCheckpoint, observed_at: datetime, source: str,
+                     settings: TranslatorSettings = TranslatorSettings(), batch_size: int = 1000) -> IngestReport:
+    """Record a full list of one kind and the deletion of every recorded object the list lacks.
+
+    Listed objects the translator knows go in as MODIFIED, unknown ones as ADDED, so an unchanged
+    object emits nothing; objects of ``checkpoint.kind`` that the translator holds but the list lacks
+    were deleted while nobody watched (after ``410 Gone``, or a worker down for long) and go in as
+    DELETED objects rebuilt from the translator state (:func:`ledger.translator.relist.vanished`),
+    dated ``observed_at``. The checkpoint (the list's resourceVersion) commits with the last batch:
+    if anything fails before, the old checkpoint stays and the next start lists again.
+
+    Args:
+        objects: the list's ``items``, each with ``kind`` and ``apiVersion`` set (a List response
+            omits them on items; the caller copies them from the List).
+        checkpoint: kind, served apiVersion and the List's ``metadata.resourceVersion``.
+        observed_at: when the list was received (tz-aware); the receive time of every line.
+        source: origin prefix of the lines, e.g. ``relist:ResourceClaim``.
+        batch_size: lines per transaction.
+
+    Returns:
+        Counts as :func:`ingest` returns them (deletions included).
+
+    Raises:
+        StoreUnavailable: as for :func:`record_watch_batch`.
+        StreamConflict: another writer appended to the same streams.
+    """
+    lines: list[WatchLine | BrokenLine] = []
+    keys: list[str] = []
+    for number, obj in enumerate(objects, 1):
+        try:
+            key = relist.state_key(obj)
+        except LedgerError:
+            key = None  # ingest rejects the object with the reason
+        if key is not None:
+            keys.append(key)
+        kind: WatchType = "MODIFIED" if key is not None and relist.known(state, key) else "ADDED"
+        lines.append(watch_line(source=source, line=number, event_type=kind, observed_at=observed_at, obj=obj))
+    for obj in relist.vanished(state, checkpoint.kind, keys):
+        lines.append(watch_line(source=source, line=len(lines) + 1, event_type="DELETED",
+                                observed_at=observed_at, obj=obj))
+    if not lines:
+        return record_watch_batch(db, [], cluster=cluster, state=state, checkpoint=checkpoint, settings=settings)
+    size = max(1, batch_size)
+    last = (len(lines) - 1) // size
+    done = [0]
+    rows = [_checkpoint_row(checkpoint)]
+
+    def last_batch_saves_checkpoint(batch: AppendBatch) -> None:
+        if done[0] == last:
+            batch.save_watch_checkpoints(rows)
+        done[0] += 1
+
+    with unavailable_as_error():
+        return ingest(db, lines, cluster=cluster, settings=settings, batch_size=size, state=state,
+                      on_batch=last_batch_saves_checkpoint)
+
+
+# --- quotas, sharing, pending demand, rollups and report snapshots (issue 5) ----------------------
+
+
+def quotas(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, cluster: str | None = None) -> JSONObject:
+    """Kueue-style counted usage per (team, resource name) versus quota at ``at``.
+
+    The body (the REST API's ``GET /v1/quotas``) is ``{"at", "rows": [{"team", "resourceName", "used",
+    "nominalQuota", "overQuota", "reasons", "claims"}]}``; see :func:`ledger.projections.quotas.quotas`
+    for the counting rules and units. Reads read models only (call :func:`catch_up` first for fresh data).
+    """
+    with db.reading() as conn:
+        return quota_counting.quotas(conn, at=at, config=config, cluster=cluster)
+
+
+def quota_history(db: LedgerDatabase, *, start: datetime, end: datetime, config: LedgerConfig,
+                  cluster: str | None = None) -> JSONObject:
+    """Counted usage over ``[start, end)`` as intervals of constant usage per (team, resource name).
+
+    Body: ``{"from", "to", "intervals": [{"team", "resourceName", "from", "to", "used", "nominalQuota",
+    "overQuota"}]}``; see :func:`ledger.projections.quotas.quota_history`.
+
+    Raises:
+        Invalid: ``start`` is not before ``end``.
+    """
+    with db.reading() as conn:
+        return quota_counting.quota_history(conn, start=start, end=end, config=config, cluster=cluster)
+
+
+def shared(db: LedgerDatabase, *, at: datetime, cluster: str | None = None) -> JSONObject:
+    """Shared devices, partitionable counter sets and multi-consumer claims at ``at``.
+
+    Body (``GET /v1/shared``): ``{"at", "totals": {"sharedDevices", "counterSets", "sharedClaims"},
+    "devices": [...], "counterSets": [...], "claims": [...]}``; see
+    :func:`ledger.projections.shared.shared` for every field and the chargeback split.
+    """
+    with db.reading() as conn:
+        return sharing.shared(conn, at=at, cluster=cluster)
+
+
+def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster: str | None = None) -> JSONObject:
+    """Chargeback of shared device-hours over ``[start, end)``, split by consumed capacity else equally.
+
+    Body: ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
+    [{"driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; see
+    :func:`ledger.projections.shared.shared_usage`.
+
+    Raises:
+        Invalid: ``start`` is not before ``end``.
+    """
+    with db.reading() as conn:
+        return sharing.shared_usage(conn, start=start, end=end, cluster=cluster)
+
+
+def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None) -> JSONObject:
+    """Pending demand at ``at``: per DeviceClass claims waiting, devices requested, devices free.
+
+    Body (``GET /v1/pending``): ``{"at", "classes": [{"deviceClass", "claims", "requested", "free"}],
+    "claims": [{"namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests":
+    [{"request", "deviceClass", "allocationMode", "count", "free"}]}]}``; see
+    :func:`ledger.projections.pending.pending`.
+    """
+    with db.reading() as conn:
+        return pending_demand.pending(conn, at=at, cluster=cluster)
+
+
+def idle_thresholds(config: LedgerConfig) -> IdleThresholds:
+    """The idle thresholds of the configuration file (``[idle]``, seconds per category)."""
+    return IdleThresholds(unreserved_s=config.idle.unreserved_seconds,
+                          inactive_consumers_s=config.idle.inactive_consumers_seconds,
+                          unreferenced_s=config.idle.unreferenced_seconds)
+
+
+def idle_report(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, min_idle: timedelta | None = None,
+                cluster: str | None = None) -> JSONObject:
+    """The idle-claim report at ``at`` with the configured thresholds and team overrides.
+
+    Body (``GET /v1/reports/idle-claims``): ``{"at", "claims": [{"namespace", "name", "team", "category",
+    "idleSince", "devices", "wastedDeviceHours"}]}`` (see :func:`ledger.projections.queries.idle_claims`);
+    ``min_idle`` overrides every category's threshold.
+    """
+    with db.reading() as conn:
+        body = queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=idle_thresholds(config),
+                                   cluster=cluster)
+    rows = body["claims"]
+    assert isinstance(rows, list)
+    for row in rows:
+        assert isinstance(row, dict)
+        row["team"] = config.team_of(str(row["namespace"]), str(row["team"]))
+    return body
+
+
+IDLE_CSV_COLUMNS = ("namespace", "name", "team", "category", "idleSince", "devices", "wastedDeviceHours")
+"""Columns of :func:`idle_report_csv`, in order (the JSON field names)."""
+
+
+def idle_report_csv(body: JSONObject) -> str:
+    """Render an idle-claim report body as CSV (RFC 4180, header row, devices joined by spaces)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")
+    writer.writerow(IDLE_CSV_COLUMNS)
+    rows = body["claims"]
+    assert isinstance(rows, list)
+    for row in rows:
+        assert isinstance(row, dict)
+        devices = row["devices"]
+        cells = [(" ".join(str(d) for d in devices) if isinstance(devices, list) else devices)
+                 if col == "devices" else row[col] for col in IDLE_CSV_COLUMNS]
+        writer.writerow(cells)
+    return buffer.getvalue()
+
+
+def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = None,
+                 cluster: str | None = None) -> int:
+    """Catch the projections up, then recompute the hourly usage rollups of whole hours before ``end``.
+
+    Args:
+        end: hours ending at or before ``end`` are rolled up (the current hour is left to the live
+            intervals).
+        start: first hour to recompute; ``None`` = the last hour already rolled up (recomputed, so
+            late events are absorbed), or the first allocation when nothing was rolled up yet.
+        cluster: only this cluster.
+
+    Returns:
+        How many hours were recomputed (table ``usage_rollups``; idempotent).
+    """
+    runner.catch_up(db.engine)
+    with db.engine.begin() as conn:
+        if start is None:
+            start = rollups.last_rolled_hour(conn, cluster=cluster) or rollups.first_allocation(conn, cluster=cluster)
+        if start is None:
+            return 0
+        return rollups.rollup_usage(conn, start=start, end=end, cluster=cluster)
+
+
+def usage_from_rollups(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str,
+                       cluster: str | None = None) -> JSONObject:
+    """Device-hours over ``[start, end)`` from the hourly rollups plus the live intervals at the edges.
+
+    Same body as :func:`usage`; see :func:`ledger.projections.rollups.usage_from_rollups`.
+
+    Raises:
+        Invalid: unknown ``group_by`` or an empty window.
+    """
+    with db.reading() as conn:
+        return rollups.usage_from_rollups(conn, start=start, end=end, group_by=group_by, cluster=cluster)
+
+
+def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerConfig,
+                          cluster: str | None = None) -> dict[str, int]:
+    """Catch up, then store the idle-claim report, quota usage and pending demand at ``at``.
+
+    These snapshots feed the ``reporting.idle_claims``, ``reporting.quota_usage`` and
+    ``reporting.pending_demand`` views. Idempotent per (cluster, ``at``).
+
+    Returns:
+        ``{"idleClaims", "quotaRows", "pendingClasses"}``: rows written.
+    """
+    runner.catch_up(db.engine)
+    with db.engine.begin() as conn:
+        counts = snapshots.take_snapshots(conn, at=at, config=config, cluster=cluster)
+    return {"idleClaims": counts.idle_claims, "quotaRows": counts.quota_rows, "pendingClasses": counts.pending_classes}

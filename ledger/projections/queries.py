@@ -82,7 +82,7 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     ``at``; consumers from ``claim_consumers`` (``status.reservedFor``) filtered to live pods.
 
     Returns:
-        ``{"at", "totals": {"devices", "allocated", "free", "shared"}, "devices": [{"driver", "pool",
+        ``{"at", "totals": {"devices", "allocated", "free", "shared"}, "devices": [{"cluster", "driver", "pool",
         "device", "node", "model", "offSlice", "allocations": [{"namespace", "claim", "team", "request",
         "deviceClass", "shareID", "consumedCapacity", "adminAccess", "conflict", "consumers": [pod names]}]}]}``,
         devices sorted by (driver, pool, device); ``consumedCapacity`` maps capacity name -> Quantity
@@ -107,14 +107,14 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     units: dict[tuple[str, str, str, str], str] = {}
     for r in inventory:
         key = (r.cluster, r.driver, r.pool, r.device)
-        devices[key] = {"driver": r.driver, "pool": r.pool, "device": r.device, "node": r.node, "model": r.model,
-                        "offSlice": False, "allocations": []}
+        devices[key] = {"cluster": r.cluster, "driver": r.driver, "pool": r.pool, "device": r.device,
+                        "node": r.node, "model": r.model, "offSlice": False, "allocations": []}
         units[key] = r.counter_set or f"device:{r.device}"
     for r in allocations:
         key = (r.cluster, r.driver, r.pool, r.device)
         if key not in devices:
-            devices[key] = {"driver": r.driver, "pool": r.pool, "device": r.device, "node": r.node,
-                            "model": r.model, "offSlice": True, "allocations": []}
+            devices[key] = {"cluster": r.cluster, "driver": r.driver, "pool": r.pool, "device": r.device,
+                            "node": r.node, "model": r.model, "offSlice": True, "allocations": []}
             units[key] = f"device:{r.device}"
         live = [c.name for c in consumers.get(f"{r.cluster}\x00{r.claim_uid}", []) if c.live]
         allocs = devices[key]["allocations"]
@@ -143,8 +143,28 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
             "devices": list(ordered)}
 
 
-def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str,
-          cluster: str | None = None) -> JSONObject:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PriceTable:
+    """Price per device-hour by DeviceClass and by model (a model price wins over a class price)."""
+
+    by_class: Mapping[str, float]
+    by_model: Mapping[str, float]
+    currency: str = "USD"
+
+    def price(self, device_class: str, model: str) -> float | None:
+        """Return the price of one device-hour, or ``None`` when neither key is priced."""
+        if model and model in self.by_model:
+            return self.by_model[model]
+        return self.by_class.get(device_class)
+
+
+MAX_STEPS = 10_000
+"""Most time buckets one usage query may return (``(to - from) / step``)."""
+
+
+def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
+          teams: Sequence[str] | None = None, step: timedelta | None = None,
+          prices: PriceTable | None = None) -> JSONObject:
     """Device-hours over ``[start, end)`` grouped by ``group_by`` and always by DeviceClass and driver.
 
     Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours).
@@ -152,45 +172,74 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str,
     (shares, or a double booking), each device-second is split equally among them, so the rows add up
     to the device's own hours (DESIGN §11.5).
 
+    Args:
+        teams: only allocations billed to these teams (a team-limited API token).
+        step: split the window into buckets of this length; rows then carry ``start``/``end``.
+        prices: adds ``cost`` (device-hours x price) and ``currency`` to priced rows.
+
     Returns:
-        ``{"from", "to", "groupBy", "rows": [{<groupBy>: value, "deviceClass", "driver",
-        "deviceHours"}]}`` sorted by group value then class; hours rounded to 6 decimals.
+        ``{"from", "to", "groupBy", "step" (seconds or None), "rows": [{<groupBy>: value, "deviceClass",
+        "driver", "deviceHours", ["start", "end"], ["cost", "currency"]}]}`` sorted by bucket, group value,
+        class; hours rounded to 6 decimals.
 
     Raises:
-        Invalid: ``group_by`` unknown, or ``start`` is not before ``end``.
+        Invalid: ``group_by`` unknown, ``start`` not before ``end``, ``step`` not positive or giving
+            more than :data:`MAX_STEPS` buckets.
     """
     if group_by not in GROUP_BY:
         raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
+    if step is not None and (step <= timedelta(0) or (end - start) / step > MAX_STEPS):
+        raise Invalid(f"step must be positive and give at most {MAX_STEPS} buckets")
     col = GROUP_BY[group_by]
+    team_filter = " AND team = ANY(:teams)" if teams is not None else ""
     rows = conn.execute(text(
-        f"SELECT cluster, driver, pool, device, device_class, {col} AS grp, "
+        f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, "
         " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), :end), :end) AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
-        " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
-        {"start": start, "end": end, "cluster": cluster}).all()
-    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str]]]] = \
+        " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster) + team_filter),
+        {"start": start, "end": end, "cluster": cluster, "teams": list(teams or [])}).all()
+    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str, str]]]] = \
         defaultdict(list)
     for r in rows:
         if r.e > r.s:
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
-                (r.s, r.e, (str(r.grp) if r.grp is not None else "", r.device_class or "", r.driver)))
-    seconds: dict[tuple[str, str, str], float] = defaultdict(float)
-    for intervals in per_device.values():
-        _split_equally(intervals, seconds)
-    out: list[JSONValue] = [
-        {group_by: grp or None, "deviceClass": cls or None, "driver": drv, "deviceHours": round(s / 3600, 6)}
-        for (grp, cls, drv), s in sorted(seconds.items())]
-    if group_by == "deviceClass":
-        for row in out:
-            assert isinstance(row, dict)
-            row["deviceClass"] = row[group_by]
-    return {"from": rfc3339(start), "to": rfc3339(end), "groupBy": group_by, "rows": out}
+                (r.s, r.e, (str(r.grp) if r.grp is not None else "", r.device_class or "", r.driver, r.model)))
+    buckets = [(start, end)]
+    if step is not None:
+        buckets = []
+        lo = start
+        while lo < end:
+            buckets.append((lo, min(lo + step, end)))
+            lo += step
+    out: list[JSONValue] = []
+    for lo, hi in buckets:
+        seconds: dict[tuple[str, str, str, str], float] = defaultdict(float)
+        for intervals in per_device.values():
+            clipped = [(max(s, lo), min(e, hi), g) for s, e, g in intervals if s < hi and e > lo]
+            _split_equally(clipped, seconds)
+        merged: dict[tuple[str, str, str], tuple[float, float | None]] = {}
+        for (grp, cls, drv, model), secs in seconds.items():
+            hours = secs / 3600
+            price = prices.price(cls, model) if prices is not None else None
+            before_h, before_cost = merged.get((grp, cls, drv), (0.0, None))
+            cost = before_cost if price is None else (before_cost or 0.0) + hours * price
+            merged[(grp, cls, drv)] = (before_h + hours, cost)
+        for (grp, cls, drv), (hours, cost) in sorted(merged.items()):
+            row: JSONObject = {group_by: grp or None, "deviceClass": cls or None, "driver": drv,
+                               "deviceHours": round(hours, 6)}
+            if step is not None:
+                row["start"], row["end"] = rfc3339(lo), rfc3339(hi)
+            if cost is not None and prices is not None:
+                row["cost"], row["currency"] = round(cost, 6), prices.currency
+            out.append(row)
+    return {"from": rfc3339(start), "to": rfc3339(end), "groupBy": group_by,
+            "step": step.total_seconds() if step is not None else None, "rows": out}
 
 
-def _split_equally(intervals: Sequence[tuple[datetime, datetime, tuple[str, str, str]]],
-                   seconds: dict[tuple[str, str, str], float]) -> None:
+def _split_equally(intervals: Sequence[tuple[datetime, datetime, tuple[str, str, str, str]]],
+                   seconds: dict[tuple[str, str, str, str], float]) -> None:
     """Sweep one device's intervals; each elementary span is divided among the intervals covering it."""
     cuts = sorted({t for s, e, _ in intervals for t in (s, e)})
     for lo, hi in pairwise(cuts):
@@ -245,7 +294,7 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
         state: ``pending``, ``allocated``, ``deleted`` or ``all``.
 
     Returns:
-        ``{"at", "claims": [{"namespace", "name", "uid", "origin", "state", "team",
+        ``{"at", "claims": [{"cluster", "namespace", "name", "uid", "origin", "state", "team",
         "requested": {deviceClassName: count}, "devices": [{"driver", "pool", "device", "request",
         "shareID", "consumedCapacity", "adminAccess"}], "consumers": [names]}]}`` sorted by namespace, name.
         ``consumedCapacity`` maps capacity name -> Quantity string (``{}`` for a whole device).
@@ -278,7 +327,8 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
         if st is None or (state != "all" and st != state):
             continue
         key = f"{r.cluster}\x00{r.uid}"
-        out.append({"namespace": r.namespace, "name": r.name, "uid": r.uid, "origin": r.origin, "state": st,
+        out.append({"cluster": r.cluster, "namespace": r.namespace, "name": r.name, "uid": r.uid,
+                    "origin": r.origin, "state": st,
                     "team": _team_at(conn, r.cluster, r.namespace, at),
                     "requested": dict(requested_counts(r.requests)), "devices": by_claim.get(key, []),
                     "consumers": [c.name for c in consumers.get(key, []) if c.live]})
@@ -369,3 +419,70 @@ def _stopped_running(conn: Connection, cluster: str, pod_uids: Sequence[str], at
         "SELECT max(upper(valid)) FROM pod_phases WHERE cluster = :c AND pod_uid = ANY(:uids) "
         "AND phase = 'Running' AND upper(valid) <= :at"), {"c": cluster, "uids": list(pod_uids), "at": at}).scalar()
     return max(allocated_since, last) if last is not None else allocated_since
+
+
+def device_timeline(conn: Connection, *, driver: str, pool: str, device: str, start: datetime, end: datetime,
+                    cluster: str | None = None) -> JSONObject:
+    """Inventory and allocation intervals of one device overlapping ``[start, end)``, by start time.
+
+    Sources: ``device_inventory`` (``kind: inventory``: published by a slice, with node and slice) and
+    ``device_allocations`` (``kind: allocation``: held by a claim). ``to`` is ``None`` while open.
+
+    Raises:
+        UnknownDevice: the ledger never recorded the device (in inventory or in an allocation).
+    """
+    from ledger.errors import UnknownDevice
+
+    params: dict[str, object] = {"d": driver, "p": pool, "n": device, "start": start, "end": end,
+                                 "cluster": cluster}
+    key = "driver = :d AND pool = :p AND device = :n" + _cluster_filter(cluster)
+    known = conn.execute(text(f"SELECT EXISTS (SELECT 1 FROM device_inventory WHERE {key}) "
+                              f"OR EXISTS (SELECT 1 FROM device_allocations WHERE {key})"), params).scalar()
+    if not known:
+        raise UnknownDevice(f"no device {driver}/{pool}/{device} was ever recorded")
+    window = " AND NOT isempty(valid) AND valid && tstzrange(:start, :end, '[)')"
+    inventory = conn.execute(text(
+        f"SELECT lower(valid) AS s, upper(valid) AS e, node, slice_name FROM device_inventory WHERE {key}{window}"),
+        params).all()
+    allocations = conn.execute(text(
+        f"SELECT lower(valid) AS s, upper(valid) AS e, namespace, claim, team, share_id, admin_access, node "
+        f"FROM device_allocations WHERE {key}{window}"), params).all()
+    entries: list[tuple[datetime, int, JSONObject]] = []
+    for r in inventory:
+        entries.append((r.s, 0, {"kind": "inventory", "from": rfc3339(r.s), "to": rfc3339(r.e) if r.e else None,
+                                 "node": r.node, "sliceName": r.slice_name}))
+    for r in allocations:
+        entries.append((r.s, 1, {"kind": "allocation", "from": rfc3339(r.s), "to": rfc3339(r.e) if r.e else None,
+                                 "namespace": r.namespace, "claim": r.claim, "team": r.team,
+                                 "shareID": r.share_id, "adminAccess": r.admin_access, "node": r.node}))
+    entries.sort(key=lambda e: (e[0], e[1], str(e[2].get("claim"))))
+    return {"driver": driver, "pool": pool, "device": device, "from": rfc3339(start), "to": rfc3339(end),
+            "entries": [e[2] for e in entries]}
+
+
+def claim_uids(conn: Connection, *, namespace: str, name: str, cluster: str | None = None) -> list[tuple[str, str]]:
+    """(cluster, uid) of every claim ever recorded as ``namespace/name``, oldest first (table ``claims``).
+
+    Raises:
+        UnknownClaim: none was recorded.
+    """
+    from ledger.errors import UnknownClaim
+
+    rows = conn.execute(text("SELECT cluster, uid FROM claims WHERE namespace = :ns AND name = :n"
+                             + _cluster_filter(cluster) + " ORDER BY created_at, uid"),
+                        {"ns": namespace, "n": name, "cluster": cluster}).all()
+    if not rows:
+        raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")
+    return [(str(r.cluster), str(r.uid)) for r in rows]
+
+
+def ping(conn: Connection) -> None:
+    """``SELECT 1``: proves the database answers."""
+    conn.execute(text("SELECT 1")).scalar_one()
+
+
+def team_now(conn: Connection, *, namespace: str, cluster: str | None = None) -> str:
+    """The team of ``namespace`` in its newest ``namespace_teams`` interval, else the namespace name."""
+    team = conn.execute(text("SELECT team FROM namespace_teams WHERE namespace = :ns" + _cluster_filter(cluster)
+                             + " ORDER BY lower(valid) DESC LIMIT 1"), {"ns": namespace, "cluster": cluster}).scalar()
+    return str(team) if team is not None else namespace

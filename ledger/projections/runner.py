@@ -110,7 +110,12 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
 def lag(engine: Engine) -> dict[str, int]:
     """Return head global position minus checkpoint, per projection (events not yet applied)."""
     with engine.connect() as conn:
-        head = int(conn.execute(text("SELECT coalesce(max(global_position), 0) FROM events")).scalar_one())
-        rows = conn.execute(text("SELECT projection, position FROM checkpoints")).all()
+        return lag_on(conn)
+
+
+def lag_on(conn: Connection) -> dict[str, int]:
+    """:func:`lag` on an open connection."""
+    head = int(conn.execute(text("SELECT coalesce(max(global_position), 0) FROM events")).scalar_one())
+    rows = conn.execute(text("SELECT projection, position FROM checkpoints")).all()
     known = {str(r.projection): int(r.position) for r in rows}
     return {p.name: head - known.get(p.name, 0) for p in ALL}

@@ -10,14 +10,21 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 
+from ledger.errors import Invalid, StoreUnavailable, Unavailable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema
 from ledger.store.postgres import ObservationRow
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
+
+
+def _first_line(error: OperationalError | DataError) -> str:
+    text = str(error.orig if error.orig is not None else error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 @dataclass(slots=True)
@@ -35,6 +42,10 @@ class AppendBatch:
     def known(self, digests: Sequence[str]) -> set[str]:
         """Return which observation digests are already stored for this cluster."""
         return pg.known_digests(self.conn, self.cluster, digests)
+
+    def save_watch_checkpoints(self, rows: Sequence[pg.WatchCheckpointRow]) -> None:
+        """Upsert watch checkpoints in this transaction, so they commit with the batch's observations."""
+        pg.upsert_watch_checkpoints(self.conn, self.cluster, rows)
 
 
 @dataclass(slots=True)
@@ -91,16 +102,67 @@ class LedgerDatabase:
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
-        """A connection for read-model queries (one snapshot per statement)."""
-        with self.engine.connect() as conn:
-            yield conn
+        """A connection for read-model queries (one snapshot per statement).
+
+        Raises:
+            Unavailable: the database cannot be reached (the driver's OperationalError, translated).
+            Invalid: a query parameter PostgreSQL refuses (e.g. a NUL character in a name).
+        """
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except OperationalError as e:
+            raise Unavailable(f"the ledger database is not reachable: {_first_line(e)}") from e
+        except DataError as e:
+            # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
+            raise Invalid(f"a parameter cannot be used: {_first_line(e)}") from e
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
                  stream: str | None = None) -> list[RecordedEvent]:
-        """Events after global position ``after`` (see :func:`ledger.store.postgres.read_all`)."""
-        with self.engine.connect() as conn:
+        """Events after global position ``after`` (see :func:`ledger.store.postgres.read_all`).
+
+        Raises:
+            Unavailable: the database cannot be reached.
+        """
+        with self.reading() as conn:
             return pg.read_all(conn, after=after, limit=limit, types=types, stream=stream)
+
+    def read_stream(self, *, cluster: str, stream: str) -> list[RecordedEvent]:
+        """One stream's events in stream position order.
+
+        Raises:
+            Unavailable: the database cannot be reached.
+        """
+        with self.reading() as conn:
+            return pg.read_stream(conn, cluster=cluster, stream=stream)
 
     def dispose(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
+
+    def load_watch_checkpoints(self, cluster: str) -> list[pg.WatchCheckpointRow]:
+        """Every watch checkpoint of ``cluster`` (table ``watch_checkpoints``), ordered by kind."""
+        with self.engine.connect() as conn:
+            return pg.load_watch_checkpoints(conn, cluster)
+
+    def ping(self) -> None:
+        """Run ``SELECT 1``; raises what the driver raises when the server cannot be reached."""
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+
+@contextmanager
+def unavailable_as_error() -> Iterator[None]:
+    """Re-raise a lost or refused database connection as :class:`~ledger.errors.StoreUnavailable`.
+
+    SQLAlchemy ``OperationalError`` / ``InterfaceError`` (psycopg ``OperationalError``: refused,
+    reset, server shutting down) are transient for a long-running writer; every other error passes.
+
+    Raises:
+        StoreUnavailable: the block failed because the database was unreachable.
+    """
+    try:
+        yield
+    except (OperationalError, InterfaceError) as e:
+        first = str(e.orig).strip().splitlines()[0] if e.orig is not None and str(e.orig).strip() else str(e)
+        raise StoreUnavailable(f"database unavailable: {first}") from e

@@ -12,19 +12,30 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, RowMapping, create_engine, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, IntegrityError
 
-from ledger.errors import StreamConflict
+from ledger.errors import Invalid, StreamConflict
 from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent, to_payload
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition, JSONObject, StreamId, StreamPosition
 
 
 def make_engine(url: str) -> Engine:
-    """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
+    """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver.
+
+    Raises:
+        Invalid: ``url`` is not a PostgreSQL URL (the ledger needs PostgreSQL: tstzrange, GiST, jsonb).
+    """
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme in ("postgresql", "postgres"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    return create_engine(url, pool_pre_ping=True)
+    elif scheme != "postgresql+psycopg":
+        raise Invalid(f"the database URL must be postgresql://user@host:port/database, got {scheme or url!r}"
+                      " (the ledger needs PostgreSQL)")
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except ArgumentError as e:
+        raise Invalid(f"the database URL cannot be parsed: {e}") from e
 
 
 def constraint_of(error: IntegrityError) -> str | None:
@@ -174,3 +185,40 @@ def read_stream(conn: Connection, *, cluster: str, stream: str) -> list[Recorded
 def as_json(value: JSONObject) -> str:
     """Encode a payload for a ``jsonb`` parameter."""
     return json.dumps(value)
+
+
+# --- watch checkpoints (migration 0002) ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchCheckpointRow:
+    """One row of table ``watch_checkpoints``: where the watch of one kind resumes."""
+
+    kind: str
+    api_version: str
+    resource_version: str
+    """Opaque; compared only for equality."""
+
+
+def upsert_watch_checkpoints(conn: Connection, cluster: str, rows: Sequence[WatchCheckpointRow]) -> None:
+    """Store the resourceVersion each kind's watch resumes from (insert or replace, ``updated_at`` = now()).
+
+    Call inside the transaction that writes the observations the checkpoints cover.
+    """
+    if not rows:
+        return
+    conn.execute(text(
+        "INSERT INTO watch_checkpoints (cluster, kind, api_version, resource_version, updated_at) "
+        "VALUES (:cluster, :kind, :api_version, :resource_version, now()) "
+        "ON CONFLICT ON CONSTRAINT watch_checkpoints_pkey DO UPDATE SET api_version = excluded.api_version, "
+        "resource_version = excluded.resource_version, updated_at = excluded.updated_at"),
+        [{"cluster": cluster, "kind": r.kind, "api_version": r.api_version,
+          "resource_version": r.resource_version} for r in rows])
+
+
+def load_watch_checkpoints(conn: Connection, cluster: str) -> list[WatchCheckpointRow]:
+    """Read every watch checkpoint of ``cluster`` from table ``watch_checkpoints``, ordered by kind."""
+    rows = conn.execute(text("SELECT kind, api_version, resource_version FROM watch_checkpoints "
+                             "WHERE cluster = :c ORDER BY kind"), {"c": cluster}).all()
+    return [WatchCheckpointRow(kind=str(r.kind), api_version=str(r.api_version),
+                               resource_version=str(r.resource_version)) for r in rows]

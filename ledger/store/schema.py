@@ -12,12 +12,16 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from ledger.errors import SchemaNotReady
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 """The Alembic script directory shipped beside the ``ledger`` package (also inside the wheel)."""
+
+
+MIGRATION_LOCK_KEY = 0x4C45444745520001
+"""Advisory lock held while migrating ("LEDGER" + 1), so concurrent upgrades run one after another."""
 
 
 def alembic_config() -> Config:
@@ -44,6 +48,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database behind ``engine`` to ``revision`` (idempotent when already there)."""
     config = alembic_config()
     with engine.begin() as conn:
+        # Two processes starting on a fresh database must not both run the migrations: the second waits
+        # here, then finds the schema at head and does nothing.
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 
@@ -74,8 +81,9 @@ def ensure_database(admin_url: str, name: str) -> str:
 
     Used for the embedded server, where the ledger owns the whole server.
     """
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     url = make_url(admin_url)
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
@@ -84,7 +92,12 @@ def ensure_database(admin_url: str, name: str) -> str:
             exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar()
             if not exists:
                 quoted = conn.dialect.identifier_preparer.quote(name)
-                conn.execute(text(f"CREATE DATABASE {quoted}"))
+                try:
+                    conn.execute(text(f"CREATE DATABASE {quoted}"))
+                except (IntegrityError, ProgrammingError):
+                    # Another process created it between our check and our CREATE: that is what we wanted.
+                    if not conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar():
+                        raise
     finally:
         engine.dispose()
     return url.set(database=name).render_as_string(hide_password=False)
@@ -92,7 +105,7 @@ def ensure_database(admin_url: str, name: str) -> str:
 
 def drop_database(admin_url: str, name: str) -> None:
     """Drop database ``name`` (closing its connections) if it exists."""
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import create_engine
 
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     try:

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Identity,
     Index,
     Integer,
@@ -229,3 +230,69 @@ device_classes = Table(
 READ_MODELS = (device_inventory, device_allocations, claim_consumers, claims, claim_states, pod_phases,
                namespace_teams, device_classes)
 """Tables derived from ``events``; ``rebuild`` empties and refills them."""
+
+
+# --- reports (migration 0003): written by the jobs in workers/jobs.py through ledger.services ------
+
+usage_rollups = Table(
+    "usage_rollups", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("hour", TS, nullable=False, comment="start of the hour [hour, hour + 1h)"),
+    Column("team", Text, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("device_class", Text),
+    Column("model", Text),
+    Column("node", Text),
+    Column("driver", Text, nullable=False),
+    Column("device_seconds", Float, nullable=False,
+           comment="allocated device-seconds in the hour, split equally among concurrent allocations"),
+    Column("computed_at", TS, nullable=False),
+    Index("usage_rollups_hour_idx", "cluster", "hour"),
+)
+"""Device-seconds per hour per (team, namespace, DeviceClass, model, node, driver); an hour is
+recomputed whole (delete + insert) so a re-run replaces it."""
+
+idle_claim_snapshots = Table(
+    "idle_claim_snapshots", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("taken_at", TS, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("claim", Text, nullable=False),
+    Column("team", Text, nullable=False),
+    Column("category", Text, nullable=False, comment="unreserved | inactive-consumers | unreferenced"),
+    Column("idle_since", TS, nullable=False),
+    Column("devices", JSONB, nullable=False, comment="driver/pool/device names held"),
+    Column("wasted_device_hours", Float, nullable=False),
+    Index("idle_claim_snapshots_taken_idx", "cluster", "taken_at"),
+)
+
+quota_usage_snapshots = Table(
+    "quota_usage_snapshots", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("taken_at", TS, nullable=False),
+    Column("team", Text, nullable=False),
+    Column("resource_name", Text, nullable=False),
+    Column("used", Float, nullable=False, comment="Kueue-style counted usage (a count, or a quantity in base units)"),
+    Column("nominal_quota", Float),
+    Column("over_quota", Boolean, nullable=False),
+    Column("reasons", JSONB, nullable=False, comment="why Kueue would refuse some of the counted claims"),
+    Index("quota_usage_snapshots_taken_idx", "cluster", "taken_at"),
+)
+
+pending_demand_snapshots = Table(
+    "pending_demand_snapshots", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("taken_at", TS, nullable=False),
+    Column("device_class", Text, nullable=False),
+    Column("claims", Integer, nullable=False),
+    Column("requested", BigInteger, nullable=False),
+    Column("free", Integer, nullable=False, comment="devices of the class free and untainted at taken_at"),
+    Index("pending_demand_snapshots_taken_idx", "cluster", "taken_at"),
+)
+
+REPORTS = (usage_rollups, idle_claim_snapshots, quota_usage_snapshots, pending_demand_snapshots)
+"""Tables the report jobs write (not read models: a rebuild keeps them; re-running a job replaces rows)."""

@@ -143,7 +143,10 @@ def parse_k8s_time(value: str, path: str) -> datetime:
         raise InvalidObject(path, f"not an RFC 3339 time: {_describe(value)}") from e
     if parsed.tzinfo is None:
         raise InvalidObject(path, f"time has no zone: {_describe(value)}")
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError as e:
+        raise InvalidObject(path, f"time out of range (years 1-9999 in UTC): {_describe(value)}") from e
 
 
 def opt_time(obj: Mapping[str, JSONValue], path: str) -> datetime | None:

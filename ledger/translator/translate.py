@@ -456,7 +456,8 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
             owner_pod_uid=owner_uid, requests=list(requests)), _created_time(obj, observed),
             pos_holder=state)
     state["rv"] = rv
-    changed_at = _change_time(obj, observed)
+    # Never before the claim existed (a replay --at earlier than creationTimestamp, say).
+    changed_at = max(_change_time(obj, observed), _created_time(obj, observed))
     if deletion is not None and state.get("deletion") is None:
         em.emit(key, stream, ev.ClaimDeletionRequested(uid=uid, deletion_timestamp=deletion),
                 parse_k8s_time(deletion, "metadata.deletionTimestamp"), pos_holder=state)
@@ -584,7 +585,8 @@ def _on_pod(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         return  # a pod uid is never reused; anything after its deletion is a late duplicate
     if state is None or any(state.get(k) != v for k, v in view.items()):
         at = _created_time(obj, observed) if state is None else _change_time(obj, observed)
-        state = {"pos": state["pos"] if state else 0, **view}
+        # namespace/name let a relist after 410 write the deletion of a pod that vanished (relist.py).
+        state = {"pos": state["pos"] if state else 0, "namespace": namespace, "name": name, **view}
         em.emit(key, stream, ev.PodPhaseChanged(
             uid=uid, namespace=namespace, name=name, phase=str(view["phase"]),
             node=opt_str(view, "node"), claims=opt_list(view, "claims")), at, pos_holder=state)

@@ -54,3 +54,15 @@ def test_a_database_without_the_schema_is_refused_with_the_command_to_run(ledger
         assert CliRunner().invoke(app, ["occupancy", "--database-url", url]).exit_code == 0
     finally:
         drop_database(ledger_server, name)
+
+
+def test_database_urls_that_are_not_postgresql_are_refused_clearly() -> None:
+    for url, expected in (("not a url", "must be postgresql://"), ("mysql://root@localhost/x", "needs PostgreSQL"),
+                          ("sqlite:///tmp/x.db", "needs PostgreSQL")):
+        result = CliRunner().invoke(app, ["occupancy", "--database-url", url])
+        assert result.exit_code == 2 and expected in result.output, result.output
+
+
+def test_db_stop_refuses_when_a_database_url_is_set() -> None:
+    result = CliRunner().invoke(app, ["db", "stop", "--database-url", "postgresql://x@127.0.0.1/y"])
+    assert result.exit_code == 2 and "embedded server is not in use" in result.output

@@ -14,6 +14,7 @@ from ledger.errors import StreamConflict
 from ledger.recorded import read_history
 from ledger.store import postgres as pg
 from ledger.testing.handle import LedgerHandle
+from ledger.translator.translate import Observation, translate
 from ledger.types import GlobalPosition
 from tests.factories import at, claim, dig, gpu, history, namespace, pod, resource_slice, uid
 
@@ -129,27 +130,27 @@ def test_non_pod_consumers_are_holders_of_their_own_kind(ledger: LedgerHandle, t
     assert idle["claims"] == []
 
 
-def test_concurrent_writers_to_one_stream_get_exactly_one_stream_conflict(ledger: LedgerHandle,
+def test_concurrent_appends_to_one_stream_get_exactly_one_stream_conflict(ledger: LedgerHandle,
                                                                          tmp_path: Path) -> None:
     cid = uid("claim")
-    base = history(tmp_path / "base.jsonl", [("ADDED", claim(name="c", claim_uid=cid), 0)])
-    ledger.replay(base)
-    with ledger.engine.connect() as conn:
-        states = [pg.load_state(conn, "default"), pg.load_state(conn, "default")]  # both read position 1
-    files = [history(tmp_path / f"w{i}.jsonl", [("MODIFIED", claim(name="c", claim_uid=cid, results=[f"gpu-{i}"],
-                                                                   allocated_at=1), 1 + i)]) for i in range(2)]
+    ledger.replay(history(tmp_path / "base.jsonl", [("ADDED", claim(name="c", claim_uid=cid), 0)]))
+    states = [ledger.db.load_state("default"), ledger.db.load_state("default")]  # both read position 1
     outcomes: list[str] = []
     barrier = threading.Barrier(2)
 
-    def write(i: int) -> None:
+    def append(i: int) -> None:
+        obs = Observation(type="MODIFIED", object=claim(name="c", claim_uid=cid, results=[f"gpu-{i}"],
+                                                        allocated_at=1), observed_at=at(1 + i),
+                          recorded_at=at(1 + i), digest=f"writer-{i}")
         barrier.wait()
         try:
-            services.ingest(ledger.db, read_history(files[i]), cluster="default", state=states[i])
+            with ledger.db.append("default", states[i]) as batch:
+                batch.events.extend(translate(states[i], obs))
             outcomes.append("ok")
         except StreamConflict:
             outcomes.append("conflict")
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(2)]
     for th in threads:
         th.start()
     for th in threads:
@@ -159,6 +160,35 @@ def test_concurrent_writers_to_one_stream_get_exactly_one_stream_conflict(ledger
         positions = conn.execute(text("SELECT stream_position FROM events WHERE stream = :s ORDER BY 1"),
                                  {"s": f"claim:{cid}"}).scalars().all()
     assert positions == [1, 2]
+
+
+def test_the_service_retries_a_lost_race_by_re_reading_the_stream(ledger: LedgerHandle, tmp_path: Path) -> None:
+    cid = uid("claim")
+    ledger.replay(history(tmp_path / "base.jsonl", [("ADDED", claim(name="c", claim_uid=cid), 0)]))
+    files = [history(tmp_path / f"w{i}.jsonl", [("MODIFIED", claim(name="c", claim_uid=cid, results=[f"gpu-{i}"],
+                                                                   allocated_at=1), 1 + i)]) for i in range(2)]
+    states = [ledger.db.load_state("default"), ledger.db.load_state("default")]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def write(i: int) -> None:
+        barrier.wait()
+        try:
+            services.ingest(ledger.db, read_history(files[i]), cluster="default", state=states[i])
+        except StreamConflict as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    with ledger.engine.connect() as conn:
+        types_ = conn.execute(text("SELECT type FROM events WHERE stream = :s ORDER BY stream_position"),
+                              {"s": f"claim:{cid}"}).scalars().all()
+    # Whichever writer lost re-read the claim and recorded its change on top: one allocation replaced another.
+    assert types_ == ["ClaimCreated", "ClaimAllocated", "ClaimDeallocated", "ClaimAllocated"]
 
 
 @pytest.mark.parametrize("writers", [4])

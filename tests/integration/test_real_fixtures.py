@@ -293,7 +293,7 @@ def test_a_shared_macvlan_allocation_keeps_its_share_id_and_consumed_capacity(le
     # The counter set dummy0 is the one piece of hardware, and it is now held.
     assert body["totals"] == {"devices": 1, "allocated": 1, "free": 0, "shared": 0}
     assert claims["claims"] == [{
-        "namespace": "default", "name": claim, "uid": "93f71307-b064-44bd-8cc3-340dc400afdd",
+        "cluster": "default", "namespace": "default", "name": claim, "uid": "93f71307-b064-44bd-8cc3-340dc400afdd",
         "origin": "template", "state": "allocated", "team": "default", "requested": {"devicenetwork": 1},
         "devices": [{"driver": "devicenetwork.io", "pool": "kind-worker", "device": "my-network-macvlan-dummy0",
                      "request": "my-network-macvlan", "shareID": share,
@@ -439,7 +439,8 @@ def test_the_tutorial_v1beta2_claim_is_manual_allocated_and_reserved_by_pod0(led
     # No owner, no generateName, no annotation: made by a user. One result gpu-4 of pool kind-worker
     # (adminAccess null = false), reservedFor pod0.
     assert claims["claims"] == [{
-        "namespace": "dra-tutorial", "name": "some-gpu", "uid": "79e1e8d8-7e53-4362-aad1-eca97678339e",
+        "cluster": "default", "namespace": "dra-tutorial", "name": "some-gpu",
+        "uid": "79e1e8d8-7e53-4362-aad1-eca97678339e",
         "origin": "manual", "state": "allocated", "team": "dra-tutorial", "requested": {"gpu.example.com": 1},
         "devices": [{"driver": "gpu.example.com", "pool": "kind-worker", "device": "gpu-4", "request": "some-gpu",
                      "shareID": None, "consumedCapacity": {}, "adminAccess": False}],

@@ -145,3 +145,65 @@ def test_kubectl_watch_output_and_yaml_lists_replay_like_recorded_lines(ledger: 
     held: Any = ledger.occupancy(at=_t("2026-11-02T10:00:00Z"))
     assert held["totals"] == {"devices": 8, "allocated": 1, "free": 7, "shared": 0}
     assert [d["device"] for d in held["devices"] if d["allocations"]] == ["gpu-7"]
+
+
+def test_the_same_history_replays_into_two_clusters_side_by_side(ledger: LedgerHandle) -> None:
+    ledger.replay(SEED)
+    other = LedgerHandle(engine=ledger.engine, cluster="lab-2")
+    report = other.replay(SEED)
+    assert (report.recorded, report.events, report.rejected) == (39, 51, [])
+    assert other.occupancy(_t("2026-11-02T09:30:00Z"))["totals"] == ledger.occupancy(_t("2026-11-02T09:30:00Z"))[
+        "totals"]
+    with ledger.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(DISTINCT cluster) FROM events")).scalar_one() == 2
+
+
+def test_nul_characters_are_rejected_with_a_reason_and_the_neighbours_kept(ledger: LedgerHandle,
+                                                                          tmp_path: Path) -> None:
+    lines = _lines(SEED)[:4]
+    poisoned = json.loads(lines[1])
+    poisoned["object"]["metadata"]["labels"]["team"] = "nl\u0000p"
+    path = tmp_path / "nul.jsonl"
+    path.write_bytes(("\n".join([lines[0], json.dumps(poisoned), "\x00\x00garbage", lines[2], lines[3]])
+                      + "\n").encode())
+    report = ledger.replay(path)
+    assert [r.origin.rsplit(":", 1)[1] for r in report.rejected] == ["2", "3"]
+    assert "NUL" in report.rejected[0].reason
+    assert report.recorded == 3  # lines 1, 4 and 5
+    with ledger.engine.connect() as conn:
+        kinds = conn.execute(text("SELECT kind FROM observations WHERE status = 'recorded' ORDER BY 1")).scalars()
+        assert list(kinds) == ["DeviceClass", "Namespace", "ResourceSlice"]
+
+
+def test_times_outside_years_1_to_9999_are_rejected_not_crashed(ledger: LedgerHandle, tmp_path: Path) -> None:
+    lines = _lines(SEED)[:3]
+    early = json.loads(lines[1])
+    early["observedAt"] = "0001-01-01T00:00:00+14:00"
+    path = tmp_path / "early.jsonl"
+    path.write_text("\n".join([lines[0], json.dumps(early), lines[2]]) + "\n")
+    report = ledger.replay(path)
+    assert len(report.rejected) == 1 and "out of range" in report.rejected[0].reason
+    assert report.recorded == 2
+
+
+def test_concurrent_replays_of_one_file_both_succeed_and_add_it_once(ledger_factory: Callable[[], LedgerHandle]
+                                                                     ) -> None:
+    import threading
+
+    shared, clean = ledger_factory(), ledger_factory()
+    clean.replay(SEED)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            LedgerHandle(engine=shared.engine).replay(SEED)
+        except Exception as e:  # noqa: BLE001  # the test reports any failure of either replay
+            failures.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert failures == []
+    assert shared.snapshot() == clean.snapshot()

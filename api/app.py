@@ -1,0 +1,77 @@
+"""``create_app``: the only place the REST API is wired together.
+
+Reads come from the read models through :mod:`ledger.services`; the API never writes to the ledger.
+OpenAPI 3.1 is served at ``/schema`` (``/schema/openapi.json``); every error is RFC 9457 problem details.
+"""
+
+from __future__ import annotations
+
+from litestar import Litestar, Router
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from api.auth import TokenTable, provide_access, require_token
+from api.controllers.claims import ClaimsController
+from api.controllers.demand import DemandController
+from api.controllers.events import DevicesController, EventsController
+from api.controllers.health import HealthController
+from api.controllers.occupancy import OccupancyController
+from api.controllers.reports import ReportsController
+from api.controllers.usage import UsageController
+from api.deps import AppState, provide_state
+from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
+from ledger.config import LedgerConfig
+from ledger.store.database import LedgerDatabase
+
+API_VERSION = "1.0.0"
+
+
+def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None) -> Litestar:
+    """Build the Litestar application.
+
+    Args:
+        db: the ledger database (schema at head); the API only reads it.
+        config: the configuration file (API tokens, prices, idle thresholds, quotas).
+        cluster: answer for this cluster only (``None``: every cluster, selectable per request).
+
+    Raises:
+        Invalid: a token's ``tokenEnv`` variable is unset or too short.
+    """
+    tokens = TokenTable.from_config(config)
+    v1 = Router(
+        path="/",
+        guards=[require_token],
+        route_handlers=[
+            OccupancyController,
+            ClaimsController,
+            UsageController,
+            ReportsController,
+            EventsController,
+            DevicesController,
+            DemandController,
+        ],
+        security=[{"bearer": []}] if tokens.enabled else None,
+    )
+    app = Litestar(
+        route_handlers=[v1, HealthController],
+        dependencies={
+            "ctx": Provide(provide_state, sync_to_thread=False),
+            "access": Provide(provide_access, sync_to_thread=False),
+        },
+        exception_handlers=dict(EXCEPTION_HANDLERS),
+        plugins=[problem_details_plugin()],
+        openapi_config=OpenAPIConfig(
+            title="dra-ledger",
+            version=API_VERSION,
+            path="/schema",
+            description="History of Kubernetes DRA device allocations: occupancy at any instant, device-hours "
+            "for chargeback, claims, idle-claim reports and the audit log. Times are RFC 3339; "
+            "errors are RFC 9457 problem details.",
+            components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+        ),
+        debug=False,
+    )
+    app.state.ledger = AppState(db=db, config=config, cluster=cluster)
+    app.state.tokens = tokens
+    return app

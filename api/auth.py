@@ -1,0 +1,96 @@
+"""Bearer-token authentication and team scoping.
+
+Tokens come from the configuration file (``[[api.tokens]]``). A request to ``/v1`` must carry
+``Authorization: Bearer <token>`` when any token is configured; a token with ``teams`` sees only those
+teams' rows and totals. Tokens are compared with :func:`hmac.compare_digest` against every configured
+token (constant time per token) and never logged. With no tokens configured the API is open, and
+``dra-ledger serve`` then refuses to bind anywhere but loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
+
+from ledger.config import LedgerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who is asking: ``teams`` is ``None`` for full access, else the teams whose rows are visible."""
+
+    name: str
+    teams: frozenset[str] | None
+
+    def sees(self, team: object) -> bool:
+        """Whether a row billed to ``team`` is visible."""
+        return self.teams is None or team in self.teams
+
+
+OPEN = Access(name="anonymous", teams=None)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTable:
+    """Configured tokens by their SHA-256 digest (the clear text is not kept)."""
+
+    entries: tuple[tuple[bytes, Access], ...]
+
+    @classmethod
+    def from_config(cls, config: LedgerConfig) -> TokenTable:
+        """Build the table from ``config.api.tokens`` (reading ``tokenEnv`` variables now).
+
+        Raises:
+            Invalid: a ``tokenEnv`` variable is unset or too short.
+        """
+        entries = []
+        for token in config.api.tokens:
+            digest = hashlib.sha256(token.secret().encode()).digest()
+            entries.append(
+                (digest, Access(name=token.name, teams=frozenset(token.teams) if token.teams is not None else None))
+            )
+        return cls(entries=tuple(entries))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any token is configured (else the API is open)."""
+        return bool(self.entries)
+
+    def check(self, header: str | None) -> Access:
+        """Return the access of the bearer token in ``header``.
+
+        Raises:
+            NotAuthorizedException: no token, a malformed header, or an unknown token (401).
+        """
+        if not self.enabled:
+            return OPEN
+        scheme, _, value = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise NotAuthorizedException("a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        digest = hashlib.sha256(value.strip().encode()).digest()
+        found: Access | None = None
+        for known, access in self.entries:  # compare with every token: timing does not reveal which matched
+            if hmac.compare_digest(known, digest):
+                found = access
+        if found is None:
+            raise NotAuthorizedException("the bearer token is not valid", headers={"WWW-Authenticate": "Bearer"})
+        return found
+
+
+def require_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Litestar guard on ``/v1``: authenticates and stores the :class:`Access` in ``connection.state``."""
+    table: TokenTable = connection.app.state.tokens
+    connection.state.access = table.check(connection.headers.get("authorization"))
+
+
+def provide_access(request: Request[Any, Any, Any]) -> Access:
+    """Dependency: the :class:`Access` the guard stored for this request."""
+    access = getattr(request.state, "access", None)
+    return access if isinstance(access, Access) else OPEN

@@ -1,0 +1,1 @@
+"""One Litestar Controller per resource of the ``/v1`` API."""

@@ -1,0 +1,105 @@
+"""``GET /v1/claims`` and ``GET /v1/claims/{namespace}/{name}/history``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from litestar import Controller, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath, QueryParameter
+
+from api import pagination
+from api.auth import Access
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
+from api.deps import AppState, parse_instant
+from api.errors import V1_NOT_FOUND, V1_PROBLEMS
+from api.schemas import ClaimHistory, Claims, to_struct
+from ledger import services
+from ledger.errors import UnknownClaim
+
+
+class ClaimsController(Controller):
+    """ResourceClaims with their state, devices and consumers, and their recorded history."""
+
+    path = "/v1/claims"
+    tags = ("claims",)
+
+    @get(
+        responses=V1_PROBLEMS,
+        operation_id="listClaims",
+        sync_to_thread=True,
+        summary="Claims at T with state, devices, consumers",
+    )
+    def list_claims(
+        self,
+        ctx: NamedDependency[AppState],
+        access: NamedDependency[Access],
+        claim_state: Annotated[
+            Literal["pending", "allocated", "deleted", "all"], QueryParameter(name="state", description="Which claims.")
+        ] = "all",
+        namespace: Annotated[str | None, QueryParameter(description="Only this namespace.")] = None,
+        team: Annotated[str | None, QueryParameter(description="Only claims billed to this team.")] = None,
+        origin: Annotated[
+            Literal["manual", "template", "extended"] | None, QueryParameter(description="Only claims of this origin.")
+        ] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
+        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
+        page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
+    ) -> Claims:
+        """Claims known at T (tables ``claims``, ``claim_states``, ``device_allocations``,
+        ``claim_consumers``), ordered by namespace and name: ``requested`` per DeviceClass from
+        ``spec.devices.requests[]``, ``devices`` from ``status.allocation.devices.results[]``, ``consumers``
+        the live ``reservedFor`` entries. A claim deleted before T has state ``deleted``.
+        """
+        query = pagination.fingerprint(
+            {
+                "state": claim_state,
+                "namespace": namespace,
+                "team": team,
+                "origin": origin,
+                "cluster": cluster or ctx.cluster,
+                "at": at,
+            }
+        )
+        page = pagination.decode(page_token, query=query)
+        when = parse_instant(page.at or at, "at")
+        body: Any = services.claims(
+            ctx.db, at=when, state=claim_state, cluster=cluster or ctx.cluster, namespace=namespace
+        )
+        rows = [
+            c
+            for c in body["claims"]
+            if access.sees(c["team"])
+            and (team is None or c["team"] == team)
+            and (origin is None or c["origin"] == origin)
+        ]
+        chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
+        return to_struct({**body, "claims": chunk, "nextPageToken": token}, Claims)
+
+    @get(
+        "/{namespace:str}/{name:str}/history",
+        responses=V1_NOT_FOUND,
+        operation_id="getClaimHistory",
+        sync_to_thread=True,
+        summary="The claim's events in order",
+    )
+    def history(
+        self,
+        ctx: NamedDependency[AppState],
+        access: NamedDependency[Access],
+        namespace: FromPath[str],
+        name: FromPath[str],
+        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+    ) -> ClaimHistory:
+        """Every event of every ResourceClaim recorded as ``namespace/name`` (table ``events``, streams
+        ``claim:<uid>``) in stream order, claim by claim (a name can be reused by a newer claim).
+
+        Raises 404 when no such claim was recorded, or when the caller's token may not see its team.
+        """
+        body = services.claim_history(ctx.db, namespace=namespace, name=name, cluster=cluster or ctx.cluster)
+        if access.teams is not None:
+            team = services.team_of(ctx.db, namespace=namespace, cluster=cluster or ctx.cluster)
+            if not access.sees(team):
+                raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")
+        return to_struct(body, ClaimHistory)

@@ -1,0 +1,110 @@
+"""``GET /v1/quotas``, ``GET /v1/shared`` and ``GET /v1/pending``: quota, sharing and demand at an instant."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Annotated, Any
+
+from litestar import Controller, get
+from litestar.di import NamedDependency
+from litestar.params import QueryParameter
+
+from api import pagination
+from api.auth import Access
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
+from api.deps import AppState, parse_instant
+from api.errors import V1_PROBLEMS
+from api.schemas import Pending, Quotas, Shared, to_struct
+from ledger import services
+
+ClusterParam = Annotated[str | None, QueryParameter(description="Only this cluster.")]
+AtParam = Annotated[str | None, QueryParameter(description=AT_DOC)]
+LimitParam = Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)]
+TokenParam = Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)]
+
+
+def scope_shared(body: Any, access: Access) -> Any:
+    """Keep only what the caller's teams hold; recompute the totals over what is left."""
+    if access.teams is None:
+        return body
+    devices = [{**d, "allocations": mine} for d in body["devices"]
+               if (mine := [a for a in d["allocations"] if access.sees(a["team"])])]
+    counter_sets = []
+    for cs in body["counterSets"]:
+        partitions = [{**p, "allocations": [a for a in p["allocations"] if access.sees(a["team"])]}
+                      for p in cs["partitions"]]
+        if any(p["allocations"] for p in partitions):
+            counter_sets.append({**cs, "partitions": partitions})
+    claims = [c for c in body["claims"] if access.sees(c["team"])]
+    return {**body, "devices": devices, "counterSets": counter_sets, "claims": claims,
+            "totals": {"sharedDevices": len(devices), "counterSets": len(counter_sets), "sharedClaims": len(claims)}}
+
+
+def scope_pending(body: Any, access: Access) -> Any:
+    """Keep the caller's teams' claims; recompute claims and requested per class from them (free stays)."""
+    if access.teams is None:
+        return body
+    claims = [c for c in body["claims"] if access.sees(c["team"])]
+    counted: dict[str, int] = defaultdict(int)
+    requested: dict[str, int] = defaultdict(int)
+    for claim in claims:
+        for cls in {r["deviceClass"] for r in claim["requests"] if r.get("deviceClass")}:
+            counted[cls] += 1
+        for r in claim["requests"]:
+            if r.get("deviceClass"):
+                requested[r["deviceClass"]] += int(r.get("count") or 0)
+    classes = [{**c, "claims": counted[c["deviceClass"]], "requested": requested[c["deviceClass"]]}
+               for c in body["classes"] if counted[c["deviceClass"]]]
+    return {**body, "claims": claims, "classes": classes}
+
+
+class DemandController(Controller):
+    """Quota use, shared devices and pending demand."""
+
+    path = "/v1"
+    tags = ("quotas",)
+
+    @get("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas", sync_to_thread=True,
+         summary="Kueue-style counted usage vs quota per team and resource name")
+    def quotas(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
+               cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Quotas:
+        """Counted usage at T from allocated claims (tables ``claims``, ``device_allocations``), following
+        Kueue's ``deviceClassMappings`` in the configuration: ``ExactCount`` requests count ``count``,
+        ``adminAccess`` counts 0, a claim shared by many pods counts once; what Kueue would refuse is still
+        counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
+        """
+        query = pagination.fingerprint({"cluster": cluster or ctx.cluster, "at": at})
+        page = pagination.decode(page_token, query=query)
+        when = parse_instant(page.at or at, "at")
+        body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=cluster or ctx.cluster)
+        rows = [r for r in body["rows"] if access.sees(r["team"])]
+        chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
+        return to_struct({**body, "rows": chunk, "nextPageToken": token}, Quotas)
+
+    @get("/shared", responses=V1_PROBLEMS, operation_id="getShared", sync_to_thread=True, tags=["shared"],
+         summary="Shared devices, partitioned counter sets and multi-consumer claims")
+    def shared(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
+               cluster: ClusterParam = None) -> Shared:
+        """Devices with more than one allocation (``shareID``, ``consumedCapacity``, or a double booking)
+        with each holder's chargeback fraction; partitionable devices grouped by the counter set they
+        consume (``sharedCounters`` / ``consumesCounters``) with counters in use; claims with more than one
+        live consumer.
+        """
+        when = parse_instant(at, "at")
+        body = scope_shared(services.shared(ctx.db, at=when, cluster=cluster or ctx.cluster), access)
+        return to_struct(body, Shared)
+
+    @get("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
+         summary="Pending demand vs free devices per DeviceClass")
+    def pending(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
+                cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Pending:
+        """Claims without an allocation at T, with devices requested per request, and per DeviceClass the
+        claims waiting, devices requested and devices free at T (selected by the class's CEL selectors,
+        unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
+        """
+        query = pagination.fingerprint({"cluster": cluster or ctx.cluster, "at": at})
+        page = pagination.decode(page_token, query=query)
+        when = parse_instant(page.at or at, "at")
+        body = scope_pending(services.pending(ctx.db, at=when, cluster=cluster or ctx.cluster), access)
+        chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
+        return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

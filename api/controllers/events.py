@@ -1,0 +1,113 @@
+"""``GET /v1/events``: the audit log, and ``GET /v1/devices/{driver}/{pool}/{device}/timeline``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath, QueryParameter
+
+from api import pagination
+from api.auth import Access
+from api.controllers.occupancy import TOKEN_DOC
+from api.deps import AppState, parse_instant
+from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
+from api.schemas import Events, Timeline, to_struct
+from ledger import services
+from ledger.errors import Invalid
+
+
+class EventsController(Controller):
+    """The append-only event log by global position."""
+
+    path = "/v1/events"
+    tags = ("events",)
+
+    @get(
+        responses=V1_FORBIDDEN,
+        operation_id="listEvents",
+        sync_to_thread=True,
+        summary="The audit log by global position",
+    )
+    def events(
+        self,
+        ctx: NamedDependency[AppState],
+        access: NamedDependency[Access],
+        after_position: Annotated[
+            int,
+            QueryParameter(name="afterPosition", ge=0, le=2**62, description="Only events after this global position."),
+        ] = 0,
+        limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description="Events per page.")] = 100,
+        event_type: Annotated[str | None, QueryParameter(name="type", description="Only this event type.")] = None,
+        stream: Annotated[str | None, QueryParameter(description="Only this stream, e.g. claim:<uid>.")] = None,
+        page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
+    ) -> Events:
+        """Events of table ``events`` in global position order (envelope: ``globalPosition``, ``stream``,
+        ``streamPosition``, ``type``, ``occurredAt``, ``recordedAt``; ``payload`` with Kubernetes field
+        names). The next page starts after the last position returned. Team-limited tokens may not read the
+        audit log (403): events are not billed to teams.
+        """
+        if access.teams is not None:
+            from litestar.exceptions import PermissionDeniedException
+
+            raise PermissionDeniedException("a team-limited token cannot read the audit log")
+        query = pagination.fingerprint({"type": event_type, "stream": stream})
+        page = pagination.decode(page_token, query=query)
+        after = page.offset if page_token is not None else after_position
+        rows = services.events(
+            ctx.db, after=after, limit=limit + 1, types=[event_type] if event_type else None, stream=stream
+        )
+        chunk = rows[:limit]
+        token = None
+        if len(rows) > limit:
+            last = chunk[-1]["globalPosition"]
+            assert isinstance(last, int)
+            token = pagination.encode(offset=last, at=None, query=query)
+        return to_struct({"events": chunk, "nextPageToken": token}, Events)
+
+
+class DevicesController(Controller):
+    """One device's history."""
+
+    path = "/v1/devices"
+    tags = ("devices",)
+
+    @get(
+        "/{driver:str}/{pool:str}/{device:str}/timeline",
+        responses=V1_NOT_FOUND,
+        operation_id="getDeviceTimeline",
+        sync_to_thread=True,
+        summary="Allocations and inventory changes of one device",
+    )
+    def timeline(
+        self,
+        ctx: NamedDependency[AppState],
+        access: NamedDependency[Access],
+        driver: FromPath[str],
+        pool: FromPath[str],
+        device: FromPath[str],
+        start: Annotated[
+            str | None,
+            QueryParameter(name="from", description="Window start (RFC 3339); default the beginning of the ledger."),
+        ] = None,
+        end: Annotated[str | None, QueryParameter(name="to", description="Window end (RFC 3339); default now.")] = None,
+        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+    ) -> Timeline:
+        """Inventory intervals (``device_inventory``: which slice published it, on which node) and allocation
+        intervals (``device_allocations``: which claim held it, for which team) overlapping the window, in
+        start order. A pool name containing ``/`` must be percent-encoded. Team-limited tokens see only
+        their teams' allocations. 404 when the device was never recorded.
+        """
+        from datetime import UTC, datetime
+
+        t0 = parse_instant(start, "from", default=datetime(1970, 1, 1, tzinfo=UTC))
+        t1 = parse_instant(end, "to")
+        if not t0 < t1:
+            raise Invalid("from must be before to")
+        body: Any = services.device_timeline(
+            ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=cluster or ctx.cluster
+        )
+        if access.teams is not None:
+            body["entries"] = [e for e in body["entries"] if e["kind"] == "inventory" or access.sees(e["team"])]
+        return to_struct(body, Timeline)

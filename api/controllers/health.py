@@ -1,0 +1,87 @@
+"""``/healthz`` (liveness), ``/readyz`` (database reachable, projections caught up) and ``/metrics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Response, get
+from litestar.di import NamedDependency
+from litestar.openapi import ResponseSpec
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from api.deps import AppState
+from api.schemas import Health
+from ledger import services
+from ledger.errors import Unavailable
+
+MAX_READY_LAG = 10_000
+"""Events a projection may trail the head by and still be ready (a replay burst catches up in seconds)."""
+
+
+class HealthController(Controller):
+    """Probes and metrics; never require a token (``/metrics`` unless configured otherwise)."""
+
+    path = ""
+    tags = ("health",)
+
+    @get("/healthz", operation_id="getHealthz", summary="Liveness: the process answers")
+    async def healthz(self) -> Health:
+        """Always ``{"status": "ok"}`` while the process serves requests."""
+        return Health(status="ok")
+
+    @get(
+        "/readyz",
+        operation_id="getReadyz",
+        sync_to_thread=True,
+        summary="Readiness: database reachable and projections caught up",
+        responses={
+            503: ResponseSpec(
+                data_container=Health,
+                description="Database unreachable or projections lagging",
+                generate_examples=False,
+            )
+        },
+    )
+    def readyz(self, ctx: NamedDependency[AppState]) -> Response[Health]:
+        """``ready`` when the database answers and every projection trails the newest event by at most
+        10,000 events; otherwise 503 with the reason (``database: unreachable`` or the lag per projection).
+        """
+        try:
+            services.ping(ctx.db)
+            lag = services.projection_lag(ctx.db)
+        except Unavailable:
+            return Response(Health(status="unavailable", database="unreachable"), status_code=503)
+        ready = max(lag.values(), default=0) <= MAX_READY_LAG
+        return Response(
+            Health(status="ready" if ready else "lagging", database="ok", projectionLag=lag),
+            status_code=200 if ready else 503,
+        )
+
+    @get(
+        "/metrics",
+        operation_id="getMetrics",
+        sync_to_thread=True,
+        summary="Prometheus metrics",
+        media_type=CONTENT_TYPE_LATEST,
+    )
+    def metrics(self, ctx: NamedDependency[AppState]) -> Response[Any]:
+        """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``,
+        ``dra_ledger_events_head_position`` and ``dra_ledger_database_up``.
+        """
+        registry = CollectorRegistry()
+        up = Gauge("dra_ledger_database_up", "1 when the ledger database answers", registry=registry)
+        lag_gauge = Gauge(
+            "dra_ledger_projection_lag_events",
+            "Events a projection has not applied yet",
+            ["projection"],
+            registry=registry,
+        )
+        try:
+            lag = services.projection_lag(ctx.db)
+            up.set(1)
+            for name, value in lag.items():
+                lag_gauge.labels(projection=name).set(value)
+        except Unavailable:
+            up.set(0)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,73 @@
+"""``GET /v1/reports/idle-claims``: claims that hold devices nobody uses."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, get
+from litestar.di import NamedDependency
+from litestar.params import QueryParameter
+
+from api import pagination
+from api.auth import Access
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
+from api.deps import AppState, parse_duration, parse_instant
+from api.errors import V1_PROBLEMS
+from api.schemas import IdleClaims, to_struct
+from ledger import services
+from ledger.projections.queries import IdleThresholds
+
+
+class ReportsController(Controller):
+    """Operator reports."""
+
+    path = "/v1/reports"
+    tags = ("reports",)
+
+    @get(
+        "/idle-claims",
+        responses=V1_PROBLEMS,
+        operation_id="getIdleClaims",
+        sync_to_thread=True,
+        summary="The idle-claim report",
+    )
+    def idle_claims(
+        self,
+        ctx: NamedDependency[AppState],
+        access: NamedDependency[Access],
+        min_idle: Annotated[
+            str | None,
+            QueryParameter(
+                name="minIdle",
+                description="List claims idle at least this long (ISO 8601 or seconds); default per category.",
+            ),
+        ] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
+        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
+        page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
+    ) -> IdleClaims:
+        """One row per claim, first matching category: ``unreserved`` (allocated, ``reservedFor`` empty),
+        ``inactive-consumers`` (reserved only by pods not Running), ``unreferenced`` (manual claims no pod
+        references). ``idleSince`` is when it became idle; ``wastedDeviceHours`` = hours since then x
+        devices held. Thresholds come from the configuration (30 minutes each by default).
+        """
+        query = pagination.fingerprint({"minIdle": min_idle, "cluster": cluster or ctx.cluster, "at": at})
+        page = pagination.decode(page_token, query=query)
+        when = parse_instant(page.at or at, "at")
+        idle = ctx.config.idle
+        thresholds = IdleThresholds(
+            unreserved_s=idle.unreserved_seconds,
+            inactive_consumers_s=idle.inactive_consumers_seconds,
+            unreferenced_s=idle.unreferenced_seconds,
+        )
+        body: Any = services.idle_claims(
+            ctx.db,
+            at=when,
+            min_idle=parse_duration(min_idle, "minIdle"),
+            thresholds=thresholds,
+            cluster=cluster or ctx.cluster,
+        )
+        rows = [c for c in body["claims"] if access.sees(c["team"])]
+        chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
+        return to_struct({**body, "claims": chunk, "nextPageToken": token}, IdleClaims)

@@ -1,0 +1,108 @@
+"""``GET /v1/usage``: device-hours for chargeback, as JSON or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Annotated, Any, Literal
+
+from litestar import Controller, Request, Response, get
+from litestar.di import NamedDependency
+from litestar.params import QueryParameter
+
+from api import pagination
+from api.auth import Access
+from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
+from api.deps import AppState, parse_duration, parse_instant
+from api.errors import V1_PROBLEMS
+from api.schemas import Usage, to_struct
+from ledger import services
+from ledger.errors import Invalid
+
+CSV_COLUMNS = ("group", "deviceClass", "driver", "start", "end", "deviceHours", "cost", "currency")
+"""Columns of the CSV export: ``group`` holds the value of the ``groupBy`` key."""
+
+
+def usage_csv(body: dict[str, Any]) -> str:
+    """Render a usage body as CSV with a header row of :data:`CSV_COLUMNS`."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    key = body["groupBy"]
+    for row in body["rows"]:
+        writer.writerow(
+            [
+                row.get(key) or "",
+                row.get("deviceClass") or "",
+                row.get("driver") or "",
+                row.get("start") or body["from"],
+                row.get("end") or body["to"],
+                row["deviceHours"],
+                "" if row.get("cost") is None else row["cost"],
+                row.get("currency") or "",
+            ]
+        )
+    return out.getvalue()
+
+
+class UsageController(Controller):
+    """Device-hours per team, namespace, DeviceClass, model or node."""
+
+    path = "/v1/usage"
+    tags = ("usage",)
+
+    @get(
+        responses=V1_PROBLEMS,
+        operation_id="getUsage",
+        sync_to_thread=True,
+        summary="Device-hours over [from, to), always split by DeviceClass; JSON or text/csv",
+    )
+    def usage(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: NamedDependency[AppState],
+        access: NamedDependency[Access],
+        start: Annotated[str, QueryParameter(name="from", description="Window start, RFC 3339.")],
+        end: Annotated[str, QueryParameter(name="to", description="Window end (exclusive), RFC 3339.")],
+        group_by: Annotated[
+            Literal["team", "namespace", "deviceClass", "model", "node"],
+            QueryParameter(name="groupBy", description="Group rows by this key."),
+        ] = "team",
+        step: Annotated[
+            str | None,
+            QueryParameter(description="Bucket length for a time series: ISO 8601 duration (PT1H) or seconds."),
+        ] = None,
+        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 1000,
+        page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
+    ) -> Response[Usage]:
+        """Device-hours from ``device_allocations`` intervals clipped exactly to the window; rows per
+        group value, DeviceClass and driver (different kinds of device are never summed); ``adminAccess``
+        is not billed; a device held by several allocations at once is split equally among them. With a
+        price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
+        whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency.
+        """
+        t0, t1 = parse_instant(start, "from"), parse_instant(end, "to")
+        if not t0 < t1:
+            raise Invalid("from must be before to")
+        bucket = parse_duration(step, "step")
+        body: Any = services.usage(
+            ctx.db,
+            start=t0,
+            end=t1,
+            group_by=group_by,
+            cluster=cluster or ctx.cluster,
+            teams=sorted(access.teams) if access.teams is not None else None,
+            step=bucket,
+            config=ctx.config,
+        )
+        if "text/csv" in request.headers.get("accept", ""):
+            return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
+        query = pagination.fingerprint(
+            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": cluster or ctx.cluster}
+        )
+        page = pagination.decode(page_token, query=query)
+        rows = body["rows"]
+        assert isinstance(rows, list)
+        chunk, token = pagination.cut(rows, page=page, limit=limit, at=None, query=query)
+        return Response(to_struct({**body, "rows": chunk, "nextPageToken": token}, Usage))

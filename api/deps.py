@@ -1,0 +1,70 @@
+"""Dependencies (``provide_*``) and the parsing of query parameters shared by the controllers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from litestar import Request
+from pydantic import TypeAdapter, ValidationError
+
+from ledger.config import LedgerConfig
+from ledger.errors import Invalid
+from ledger.recorded import parse_time
+from ledger.store.database import LedgerDatabase
+
+MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class AppState:
+    """What the app was created with: the ledger database, the configuration, the cluster filter."""
+
+    db: LedgerDatabase
+    config: LedgerConfig
+    cluster: str | None
+
+
+def provide_state(request: Request[Any, Any, Any]) -> AppState:
+    """Dependency: the :class:`AppState` stored on the application."""
+    state: AppState = request.app.state.ledger
+    return state
+
+
+def parse_instant(value: str | None, name: str, default: datetime | None = None) -> datetime:
+    """Parse an RFC 3339 query parameter (with a zone) into aware UTC; ``default`` (else now) when absent.
+
+    Raises:
+        Invalid: not RFC 3339, no zone, or beyond year 9998.
+    """
+    if value is None:
+        return default or datetime.now(UTC)
+    try:
+        parsed = parse_time(value)
+    except (Invalid, OverflowError, ValueError) as e:
+        raise Invalid(f"{name}: {e}") from e
+    if parsed >= MAX_TIME:
+        raise Invalid(f"{name}: {value!r} is too far in the future")
+    return parsed
+
+
+def parse_duration(value: str | None, name: str) -> timedelta | None:
+    """Parse an ISO 8601 duration (``PT30M``) or a number of seconds; ``None`` when absent.
+
+    Raises:
+        Invalid: neither form, negative, or longer than 100 years.
+    """
+    if value is None:
+        return None
+    try:
+        raw: object = float(value)
+    except ValueError:
+        raw = value
+    try:
+        parsed = TypeAdapter(timedelta).validate_python(raw)
+    except (ValidationError, OverflowError) as e:
+        raise Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds, got {value!r}") from e
+    if parsed < timedelta(0) or parsed > timedelta(days=36_500):
+        raise Invalid(f"{name}: must be between 0 and 100 years, got {value!r}")
+    return parsed

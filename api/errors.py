@@ -1,0 +1,124 @@
+"""The single error-to-HTTP mapping: every failure leaves as RFC 9457 problem details.
+
+``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable) →
+503 with ``Retry-After``, Litestar's own validation of query and path parameters → 400, anything else →
+500 with no internals in the body (the traceback goes to the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+from litestar.openapi import ResponseSpec
+from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
+
+from ledger.errors import Conflict, Invalid, LedgerError, NotFound, Unavailable
+
+_log = logging.getLogger(__name__)
+PROBLEM_JSON = "application/problem+json"
+
+
+def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> Response[Any]:
+    return Response(
+        {"type": "about:blank", "status": status, "title": title, "detail": detail},
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
+    if isinstance(exc, NotFound):
+        return _problem(404, "Not Found", str(exc))
+    if isinstance(exc, Conflict):
+        return _problem(409, "Conflict", str(exc))
+    if isinstance(exc, Invalid):
+        return _problem(422, "Invalid parameter", str(exc))
+    if isinstance(exc, Unavailable):
+        _log.warning("%s", exc)
+        return _problem(
+            503,
+            "Service Unavailable",
+            "the ledger database is not reachable; retry later",
+            headers={"Retry-After": "5"},
+        )
+    _log.error("unmapped ledger error: %s", exc)
+    return _problem(500, "Internal Server Error", "the ledger failed to answer; see the server log")
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    detail = exc.detail
+    extra = exc.extra
+    if isinstance(extra, list) and extra:
+        # Litestar's parameter validation: [{"message": ..., "key": ..., "source": ...}]
+        parts = [f"{e.get('key')}: {e.get('message')}" for e in extra if isinstance(e, dict)]
+        detail = "; ".join(parts) or detail
+    title = {
+        400: "Bad Request",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "Not Found",
+        405: "Method Not Allowed",
+    }.get(exc.status_code, "Error")
+    return _problem(exc.status_code, title, str(detail), headers=exc.headers or None)
+
+
+def _internal(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    _log.exception("unhandled error", exc_info=exc)
+    return _problem(500, "Internal Server Error", "the ledger failed to answer; see the server log")
+
+
+EXCEPTION_HANDLERS: dict[int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]] = {
+    LedgerError: _ledger_error,
+    HTTPException: _http_error,
+    Exception: _internal,
+}
+"""Handlers registered on the app (most specific class wins)."""
+
+
+def problem_details_plugin() -> ProblemDetailsPlugin:
+    """The Litestar plugin that renders :class:`ProblemDetailsException` (used for 401 and 403)."""
+    return ProblemDetailsPlugin(ProblemDetailsConfig())
+
+
+def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI documentation of the problem-details answers a handler can give (for ``responses=``)."""
+    from api.schemas import Problem
+
+    reasons = {
+        400: "A query or path parameter failed validation.",
+        401: "No bearer token, or an unknown one (when tokens are configured).",
+        403: "The token may not read this resource.",
+        404: "The named object was never recorded.",
+        422: "A parameter is well-formed but not acceptable (bad time, empty window, foreign pageToken).",
+        503: "The ledger database is not reachable; retry after Retry-After seconds.",
+    }
+    return {
+        code: ResponseSpec(
+            data_container=Problem, description=reasons[code], media_type=PROBLEM_JSON, generate_examples=False
+        )
+        for code in codes
+    }
+
+
+V1_PROBLEMS = problem_responses(400, 401, 422, 503)
+"""What every ``/v1`` read may answer besides 200."""
+V1_NOT_FOUND = problem_responses(400, 401, 404, 422, 503)
+"""... and for reads of one named object."""
+V1_FORBIDDEN = problem_responses(400, 401, 403, 422, 503)
+"""... and for reads a team-limited token may not make."""
+
+__all__ = [
+    "EXCEPTION_HANDLERS",
+    "PROBLEM_JSON",
+    "V1_FORBIDDEN",
+    "V1_NOT_FOUND",
+    "V1_PROBLEMS",
+    "ProblemDetailsException",
+    "problem_details_plugin",
+    "problem_responses",
+]

@@ -1,0 +1,67 @@
+"""Opaque page tokens: ``limit`` rows a page, results stable across pages.
+
+A token encodes the offset into the ordered result, the instant ``at`` the first page was computed for
+(so later pages answer the same question even when ``at`` defaulted to "now"), and a digest of the
+other query parameters (a token cannot be replayed against another query).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ledger.errors import Invalid
+
+T = TypeVar("T")
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Where a page starts: ``offset`` rows in, for the query fingerprinted by ``query`` at ``at``."""
+
+    offset: int
+    at: str | None
+
+
+def fingerprint(params: Mapping[str, object]) -> str:
+    """Digest of the query parameters that define the result (not ``pageToken`` / ``limit``)."""
+    text = json.dumps({k: str(v) for k, v in sorted(params.items()) if v is not None}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def encode(*, offset: int, at: str | None, query: str) -> str:
+    """Make the token for the page starting ``offset`` rows in."""
+    raw = json.dumps({"o": offset, "at": at, "q": query}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode(token: str | None, *, query: str) -> Page:
+    """Read a token (``None`` = the first page).
+
+    Raises:
+        Invalid: the token is malformed or belongs to another query.
+    """
+    if token is None:
+        return Page(offset=0, at=None)
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        offset, at, q = data["o"], data["at"], data["q"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise Invalid("pageToken is not a token this API issued") from e
+    if not isinstance(offset, int) or offset < 0 or not (at is None or isinstance(at, str)) or q != query:
+        raise Invalid("pageToken does not belong to this query (its parameters changed)")
+    return Page(offset=offset, at=at)
+
+
+def cut(rows: Sequence[T], *, page: Page, limit: int, at: str | None, query: str) -> tuple[list[T], str | None]:
+    """Return this page's rows and the token of the next page (``None`` on the last)."""
+    chunk = list(rows[page.offset : page.offset + limit])
+    following = page.offset + limit
+    token = encode(offset=following, at=at, query=query) if following < len(rows) else None
+    return chunk, token

@@ -1,0 +1,191 @@
+"""Pending demand: claims waiting for devices, per DeviceClass, against the devices free at T.
+
+"requested 4, 2 free" (DESIGN §5) needs to know which devices a class can take: the DeviceClass CEL
+selectors (and each request's own selectors) are evaluated on the devices published at T; an
+evaluation error means "does not match" (DESIGN §11.10). A device is free at T when it is published,
+no allocation other than ``adminAccess`` holds it (a device that ``allowMultipleAllocations`` stays
+free while it is shared: it can take another share), the counters it consumes are not used up by
+other partitions of its counter set, and it carries no ``NoSchedule`` / ``NoExecute`` taint
+(DESIGN §11.9).
+
+Sources: ``claim_states`` (pending intervals), ``claims.requests``, ``device_classes``,
+``device_inventory``, ``device_allocations``, ``namespace_teams`` and the pools' ``sharedCounters``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import Connection, text
+
+from ledger.projections.queries import rfc3339
+from ledger.projections.quotas import Catalog, Device, load_catalogs
+from ledger.projections.selectors import expressions_of
+from ledger.projections.shared import counter_amounts, shared_counters
+from ledger.quantities import quantity_value
+from ledger.types import JSONObject, JSONValue
+
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+"""Taint effects that keep a device from new allocations."""
+
+
+def _json(value: object) -> JSONValue:
+    if isinstance(value, str):
+        loaded: JSONValue = json.loads(value)
+        return loaded
+    assert value is None or isinstance(value, dict | list | int | float | bool)
+    return value
+
+
+def _cluster_filter(cluster: str | None, alias: str) -> str:
+    return f" AND {alias}.cluster = :cluster" if cluster is not None else ""
+
+
+DeviceId = tuple[str, str, str]
+
+
+def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catalog) -> set[DeviceId]:
+    """``(driver, pool, device)`` of every device of ``cluster`` free at ``at`` (see the module docstring)."""
+    params = {"at": at, "cluster": cluster}
+    held = {(r.driver, r.pool, r.device) for r in conn.execute(text(
+        "SELECT DISTINCT driver, pool, device FROM device_allocations WHERE cluster = :cluster AND valid @> :at "
+        "AND NOT admin_access"), params)}
+    tainted: set[DeviceId] = set()
+    for r in conn.execute(text("SELECT driver, pool, device, taints FROM device_inventory WHERE cluster = :cluster "
+                               "AND valid @> :at AND taints <> '[]'::jsonb"), params):
+        taints = _json(r.taints)
+        if isinstance(taints, list) and any(isinstance(t, dict) and t.get("effect") in BLOCKING_EFFECTS
+                                            for t in taints):
+            tainted.add((r.driver, r.pool, r.device))
+    # Counters in use per (driver, pool, counterSet, counter), from the held devices.
+    in_use: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
+    sets_of: dict[DeviceId, list[str]] = {}
+    for d in catalog.devices:
+        names = [e["counterSet"] for e in d.consumes_counters
+                 if isinstance(e, dict) and isinstance(e.get("counterSet"), str)]
+        sets_of[(d.driver, d.pool, d.device)] = [str(n) for n in names]
+        if (d.driver, d.pool, d.device) in held:
+            for name in names:
+                assert isinstance(name, str)
+                for counter, amount in counter_amounts(d.consumes_counters, name).items():
+                    in_use[(d.driver, d.pool, name, counter)] += amount
+    totals_cache: dict[tuple[str, str], dict[tuple[str, str], Decimal]] = {}
+
+    def totals(driver: str, pool: str) -> dict[tuple[str, str], Decimal]:
+        if (driver, pool) not in totals_cache:
+            found: dict[tuple[str, str], Decimal] = {}
+            for entry in shared_counters(conn, cluster, driver, pool, at):
+                counters = entry.get("counters") if isinstance(entry, dict) else None
+                name = entry.get("name") if isinstance(entry, dict) else None
+                if isinstance(counters, dict) and isinstance(name, str):
+                    for counter, value in counters.items():
+                        amount = quantity_value(value)
+                        if amount is not None:
+                            found[(name, counter)] = amount
+            totals_cache[(driver, pool)] = found
+        return totals_cache[(driver, pool)]
+
+    def counters_fit(d: Device) -> bool:
+        for name in sets_of.get((d.driver, d.pool, d.device), []):
+            known = totals(d.driver, d.pool)
+            for counter, amount in counter_amounts(d.consumes_counters, name).items():
+                used = in_use.get((d.driver, d.pool, name, counter), Decimal(0))
+                total = known.get((name, counter))
+                if total is None:
+                    if used > 0:
+                        return False  # the set's size is unknown: any use of it blocks its partitions
+                elif amount > total - used:
+                    return False
+        return True
+
+    free: set[DeviceId] = set()
+    for d in catalog.devices:
+        key = (d.driver, d.pool, d.device)
+        if key in tainted:
+            continue
+        if key in held and not d.view.allow_multiple_allocations:
+            continue
+        if key not in held and not counters_fit(d):
+            continue
+        free.add(key)
+    return free
+
+
+def _request_specs(requests: list[JSONValue]) -> list[tuple[str, JSONObject]]:
+    """(request name, the spec that decides it: ``exactly`` or the first ``firstAvailable`` entry)."""
+    out: list[tuple[str, JSONObject]] = []
+    for i, req in enumerate(requests):
+        if not isinstance(req, dict):
+            continue
+        name = req.get("name") if isinstance(req.get("name"), str) else f"#{i}"
+        spec = req.get("exactly")
+        if not isinstance(spec, dict):
+            subs = req.get("firstAvailable")
+            spec = subs[0] if isinstance(subs, list) and subs and isinstance(subs[0], dict) else None
+        if isinstance(spec, dict):
+            out.append((str(name), spec))
+    return out
+
+
+def pending(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSONObject:
+    """Claims pending at ``at`` and, per DeviceClass, devices requested versus devices free.
+
+    Returns:
+        ``{"at", "classes": [{"deviceClass", "claims", "requested", "free"}], "claims": [{"namespace",
+        "name", "team", "origin", "pendingSince", "ageSeconds", "requests": [{"request", "deviceClass",
+        "allocationMode", "count", "free"}]}]}``; classes sorted by name, claims by namespace, name.
+        ``count`` is the devices a request asks for (``ExactCount``: ``count``, default 1; ``All``: every
+        device the class and request select; ``adminAccess``: 0); a ``firstAvailable`` request is shown
+        with its first alternative. ``free`` (class) counts free devices the class selects; ``free``
+        (request) those the request's own selectors select too. ``claims`` counts claims with a request
+        of that class; ``ageSeconds`` = at - pendingSince (float seconds).
+    """
+    params = {"at": at, "cluster": cluster}
+    rows = conn.execute(text(
+        "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.requests, lower(s.valid) AS since, "
+        " (SELECT t.team FROM namespace_teams t WHERE t.cluster = c.cluster AND t.namespace = c.namespace "
+        "  AND t.valid @> :at LIMIT 1) AS team "
+        "FROM claim_states s JOIN claims c ON c.cluster = s.cluster AND c.uid = s.claim_uid "
+        "WHERE s.valid @> :at AND s.state = 'pending'" + _cluster_filter(cluster, "s") +
+        " ORDER BY c.namespace, c.name, c.uid"), params).all()
+    catalogs = load_catalogs(conn, at=at, cluster=cluster)
+    free_by_cluster: dict[str, set[DeviceId]] = {}
+    class_free: dict[str, set[tuple[str, str, str, str]]] = defaultdict(set)
+    class_claims: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    class_requested: dict[str, int] = defaultdict(int)
+    claims: list[JSONValue] = []
+    for r in rows:
+        catalog = catalogs.get(r.cluster, Catalog())
+        if r.cluster not in free_by_cluster:
+            free_by_cluster[r.cluster] = free_devices(conn, at=at, cluster=r.cluster, catalog=catalog)
+        free = free_by_cluster[r.cluster]
+        requests = _json(r.requests)
+        out_requests: list[JSONValue] = []
+        for name, spec in _request_specs(requests if isinstance(requests, list) else []):
+            cls = spec.get("deviceClassName")
+            if not isinstance(cls, str) or not cls:
+                continue
+            of_class = {(d.driver, d.pool, d.device) for d in catalog.devices_of(cls)}
+            selected = {(d.driver, d.pool, d.device)
+                        for d in catalog.devices_of(cls, expressions_of(spec.get("selectors")))}
+            mode = spec.get("allocationMode") or "ExactCount"
+            raw = spec.get("count")
+            count = (raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 1) \
+                if mode == "ExactCount" else len(selected)
+            if spec.get("adminAccess") is True:
+                count = 0
+            class_free[cls] |= {(r.cluster, *k) for k in of_class & free}
+            class_claims[cls].add((r.cluster, r.uid))
+            class_requested[cls] += count
+            out_requests.append({"request": name, "deviceClass": cls, "allocationMode": str(mode), "count": count,
+                                 "free": len(selected & free)})
+        claims.append({"namespace": r.namespace, "name": r.name, "team": r.team or r.namespace, "origin": r.origin,
+                       "pendingSince": rfc3339(r.since), "ageSeconds": (at - r.since).total_seconds(),
+                       "requests": out_requests})
+    classes: list[JSONValue] = [
+        {"deviceClass": cls, "claims": len(class_claims[cls]), "requested": class_requested[cls],
+         "free": len(class_free[cls])} for cls in sorted(class_claims)]
+    return {"at": rfc3339(at), "classes": classes, "claims": claims}

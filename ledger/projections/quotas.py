@@ -1,0 +1,472 @@
+"""Kueue-style counting: usage per (team, resource name) versus nominal quota, at any instant.
+
+Kueue charges DRA devices from ResourceClaimTemplates at admission (KUEUE-COUNTING.md); the ledger
+charges the claims that really held devices at T, with the same rules (DESIGN §5, §11.8):
+
+- an ``ExactCount`` request counts ``count`` (default 1; sums saturate at MaxInt64); ``adminAccess``
+  counts 0; an empty ``deviceClassName`` counts 0;
+- classes pooled under one ``deviceClassMappings`` name add up; a claim shared by many pods counts
+  once (one claim, one charge);
+- an extended-resource claim (made by the scheduler) counts under its DeviceClass's mapping, else
+  under the class's ``extendedResourceName`` (``deviceclass.resource.kubernetes.io/<class>`` for the
+  implicit name) — Kueue's quota key for a DRA-backed extended resource;
+- counter sources charge the largest ``consumesCounters`` value among the devices the class and
+  request select x count; capacity sources charge ``capacity.requests`` x count (else the device's
+  ``requestPolicy.default``, else its full capacity);
+- where Kueue would refuse the workload (``allocationMode: All``, ``firstAvailable``, a request with
+  neither, a claim referenced by name — every ``manual`` claim —, an unmapped class) the ledger still
+  counts what was really allocated (the allocation results of that request) and gives Kueue's reason.
+  An unmapped class is counted under the class name itself.
+
+Charges come from ``claims.requests`` (``ResourceClaim.spec.devices.requests[]``) of the claims with
+a ``device_allocations`` interval containing T; the team is the allocation's recorded team unless
+the configuration overrides the namespace.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from itertools import groupby
+
+from sqlalchemy import Connection, text
+
+from ledger.config import DeviceClassMapping, LedgerConfig, MappingSource
+from ledger.errors import Invalid
+from ledger.projections.queries import rfc3339
+from ledger.projections.selectors import DeviceView, expressions_of, selects
+from ledger.quantities import as_number, quantity_value
+from ledger.types import JSONObject, JSONValue
+
+MAX_INT64 = 2**63 - 1
+"""Kueue saturates device counts here instead of wrapping around (kueue#12897)."""
+IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""Prefix of the implicit extended resource name every DeviceClass has (KEP-5004)."""
+
+REASON_CLAIM_BY_NAME = "KueueDRAIntegration feature does not support use of resource claims"
+REASON_ALL = "AllocationMode 'All' is not supported"
+REASON_FIRST_AVAILABLE = "FirstAvailable device selection is not supported"
+REASON_NO_EXACTLY = "Exactly must be set if FirstAvailable is nil"
+
+
+def reason_unmapped(device_class: str) -> str:
+    """Kueue's message for a class missing from ``deviceClassMappings``."""
+    return f"DeviceClass {device_class} is not mapped in DRA configuration"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """One allocation result of a claim at T (``status.allocation.devices.results[]``)."""
+
+    request: str
+    device_class: str | None
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool
+    consumed_capacity: Mapping[str, JSONValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """A device from ``device_inventory`` at T, as counter and capacity sources need it."""
+
+    driver: str
+    pool: str
+    device: str
+    view: DeviceView
+    consumes_counters: Sequence[JSONValue] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimAtT:
+    """A claim holding devices at T."""
+
+    cluster: str
+    uid: str
+    namespace: str
+    name: str
+    team: str
+    origin: str
+    requests: Sequence[JSONValue]
+    results: Sequence[Result]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Charge:
+    """What one claim is charged under one resource name (count, or quantity in base units)."""
+
+    resource_name: str
+    amount: Decimal
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Catalog:
+    """What counting needs to know about classes and devices at T."""
+
+    classes: Mapping[str, JSONObject] = field(default_factory=dict)
+    """DeviceClass name -> v1 spec (``selectors``, ``extendedResourceName``)."""
+    devices: Sequence[Device] = ()
+    _selected: dict[tuple[str, tuple[str, ...]], list[Device]] = field(default_factory=dict, compare=False,
+                                                                      repr=False)
+
+    def devices_of(self, device_class: str, request_selectors: Sequence[str] = ()) -> list[Device]:
+        """Devices the class selectors and the request selectors both select (CEL, errors = no match).
+
+        Answers are cached per (class, selectors) for the life of the catalog (one instant).
+        """
+        key = (device_class, tuple(request_selectors))
+        if key not in self._selected:
+            spec = self.classes.get(device_class)
+            wanted = [*expressions_of(spec.get("selectors")), *request_selectors] if spec is not None else None
+            self._selected[key] = [] if wanted is None else [d for d in self.devices if selects(wanted, d.view)]
+        return self._selected[key]
+
+    def device(self, driver: str, pool: str, name: str) -> Device | None:
+        """The inventory entry of one device, or ``None`` (withdrawn: held off-slice)."""
+        for d in self.devices:
+            if (d.driver, d.pool, d.device) == (driver, pool, name):
+                return d
+        return None
+
+
+@dataclass(slots=True)
+class _Unit:
+    """Devices of one class charged by one request: from the spec, or the allocation as a fallback."""
+
+    device_class: str
+    count: int
+    exactly: JSONObject | None
+    allocated: list[Result] | None
+    reasons: list[str]
+
+
+def _saturating(a: int, b: int) -> int:
+    return min(a + b, MAX_INT64)
+
+
+def _allocated_units(claim: ClaimAtT, request: str, reason: str) -> list[_Unit]:
+    """Refused request: count the results that really were allocated for it, per class."""
+    by_class: dict[str, list[Result]] = defaultdict(list)
+    for r in claim.results:
+        if (r.request == request or r.request.startswith(request + "/")) and not r.admin_access \
+                and r.device_class:
+            by_class[r.device_class].append(r)
+    return [_Unit(device_class=cls, count=len(rs), exactly=None, allocated=rs, reasons=[reason])
+            for cls, rs in sorted(by_class.items())]
+
+
+def _units(claim: ClaimAtT) -> list[_Unit]:
+    units: list[_Unit] = []
+    for i, raw in enumerate(claim.requests):
+        req = raw if isinstance(raw, dict) else {}
+        name = req.get("name") if isinstance(req.get("name"), str) else f"#{i}"
+        assert isinstance(name, str)
+        exactly = req.get("exactly")
+        if req.get("firstAvailable"):
+            units.extend(_allocated_units(claim, name, REASON_FIRST_AVAILABLE))
+            continue
+        if not isinstance(exactly, dict):
+            units.extend(_allocated_units(claim, name, REASON_NO_EXACTLY))
+            continue
+        if exactly.get("adminAccess") is True:
+            continue  # Kueue main: admin access is charged nothing, as kube-scheduler leaves it out
+        mode = exactly.get("allocationMode") or "ExactCount"
+        if mode == "All":
+            units.extend(_allocated_units(claim, name, REASON_ALL))
+            continue
+        if mode != "ExactCount":
+            units.extend(_allocated_units(claim, name, f"unsupported allocation mode: {mode}"))
+            continue
+        cls = exactly.get("deviceClassName")
+        if not isinstance(cls, str) or not cls:
+            continue
+        count = exactly.get("count")
+        n = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+        mine = [r for r in claim.results if r.request == name and not r.admin_access]
+        units.append(_Unit(device_class=cls, count=n, exactly=exactly, allocated=mine, reasons=[]))
+    return units
+
+
+def _counter_of(device: Device, counter: str) -> Decimal | None:
+    best: Decimal | None = None
+    for entry in device.consumes_counters:
+        counters = entry.get("counters") if isinstance(entry, dict) else None
+        value = quantity_value(counters.get(counter)) if isinstance(counters, dict) else None
+        if value is not None:
+            best = value if best is None else max(best, value)
+    return best
+
+
+def _capacity_of(device: Device, capacity: str) -> Decimal | None:
+    entry = device.view.capacity.get(capacity)
+    if entry is None and "/" in capacity:
+        domain, _, short = capacity.rpartition("/")
+        entry = device.view.capacity.get(short) if domain == device.driver else None
+    if not isinstance(entry, dict):
+        return None
+    policy = entry.get("requestPolicy")
+    default = quantity_value(policy.get("default")) if isinstance(policy, dict) else None
+    return default if default is not None else quantity_value(entry.get("value"))
+
+
+def _source_charge(unit: _Unit, source: MappingSource, catalog: Catalog) -> tuple[Decimal, list[str]]:
+    """Charge of one counter or capacity source for one unit (Kueue ``pkg/dra/{counters,capacity}.go``)."""
+    reasons: list[str] = []
+    allocated = [catalog.device(r.driver, r.pool, r.device) for r in unit.allocated or []]
+    held = [d for d in allocated if d is not None]
+    if unit.exactly is None:  # refused request: charge what each allocated device really consumes
+        total = Decimal(0)
+        for r in unit.allocated or []:
+            dev = catalog.device(r.driver, r.pool, r.device)
+            if source.counter is not None:
+                total += (_counter_of(dev, source.counter) if dev else None) or Decimal(0)
+            else:
+                name = str(source.capacity)
+                consumed = quantity_value(r.consumed_capacity.get(name))
+                total += consumed if consumed is not None else ((_capacity_of(dev, name) if dev else None)
+                                                                 or Decimal(0))
+        return total, reasons
+    selectors = expressions_of(unit.exactly.get("selectors"))
+    matched = catalog.devices_of(unit.device_class, selectors) or held
+    if source.counter is not None:
+        values = [v for v in (_counter_of(d, source.counter) for d in matched) if v is not None]
+        if not values:
+            reasons.append(f"matched devices have no consumesCounters entry for counter {source.counter}")
+            return Decimal(0), reasons
+        return max(max(values), Decimal(0)) * unit.count, reasons
+    name = str(source.capacity)
+    requests = unit.exactly.get("capacity")
+    wanted = requests.get("requests") if isinstance(requests, dict) else None
+    base = quantity_value(wanted.get(name)) if isinstance(wanted, dict) else None
+    if base is None:
+        values = [v for v in (_capacity_of(d, name) for d in matched) if v is not None]
+        if not values:
+            reasons.append(f"matched devices have no capacity {name}")
+            return Decimal(0), reasons
+        base = max(values)
+    return base * unit.count, reasons
+
+
+def _names_for(claim: ClaimAtT, unit: _Unit, config: LedgerConfig,
+               catalog: Catalog) -> tuple[list[DeviceClassMapping], str | None, list[str]]:
+    """Mappings the unit is charged under, or a plain resource name, plus reasons."""
+    mappings = config.mappings_of(unit.device_class)
+    if mappings:
+        return mappings, None, []
+    if claim.origin == "extended":
+        spec = catalog.classes.get(unit.device_class, {})
+        name = spec.get("extendedResourceName")
+        return [], name if isinstance(name, str) and name else IMPLICIT_EXTENDED_PREFIX + unit.device_class, []
+    return [], unit.device_class, [reason_unmapped(unit.device_class)]
+
+
+def count_claim(claim: ClaimAtT, *, config: LedgerConfig, catalog: Catalog) -> list[Charge]:
+    """Charges of one claim, per resource name, following KUEUE-COUNTING.md (see the module docstring).
+
+    Returns:
+        One :class:`Charge` per resource name the claim is counted under, sorted by name; amounts are
+        device counts (saturating at MaxInt64) or, for counter/capacity sources, quantities in base
+        units. ``reasons`` are Kueue's refusal messages for what was counted anyway.
+    """
+    claim_reasons = [REASON_CLAIM_BY_NAME] if claim.origin == "manual" else []
+    counts: dict[str, int] = defaultdict(int)
+    amounts: dict[str, Decimal] = defaultdict(Decimal)
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for unit in _units(claim):
+        mappings, plain, extra = _names_for(claim, unit, config, catalog)
+        why = [*claim_reasons, *unit.reasons, *extra]
+        if plain is not None:
+            counts[plain] = _saturating(counts[plain], unit.count)
+            reasons[plain].extend(why)
+            continue
+        for mapping in mappings:
+            if not mapping.sources:
+                counts[mapping.name] = _saturating(counts[mapping.name], unit.count)
+            for source in mapping.sources:
+                amount, more = _source_charge(unit, source, catalog)
+                amounts[mapping.name] += amount
+                why = [*why, *more]
+            reasons[mapping.name].extend(why)
+    out: list[Charge] = []
+    for name in sorted({*counts, *amounts}):
+        total = Decimal(counts.get(name, 0)) + amounts.get(name, Decimal(0))
+        out.append(Charge(resource_name=name, amount=total, reasons=tuple(dict.fromkeys(reasons[name]))))
+    return out
+
+
+# --- reading the read models --------------------------------------------------------------------
+
+
+def _cluster_filter(cluster: str | None, alias: str) -> str:
+    return f" AND {alias}.cluster = :cluster" if cluster is not None else ""
+
+
+def _json(value: object) -> JSONValue:
+    if isinstance(value, str):
+        loaded: JSONValue = json.loads(value)
+        return loaded
+    assert value is None or isinstance(value, dict | list | int | float | bool)
+    return value
+
+
+def load_catalogs(conn: Connection, *, at: datetime, cluster: str | None,
+                  with_devices: bool = True) -> dict[str, Catalog]:
+    """DeviceClasses (``device_classes``) and devices (``device_inventory``) at ``at``, per cluster.
+
+    ``with_devices=False`` skips the inventory (counting by device count needs only the classes).
+    """
+    params = {"at": at, "cluster": cluster}
+    classes: dict[str, dict[str, JSONObject]] = defaultdict(dict)
+    for r in conn.execute(text("SELECT c.cluster, c.name, c.spec FROM device_classes c WHERE c.valid @> :at"
+                               + _cluster_filter(cluster, "c")), params):
+        spec = _json(r.spec)
+        classes[r.cluster][r.name] = spec if isinstance(spec, dict) else {}
+    devices: dict[str, list[Device]] = defaultdict(list)
+    rows = [] if not with_devices else conn.execute(text(
+            "SELECT d.cluster, d.driver, d.pool, d.device, d.attributes, d.capacity, d.consumes_counters, "
+            "d.allow_multiple_allocations FROM device_inventory d WHERE d.valid @> :at"
+            + _cluster_filter(cluster, "d") + " ORDER BY d.driver, d.pool, d.device"), params).all()
+    for r in rows:
+        attributes, capacity, counters = _json(r.attributes), _json(r.capacity), _json(r.consumes_counters)
+        devices[r.cluster].append(Device(
+            driver=r.driver, pool=r.pool, device=r.device,
+            consumes_counters=counters if isinstance(counters, list) else [],
+            view=DeviceView(driver=r.driver, attributes=attributes if isinstance(attributes, dict) else {},
+                            capacity=capacity if isinstance(capacity, dict) else {},
+                            allow_multiple_allocations=bool(r.allow_multiple_allocations))))
+    return {c: Catalog(classes=classes.get(c, {}), devices=devices.get(c, []))
+            for c in {*classes, *devices}}
+
+
+def claims_at(conn: Connection, *, at: datetime, cluster: str | None) -> list[ClaimAtT]:
+    """Claims with a ``device_allocations`` interval containing ``at``, with their results."""
+    rows = conn.execute(text(
+        "SELECT a.cluster, a.claim_uid, a.namespace, a.claim, a.team, a.request, a.device_class, a.driver, "
+        "a.pool, a.device, a.admin_access, a.consumed_capacity, c.origin, c.requests "
+        "FROM device_allocations a JOIN claims c ON c.cluster = a.cluster AND c.uid = a.claim_uid "
+        "WHERE a.valid @> :at" + _cluster_filter(cluster, "a") +
+        " ORDER BY a.cluster, a.claim_uid, a.request, a.driver, a.pool, a.device"),
+        {"at": at, "cluster": cluster}).all()
+    out: list[ClaimAtT] = []
+    for _, members in groupby(rows, key=lambda r: (r.cluster, r.claim_uid)):
+        batch = list(members)
+        first = batch[0]
+        requests = _json(first.requests)
+        results: list[Result] = []
+        for m in batch:
+            consumed = _json(m.consumed_capacity)
+            results.append(Result(request=m.request, device_class=m.device_class, driver=m.driver, pool=m.pool,
+                                  device=m.device, admin_access=bool(m.admin_access),
+                                  consumed_capacity=consumed if isinstance(consumed, dict) else {}))
+        out.append(ClaimAtT(cluster=first.cluster, uid=first.claim_uid, namespace=first.namespace, name=first.claim,
+                            team=first.team, origin=first.origin,
+                            requests=requests if isinstance(requests, list) else [], results=results))
+    return out
+
+
+def _claim_order(claim: JSONValue) -> tuple[str, str]:
+    return (str(claim.get("namespace")), str(claim.get("name"))) if isinstance(claim, dict) else ("", "")
+
+
+def quotas(conn: Connection, *, at: datetime, config: LedgerConfig, cluster: str | None = None) -> JSONObject:
+    """Kueue-style counted usage per (team, resource name) versus nominal quota at ``at``.
+
+    Sources: ``device_allocations`` (claims holding devices at ``at``), ``claims.requests``
+    (``spec.devices.requests[]``), ``device_classes`` and ``device_inventory`` at ``at``; mappings and
+    quotas from ``config``. Several clusters add up (a team's quota is one number).
+
+    Returns:
+        ``{"at", "rows": [{"team", "resourceName", "used", "nominalQuota", "overQuota", "reasons",
+        "claims": [{"namespace", "name", "used", "reasons"}]}]}`` sorted by team, resourceName.
+        ``used`` is a device count (an int) or, for counter/capacity sources, a quantity in base units
+        (bytes for memory); ``nominalQuota`` is ``null`` without a configured quota (then ``overQuota``
+        is false); ``overQuota`` = used > nominalQuota. ``reasons`` (``"<namespace>/<claim>: <Kueue
+        message>"``) name the claims Kueue itself would refuse, counted anyway. Every configured quota
+        has a row, with ``used`` 0 when nothing is held.
+    """
+    # The inventory matters only for counter and capacity sources (CEL over the devices at T).
+    catalogs = load_catalogs(conn, at=at, cluster=cluster,
+                             with_devices=any(m.sources for m in config.device_class_mappings))
+    used: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    reasons: dict[tuple[str, str], list[str]] = defaultdict(list)
+    claims: dict[tuple[str, str], list[JSONValue]] = defaultdict(list)
+    for claim in claims_at(conn, at=at, cluster=cluster):
+        team = config.team_of(claim.namespace, claim.team)
+        for charge in count_claim(claim, config=config, catalog=catalogs.get(claim.cluster, Catalog())):
+            key = (team, charge.resource_name)
+            used[key] += charge.amount
+            reasons[key].extend(f"{claim.namespace}/{claim.name}: {r}" for r in charge.reasons)
+            claims[key].append({"namespace": claim.namespace, "name": claim.name,
+                                "used": as_number(charge.amount), "reasons": list(charge.reasons)})
+    for quota in config.quotas:
+        used.setdefault((quota.team, quota.resource_name), Decimal(0))
+    rows: list[JSONValue] = []
+    for team, name in sorted(used):
+        nominal = config.quota_of(team, name)
+        amount = used[(team, name)]
+        rows.append({"team": team, "resourceName": name, "used": as_number(amount), "nominalQuota": nominal,
+                     "overQuota": nominal is not None and amount > Decimal(str(nominal)),
+                     "reasons": list(dict.fromkeys(reasons[(team, name)])),
+                     "claims": sorted(claims[(team, name)], key=_claim_order)})
+    return {"at": rfc3339(at), "rows": rows}
+
+
+def quota_history(conn: Connection, *, start: datetime, end: datetime, config: LedgerConfig,
+                  cluster: str | None = None,
+                  at_instant: Callable[[datetime], JSONObject] | None = None) -> JSONObject:
+    """Counted usage over ``[start, end)`` as intervals of constant usage per (team, resource name).
+
+    Usage only changes when an allocation starts or ends, so :func:`quotas` is evaluated at ``start``
+    and at every allocation edge inside the window (exact, no sampling).
+
+    Returns:
+        ``{"from", "to", "intervals": [{"team", "resourceName", "from", "to", "used", "nominalQuota",
+        "overQuota"}]}`` sorted by team, resourceName, from; consecutive equal values are merged and
+        rows with ``used`` 0 and no quota are left out.
+
+    Raises:
+        Invalid: ``start`` is not before ``end``.
+    """
+    if not start < end:
+        raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
+    edges = {start}
+    for r in conn.execute(text(
+            "SELECT lower(a.valid) AS lo, upper(a.valid) AS hi FROM device_allocations a "
+            "WHERE a.valid && tstzrange(:s, :e, '[)') AND NOT isempty(a.valid)" + _cluster_filter(cluster, "a")),
+            {"s": start, "e": end, "cluster": cluster}):
+        edges.update(t for t in (r.lo, r.hi) if t is not None and start < t < end)
+    points = sorted(edges)
+    compute = at_instant or (lambda t: quotas(conn, at=t, config=config, cluster=cluster))
+    open_rows: dict[tuple[str, str], JSONObject] = {}
+    out: list[JSONObject] = []
+    for t in points:
+        body = compute(t)
+        rows = body["rows"]
+        assert isinstance(rows, list)
+        seen: set[tuple[str, str]] = set()
+        for row in rows:
+            assert isinstance(row, dict)
+            key = (str(row["team"]), str(row["resourceName"]))
+            seen.add(key)
+            current = open_rows.get(key)
+            if current is not None and current["used"] == row["used"]:
+                continue
+            if current is not None:
+                current["to"] = rfc3339(t)
+            fresh: JSONObject = {"team": key[0], "resourceName": key[1], "from": rfc3339(t), "to": rfc3339(end),
+                                 "used": row["used"], "nominalQuota": row["nominalQuota"],
+                                 "overQuota": row["overQuota"]}
+            open_rows[key] = fresh
+            out.append(fresh)
+        for key in set(open_rows) - seen:
+            open_rows.pop(key)["to"] = rfc3339(t)
+    kept: list[JSONValue] = [r for r in sorted(out, key=lambda r: (str(r["team"]), str(r["resourceName"]),
+                                                                  str(r["from"])))
+                             if r["used"] != 0 or r["nominalQuota"] is not None]
+    return {"from": rfc3339(start), "to": rfc3339(end), "intervals": kept}

@@ -1,0 +1,308 @@
+"""Shared usage at an instant: shared devices, partitionable counter sets, multi-consumer claims.
+
+DESIGN §5 "shared usage": a device is shared when more than one allocation holds it at T (shares of
+an ``allowMultipleAllocations`` device, each with its ``shareID`` and ``consumedCapacity``, or a
+double booking); a claim is shared when more than one live consumer reserves it. Chargeback split:
+
+- a shared device's hour goes to its allocations by ``consumedCapacity`` / device capacity when every
+  allocation states what it consumed of a capacity the device publishes (the bottleneck dimension,
+  the largest fraction, counts); otherwise equally among its allocations;
+- a claim's device-hours go equally to its consumers (their team is the claim namespace's team);
+- devices that consume counters of one counter set (``consumesCounters`` -> the pool's
+  ``sharedCounters``, e.g. a GPU and its MIG partitions) are partitions of one parent: the counter
+  set is listed once with its counters in use, and each allocated partition is charged the share of
+  the parent's counters it consumes. Totals count the parent once, never each partition.
+
+Sources: ``device_allocations``, ``device_inventory``, ``claim_consumers`` and the latest
+``PoolGenerationObserved`` event (``sharedCounters``) per pool at or before T.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+from itertools import pairwise
+
+from sqlalchemy import Connection, text
+
+from ledger.errors import Invalid
+from ledger.projections.queries import _consumers_at, rfc3339
+from ledger.quantities import as_number, quantity_value
+from ledger.types import JSONObject, JSONValue
+
+
+def _json(value: object) -> JSONValue:
+    if isinstance(value, str):
+        loaded: JSONValue = json.loads(value)
+        return loaded
+    assert value is None or isinstance(value, dict | list | int | float | bool)
+    return value
+
+
+def _cluster_filter(cluster: str | None, alias: str) -> str:
+    return f" AND {alias}.cluster = :cluster" if cluster is not None else ""
+
+
+def _ratio(value: Decimal) -> float:
+    return round(float(value), 9)
+
+
+def capacity_fractions(capacity: Mapping[str, JSONValue],
+                       consumed: Sequence[Mapping[str, JSONValue]]) -> tuple[str, list[Decimal]]:
+    """Split of a shared device among its allocations.
+
+    Args:
+        capacity: the device's ``capacity`` (``{"name": {"value": "65535", ...}}``).
+        consumed: each allocation's ``consumedCapacity`` (``{"name": "1"}``), in allocation order.
+
+    Returns:
+        ``("consumedCapacity", fractions)`` where each fraction is the largest consumed / capacity
+        ratio over the capacities the device publishes (0..1, not normalised: unused capacity is
+        nobody's), when every allocation states a consumed capacity; else ``("equal", [1/n] * n)``.
+    """
+    n = len(consumed)
+    totals = {name: quantity_value(entry) for name, entry in capacity.items()}
+    fractions: list[Decimal] = []
+    for entry in consumed:
+        best: Decimal | None = None
+        for name, amount in entry.items():
+            total, used = totals.get(name), quantity_value(amount)
+            if total and used is not None:
+                ratio = used / total
+                best = ratio if best is None else max(best, ratio)
+        if best is None:
+            return "equal", [Decimal(1) / n] * n if n else []
+        fractions.append(best)
+    return "consumedCapacity", fractions
+
+
+def shared_counters(conn: Connection, cluster: str, driver: str, pool: str, at: datetime) -> list[JSONValue]:
+    """``sharedCounters`` of a pool at ``at`` (``[{"name", "counters": {name: {"value"}}}]``, empty if unknown).
+
+    Source: the latest ``PoolGenerationObserved`` event of stream ``pool:<driver>/<pool>`` at or before
+    ``at`` (table ``events``, index ``events_type_idx``).
+    """
+    payload = conn.execute(text(
+        "SELECT payload FROM events WHERE cluster = :c AND type = 'PoolGenerationObserved' AND stream = :s "
+        "AND occurred_at <= :at ORDER BY global_position DESC LIMIT 1"),
+        {"c": cluster, "s": f"pool:{driver}/{pool}", "at": at}).scalar()
+    body = _json(payload)
+    counters = body.get("sharedCounters") if isinstance(body, dict) else None
+    return counters if isinstance(counters, list) else []
+
+
+def counter_amounts(consumes: Sequence[JSONValue], counter_set: str) -> dict[str, Decimal]:
+    """Counter name -> amount (base units) a device's ``consumesCounters`` takes from ``counter_set``."""
+    out: dict[str, Decimal] = {}
+    for entry in consumes:
+        if isinstance(entry, dict) and entry.get("counterSet") == counter_set:
+            counters = entry.get("counters")
+            if isinstance(counters, dict):
+                for name, value in counters.items():
+                    amount = quantity_value(value)
+                    if amount is not None:
+                        out[name] = out.get(name, Decimal(0)) + amount
+    return out
+
+
+def shared(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSONObject:
+    """Shared devices, partitionable counter sets and multi-consumer claims at ``at``.
+
+    Returns:
+        ``{"at", "totals": {"sharedDevices", "counterSets", "sharedClaims"},
+        "devices": [{"driver", "pool", "device", "node", "allowMultipleAllocations", "conflict", "split",
+        "allocations": [{"namespace", "claim", "team", "request", "shareID", "consumedCapacity",
+        "fraction"}]}],
+        "counterSets": [{"driver", "pool", "counterSet", "counters": {name: {"total", "inUse", "free"}},
+        "partitions": [{"device", "consumes": {name: amount}, "allocatable", "allocations":
+        [{"namespace", "claim", "team", "fraction"}]}]}],
+        "claims": [{"namespace", "name", "team", "devices": ["driver/pool/device"], "consumers":
+        [{"resource", "name", "fraction"}]}]}``.
+        ``fraction`` is the share of the device (devices), of the parent's counters (partitions: the
+        largest consumed/total ratio) or of the claim (consumers: 1/n). Counter amounts are numbers in
+        the counter's base unit (bytes for memory); ``total`` is ``null`` when the pool's
+        ``sharedCounters`` were never seen. A partition is ``allocatable`` when it is unallocated and the
+        free counters cover what it consumes. Lists are sorted by driver, pool, device / namespace, name.
+    """
+    params = {"at": at, "cluster": cluster}
+    allocations = conn.execute(text(
+        "SELECT a.cluster, a.driver, a.pool, a.device, a.node, a.namespace, a.claim, a.claim_uid, a.team, a.request, "
+        "a.share_id, a.consumed_capacity, a.conflict FROM device_allocations a "
+        "WHERE a.valid @> :at AND NOT a.admin_access" + _cluster_filter(cluster, "a") +
+        " ORDER BY a.cluster, a.driver, a.pool, a.device, a.namespace, a.claim, a.share_id NULLS FIRST"),
+        params).all()
+    inventory = conn.execute(text(
+        "SELECT d.cluster, d.driver, d.pool, d.device, d.node, d.capacity, d.consumes_counters, "
+        "d.allow_multiple_allocations FROM device_inventory d WHERE d.valid @> :at" + _cluster_filter(cluster, "d") +
+        " ORDER BY d.cluster, d.driver, d.pool, d.device"), params).all()
+    inv = {(r.cluster, r.driver, r.pool, r.device): r for r in inventory}
+    by_device: dict[tuple[str, str, str, str], list[JSONObject]] = defaultdict(list)
+    by_claim_devices: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for a in allocations:
+        key = (a.cluster, a.driver, a.pool, a.device)
+        consumed = _json(a.consumed_capacity)
+        by_device[key].append({"namespace": a.namespace, "claim": a.claim, "team": a.team, "request": a.request,
+                               "shareID": a.share_id, "consumedCapacity": consumed if isinstance(consumed, dict)
+                               else {}, "conflict": bool(a.conflict)})
+        by_claim_devices[(a.cluster, a.claim_uid)].append(f"{a.driver}/{a.pool}/{a.device}")
+
+    devices: list[JSONValue] = []
+    for key, allocs in sorted(by_device.items()):
+        if len(allocs) < 2:
+            continue
+        row = inv.get(key)
+        capacity = _json(row.capacity) if row is not None else {}
+        consumed_list = [a["consumedCapacity"] for a in allocs]
+        split, fractions = capacity_fractions(capacity if isinstance(capacity, dict) else {},
+                                              [c if isinstance(c, dict) else {} for c in consumed_list])
+        out_allocs: list[JSONValue] = []
+        for alloc, f in zip(allocs, fractions, strict=True):
+            out_allocs.append({k: v for k, v in alloc.items() if k != "conflict"} | {"fraction": _ratio(f)})
+        devices.append({"driver": key[1], "pool": key[2], "device": key[3], "node": row.node if row else None,
+                        "allowMultipleAllocations": bool(row.allow_multiple_allocations) if row else False,
+                        "conflict": any(bool(x["conflict"]) for x in allocs), "split": split,
+                        "allocations": out_allocs})
+
+    counter_sets = _counter_sets(conn, at=at, inventory=inventory, by_device=by_device)
+
+    consumers = _consumers_at(conn, at, cluster)
+    claim_rows = conn.execute(text(
+        "SELECT c.cluster, c.uid, c.namespace, c.name FROM claims c WHERE c.created_at <= :at"
+        + _cluster_filter(cluster, "c") + " ORDER BY c.namespace, c.name, c.uid"), params).all()
+    claims: list[JSONValue] = []
+    for c in claim_rows:
+        live = [x for x in consumers.get(f"{c.cluster}\x00{c.uid}", []) if x.live]
+        if len(live) < 2:
+            continue
+        team = conn.execute(text(
+            "SELECT team FROM namespace_teams WHERE cluster = :c AND namespace = :ns AND valid @> :at LIMIT 1"),
+            {"c": c.cluster, "ns": c.namespace, "at": at}).scalar()
+        claims.append({"namespace": c.namespace, "name": c.name, "team": str(team) if team else c.namespace,
+                       "devices": list(by_claim_devices.get((c.cluster, c.uid), [])),
+                       "consumers": [{"resource": x.resource, "name": x.name,
+                                      "fraction": _ratio(Decimal(1) / len(live))} for x in live]})
+    return {"at": rfc3339(at),
+            "totals": {"sharedDevices": len(devices), "counterSets": len(counter_sets), "sharedClaims": len(claims)},
+            "devices": devices, "counterSets": counter_sets, "claims": claims}
+
+
+def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object],
+                  by_device: Mapping[tuple[str, str, str, str], Sequence[JSONObject]]) -> list[JSONValue]:
+    """Counter sets with at least two consuming devices (a parent and its partitions)."""
+    members: dict[tuple[str, str, str, str], list[tuple[str, dict[str, Decimal]]]] = defaultdict(list)
+    for r in inventory:
+        consumes = _json(r.consumes_counters)  # type: ignore[attr-defined]  # a device_inventory row
+        if not isinstance(consumes, list):
+            continue
+        for entry in consumes:
+            name = entry.get("counterSet") if isinstance(entry, dict) else None
+            if isinstance(name, str):
+                members[(r.cluster, r.driver, r.pool, name)].append(  # type: ignore[attr-defined]
+                    (r.device, counter_amounts(consumes, name)))  # type: ignore[attr-defined]
+    out: list[JSONValue] = []
+    for (cluster, driver, pool, set_name), parts in sorted(members.items()):
+        if len(parts) < 2 and not any(by_device.get((cluster, driver, pool, d)) for d, _ in parts):
+            continue
+        totals: dict[str, Decimal] = {}
+        for entry in shared_counters(conn, cluster, driver, pool, at):
+            if isinstance(entry, dict) and entry.get("name") == set_name and isinstance(entry.get("counters"), dict):
+                counters = entry["counters"]
+                assert isinstance(counters, dict)
+                for cname, value in counters.items():
+                    amount = quantity_value(value)
+                    if amount is not None:
+                        totals[cname] = amount
+        in_use: dict[str, Decimal] = defaultdict(Decimal)
+        for device, amounts in parts:
+            if by_device.get((cluster, driver, pool, device)):
+                for cname, amount in amounts.items():
+                    in_use[cname] += amount
+        names = sorted({*totals, *in_use, *(n for _, c in parts for n in c)})
+        counters_out: JSONObject = {}
+        for cname in names:
+            total = totals.get(cname)
+            used = in_use.get(cname, Decimal(0))
+            counters_out[cname] = {"total": as_number(total) if total is not None else None,
+                                   "inUse": as_number(used),
+                                   "free": as_number(max(total - used, Decimal(0))) if total is not None else None}
+        partitions: list[JSONValue] = []
+        for device, amounts in sorted(parts, key=lambda p: p[0]):
+            allocs = by_device.get((cluster, driver, pool, device), [])
+            share = Decimal(0)
+            for cname, amount in amounts.items():
+                total = totals.get(cname)
+                if total:
+                    share = max(share, amount / total)
+            fits = all(c not in totals or amount <= totals[c] - in_use.get(c, Decimal(0))
+                       for c, amount in amounts.items())
+            partitions.append({"device": device, "consumes": {c: as_number(v) for c, v in sorted(amounts.items())},
+                               "allocatable": not allocs and fits,
+                               "allocations": [{"namespace": a["namespace"], "claim": a["claim"], "team": a["team"],
+                                                "fraction": _ratio(share / len(allocs))} for a in allocs]})
+        out.append({"driver": driver, "pool": pool, "counterSet": set_name, "counters": counters_out,
+                    "partitions": partitions})
+    return out
+
+
+def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: str | None = None) -> JSONObject:
+    """Chargeback of shared devices over ``[start, end)``: each shared device-hour split among its holders.
+
+    While more than one allocation holds a device, each elementary span of time goes to the
+    allocations by their ``consumedCapacity`` fraction of the device's capacity when every one of them
+    states it (the capacity nobody consumed stays unbilled), else equally. Spans with a single holder
+    are not shared and not listed. Source: ``device_allocations`` (not ``adminAccess``) clipped to the
+    window, capacities from ``device_inventory``.
+
+    Returns:
+        ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
+        [{"driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; hours rounded to 6
+        decimals, rows sorted by team, deviceClass, driver, devices by driver, pool, device.
+
+    Raises:
+        Invalid: ``start`` is not before ``end``.
+    """
+    if not start < end:
+        raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
+    params = {"start": start, "end": end, "cluster": cluster}
+    rows = conn.execute(text(
+        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.device_class, a.consumed_capacity, "
+        " greatest(lower(a.valid), :start) AS s, least(coalesce(upper(a.valid), :end), :end) AS e, "
+        " (SELECT i.capacity FROM device_inventory i WHERE i.cluster = a.cluster AND i.driver = a.driver "
+        "  AND i.pool = a.pool AND i.device = a.device AND NOT isempty(i.valid) "
+        "  AND lower(i.valid) < :end ORDER BY lower(i.valid) DESC LIMIT 1) AS capacity "
+        "FROM device_allocations a WHERE NOT a.admin_access AND NOT isempty(a.valid) "
+        " AND a.valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster, "a")), params).all()
+    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str], JSONValue,
+                                                          JSONValue]]] = defaultdict(list)
+    for r in rows:
+        if r.e > r.s:
+            per_device[(r.cluster, r.driver, r.pool, r.device)].append(
+                (r.s, r.e, (r.team, r.device_class or "", r.driver), _json(r.consumed_capacity), _json(r.capacity)))
+    seconds: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
+    devices: list[JSONValue] = []
+    for key, intervals in sorted(per_device.items()):
+        cuts = sorted({t for s, e, *_ in intervals for t in (s, e)})
+        shared_s = billed_s = Decimal(0)
+        for lo, hi in pairwise(cuts):
+            covering = [x for x in intervals if x[0] <= lo and x[1] >= hi]
+            if len(covering) < 2:
+                continue
+            span = Decimal(str((hi - lo).total_seconds()))
+            capacity = covering[0][4]
+            _, fractions = capacity_fractions(capacity if isinstance(capacity, dict) else {},
+                                              [x[3] if isinstance(x[3], dict) else {} for x in covering])
+            shared_s += span
+            for x, fraction in zip(covering, fractions, strict=True):
+                seconds[x[2]] += span * fraction
+                billed_s += span * fraction
+        if shared_s:
+            devices.append({"driver": key[1], "pool": key[2], "device": key[3],
+                            "sharedHours": round(float(shared_s) / 3600, 6),
+                            "billedDeviceHours": round(float(billed_s) / 3600, 6)})
+    out: list[JSONValue] = [{"team": team, "deviceClass": cls or None, "driver": drv,
+                             "deviceHours": round(float(s) / 3600, 6)}
+                            for (team, cls, drv), s in sorted(seconds.items())]
+    return {"from": rfc3339(start), "to": rfc3339(end), "rows": out, "devices": devices}

@@ -1,0 +1,76 @@
+"""Bearer tokens: none -> 401, unknown -> 401, team-limited tokens see only their teams' rows and totals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+
+from ledger.config import LedgerConfig
+
+ADMIN = "admin-token-0123456789abcdef"
+VISION = "vision-token-0123456789abcdef"
+CONFIG = LedgerConfig.model_validate({"api": {"tokens": [
+    {"name": "admin", "token": ADMIN},
+    {"name": "vision-chargeback", "token": VISION, "teams": ["vision"]},
+]}})
+AT = "2026-11-02T09:30:00Z"
+
+
+@pytest.fixture()
+def guarded(make_client: Callable[[LedgerConfig], TestClient[Litestar]]) -> TestClient[Litestar]:
+    return make_client(CONFIG)
+
+
+def get(client: TestClient[Litestar], path: str, token: str | None, **params: Any) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return client.get(path, params=params, headers=headers)
+
+
+@pytest.mark.parametrize("path", ["/v1/occupancy", "/v1/claims", "/v1/events", "/v1/reports/idle-claims",
+                                  "/v1/claims/ml-serve/shared-gpu/history"])
+def test_no_token_or_a_bad_token_is_401_problem_details(guarded: TestClient[Litestar], path: str) -> None:
+    for token in (None, "not-a-token", ADMIN + "x"):
+        response = get(guarded, path, token)
+        assert response.status_code == 401
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.headers["www-authenticate"] == "Bearer"
+    basic = guarded.get(path, headers={"Authorization": f"Basic {ADMIN}"})
+    assert basic.status_code == 401
+
+
+def test_probes_stay_open(guarded: TestClient[Litestar]) -> None:
+    assert guarded.get("/healthz").status_code == 200
+    assert guarded.get("/readyz").status_code == 200
+
+
+def test_a_full_token_sees_every_team(guarded: TestClient[Litestar]) -> None:
+    body = get(guarded, "/v1/occupancy", ADMIN, at=AT).json()
+    assert body["totals"] == {"devices": 8, "allocated": 6, "free": 2, "shared": 1}
+
+
+def test_a_team_limited_token_sees_only_its_teams_rows_and_totals(guarded: TestClient[Litestar]) -> None:
+    occupancy = get(guarded, "/v1/occupancy", VISION, at=AT).json()
+    # vision holds gpu-0 (train-0), gpu-2 + gpu-3 (pair-0) and gpu-7 (pick-seven) at 09:30.
+    assert sorted(d["device"] for d in occupancy["devices"]) == ["gpu-0", "gpu-2", "gpu-3", "gpu-7"]
+    assert {a["team"] for d in occupancy["devices"] for a in d["allocations"]} == {"vision"}
+    assert occupancy["totals"] == {"devices": 4, "allocated": 4, "free": 0, "shared": 0}
+    claims = get(guarded, "/v1/claims", VISION, at=AT).json()["claims"]
+    assert {c["team"] for c in claims} == {"vision"} and len(claims) == 4
+    usage = get(guarded, "/v1/usage", VISION, **{"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
+                                                  "groupBy": "namespace"}).json()
+    assert [r["namespace"] for r in usage["rows"]] == ["ml-train"]
+    idle = get(guarded, "/v1/reports/idle-claims", VISION, at="2026-11-02T12:00:00Z").json()
+    assert idle["claims"] == []  # the idle shared-gpu claim belongs to nlp
+    assert get(guarded, "/v1/reports/idle-claims", ADMIN, at="2026-11-02T12:00:00Z").json()["claims"]
+
+
+def test_a_team_limited_token_cannot_reach_other_teams_through_names(guarded: TestClient[Litestar]) -> None:
+    assert get(guarded, "/v1/claims/ml-serve/shared-gpu/history", VISION).status_code == 404
+    assert get(guarded, "/v1/claims/ml-train/big/history", VISION).status_code == 200
+    assert get(guarded, "/v1/events", VISION).status_code == 403
+    timeline = get(guarded, "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", VISION).json()
+    assert [e["kind"] for e in timeline["entries"]] == ["inventory"]  # nlp's allocation is hidden

@@ -1,0 +1,236 @@
+"""Every expected value of seed-lab.expected.json through HTTP, plus timeline, history, pagination and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter, defaultdict
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+
+from ledger.recorded import parse_time
+from tests.paths import HISTORIES, REAL
+
+EXPECTED: dict[str, Any] = json.loads((HISTORIES / "seed-lab.expected.json").read_text())
+CHECKS = EXPECTED["checks"]
+TIME_SLACK = timedelta(seconds=5)  # the history observes each change one second after the expected minute
+
+
+def ok(client: TestClient[Litestar], path: str, **params: Any) -> Any:
+    response = client.get(path, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[c["at"] for c in CHECKS])
+def test_occupancy_over_http_matches_every_check(client: TestClient[Litestar], check: dict[str, Any]) -> None:
+    body = ok(client, "/v1/occupancy", at=check["at"])
+    assert body["nextPageToken"] is None
+    totals = body["totals"]
+    for field, key in (("devices_total", "devices"), ("devices_allocated", "allocated"),
+                       ("devices_free", "free")):
+        if field in check:
+            assert totals[key] == check[field]
+    held = {d["device"]: f"{a['namespace']}/{a['claim']}" for d in body["devices"] for a in d["allocations"]}
+    if "allocated" in check:
+        assert held == check["allocated"]
+    if "team_devices" in check:
+        assert dict(Counter(a["team"] for d in body["devices"] for a in d["allocations"])) == check["team_devices"]
+    if "shared_devices" in check:
+        shared = {d["device"]: sorted(c for a in d["allocations"] for c in a["consumers"]) for d in body["devices"]
+                  if sum(len(a["consumers"]) for a in d["allocations"]) > 1}
+        assert shared == check["shared_devices"]
+    if "pending_claims" in check:
+        pending = ok(client, "/v1/claims", state="pending", at=check["at"])
+        assert {f"{c['namespace']}/{c['name']}": sum(c["requested"].values()) for c in pending["claims"]} \
+            == check["pending_claims"]
+    if "idle_claims" in check:
+        idle = ok(client, "/v1/reports/idle-claims", at=check["at"])
+        rows = {f"{c['namespace']}/{c['name']}": c for c in idle["claims"]}
+        assert set(rows) == set(check["idle_claims"])
+        for name, expected in check["idle_claims"].items():
+            assert rows[name]["category"] == "unreserved"
+            assert abs(parse_time(rows[name]["idleSince"]) - parse_time(expected["idle_since"])) <= TIME_SLACK
+
+
+def test_usage_by_team_over_http_matches(client: TestClient[Litestar]) -> None:
+    window = EXPECTED["device_hours"]
+    body = ok(client, "/v1/usage", **{"from": window["from"], "to": window["to"], "groupBy": "team"})
+    hours: dict[str, float] = defaultdict(float)
+    for row in body["rows"]:
+        hours[row["team"]] += row["deviceHours"]
+    assert set(hours) == set(window["by_team"])
+    for team, expected in window["by_team"].items():
+        assert hours[team] == pytest.approx(expected, abs=window["tolerance_hours"])
+
+
+def test_hourly_steps_add_up_to_the_whole_window(client: TestClient[Litestar]) -> None:
+    window = EXPECTED["device_hours"]
+    whole = ok(client, "/v1/usage", **{"from": window["from"], "to": window["to"]})
+    steps = ok(client, "/v1/usage", **{"from": window["from"], "to": window["to"], "step": "PT1H"})
+    assert {r["start"] for r in steps["rows"]} == {"2026-11-02T09:00:00Z", "2026-11-02T10:00:00Z",
+                                                    "2026-11-02T11:00:00Z"}
+    per_team: dict[str, float] = defaultdict(float)
+    for row in steps["rows"]:
+        per_team[row["team"]] += row["deviceHours"]
+    assert per_team == pytest.approx({r["team"]: r["deviceHours"] for r in whole["rows"]}, abs=1e-5)
+    # nlp holds gpu-1 (shared-gpu) and gpu-4 (ext-0) all through 11:00-12:00: 2 device-hours.
+    assert next(r for r in steps["rows"] if r["team"] == "nlp" and r["start"].startswith("2026-11-02T11"))[
+        "deviceHours"] == pytest.approx(2.0)
+
+
+def test_csv_export_opens_as_a_table_with_the_documented_columns(client: TestClient[Litestar]) -> None:
+    window = EXPECTED["device_hours"]
+    response = client.get("/v1/usage", params={"from": window["from"], "to": window["to"]},
+                          headers={"Accept": "text/csv"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
+    table = list(csv.DictReader(io.StringIO(response.text)))
+    assert list(table[0]) == ["group", "deviceClass", "driver", "start", "end", "deviceHours", "cost", "currency"]
+    assert {r["group"]: float(r["deviceHours"]) for r in table} == pytest.approx(window["by_team"], abs=0.01)
+
+
+def test_shared_gpu_history_is_in_order_with_times(client: TestClient[Litestar]) -> None:
+    body = ok(client, "/v1/claims/ml-serve/shared-gpu/history")
+    seen = [(e["type"], e["occurredAt"]) for e in body["events"]]
+    assert seen == [
+        ("ClaimCreated", "2026-11-02T09:09:00Z"),
+        ("ClaimAllocated", "2026-11-02T09:10:00Z"),  # status.allocation.allocationTimestamp
+        ("ClaimReserved", "2026-11-02T09:10:01Z"),  # serve-a, dated when observed (no managedFields)
+        ("ClaimReserved", "2026-11-02T09:11:01Z"),  # serve-b
+        ("ClaimUnreserved", "2026-11-02T10:30:01Z"),  # serve-a gone
+        ("ClaimUnreserved", "2026-11-02T11:00:01Z"),  # serve-b gone; the claim stays allocated
+    ]
+    assert [e["payload"]["consumer"]["name"] for e in body["events"] if "consumer" in e["payload"]] == \
+        ["serve-a", "serve-b", "serve-a", "serve-b"]
+    assert [e["streamPosition"] for e in body["events"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestClient[Litestar]) -> None:
+    body = ok(client, "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline",
+              **{"from": "2026-11-02T08:00:00Z", "to": "2026-11-02T13:00:00Z"})
+    assert [(e["kind"], e["from"], e["to"], e.get("claim")) for e in body["entries"]] == [
+        ("inventory", "2026-11-02T08:50:00Z", None, None),  # the slice's creationTimestamp
+        ("allocation", "2026-11-02T09:10:00Z", None, "shared-gpu"),
+    ]
+    missing = client.get("/v1/devices/gpu.example.com/lab-node/gpu-99/timeline")
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
+
+
+def test_walking_every_page_of_claims_and_events_returns_each_row_once(client: TestClient[Litestar]) -> None:
+    everything = ok(client, "/v1/claims", at="2026-11-02T12:00:00Z", limit=1000)["claims"]
+    assert len(everything) == 6  # every claim created in the history, the deleted train-0 claim included
+    walked: list[str] = []
+    token = None
+    while True:
+        params: dict[str, Any] = {"at": "2026-11-02T12:00:00Z", "limit": 2}
+        if token:
+            params["pageToken"] = token
+        page = ok(client, "/v1/claims", **params)
+        walked.extend(c["uid"] for c in page["claims"])
+        token = page["nextPageToken"]
+        if token is None:
+            break
+    assert walked == [c["uid"] for c in everything]
+    positions: list[int] = []
+    token = None
+    while True:
+        params = {"limit": 7} | ({"pageToken": token} if token else {})
+        page = ok(client, "/v1/events", **params)
+        positions.extend(e["globalPosition"] for e in page["events"])
+        token = page["nextPageToken"]
+        if token is None:
+            break
+    all_events = ok(client, "/v1/events", limit=1000)["events"]
+    assert positions == [e["globalPosition"] for e in all_events] and len(set(positions)) == len(positions) == 51
+
+
+def test_a_page_token_keeps_answering_the_first_pages_question(client: TestClient[Litestar]) -> None:
+    first = ok(client, "/v1/occupancy", limit=3)
+    second = ok(client, "/v1/occupancy", limit=3, pageToken=first["nextPageToken"])
+    assert second["at"] == first["at"]
+    foreign = client.get("/v1/occupancy", params={"limit": 3, "node": "other",
+                                                  "pageToken": first["nextPageToken"]})
+    assert foreign.status_code == 422
+
+
+@pytest.mark.parametrize(("path", "params", "status"), [
+    ("/v1/occupancy", {"at": "yesterday"}, 422),
+    ("/v1/occupancy", {"at": "2026-11-02T09:30:00"}, 422),
+    ("/v1/occupancy", {"limit": "-1"}, 400),
+    ("/v1/occupancy", {"limit": "abc"}, 400),
+    ("/v1/usage", {"from": "2026-11-02T12:00:00Z", "to": "2026-11-02T09:00:00Z"}, 422),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"}, 400),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT1S"}, 422),
+    ("/v1/usage", {"to": "2026-11-02T12:00:00Z"}, 400),
+    ("/v1/reports/idle-claims", {"minIdle": "soon"}, 422),
+    ("/v1/claims", {"state": "sleeping"}, 400),
+    ("/v1/claims/ml-train/no-such-claim/history", {}, 404),
+    ("/v1/events", {"afterPosition": "-3"}, 400),
+])
+def test_bad_parameters_are_4xx_problem_details(client: TestClient[Litestar], path: str, params: dict[str, str],
+                                                status: int) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status and body["detail"]
+
+
+def test_probes_and_metrics(client: TestClient[Litestar]) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    metrics = client.get("/metrics").text
+    assert "dra_ledger_database_up 1.0" in metrics
+    assert 'dra_ledger_projection_lag_events{projection="device_allocations"} 0.0' in metrics
+
+
+def test_a_real_fixture_shows_share_ids_through_http(client: TestClient[Litestar], seeded: Any) -> None:
+    for name in ("devicenetwork_resourceslice_worker-slice0-consumescounters-multialloc_v1.yaml",
+                 "devicenetwork_resourceslice_worker-slice1-sharedcounters-only_v1.yaml",
+                 "devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml"):
+        seeded.replay(REAL / name, at=parse_time("2027-01-01T00:00:00Z"))
+    body = ok(client, "/v1/occupancy", at="2027-01-01T00:00:00Z", pool="kind-worker")
+    shares = [a["shareID"] for d in body["devices"] for a in d["allocations"]]
+    assert len(shares) == 1 and shares[0]
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS if "shared_devices" in c], ids=lambda c: c["at"])
+def test_shared_devices_over_http_match(client: TestClient[Litestar], check: dict[str, Any]) -> None:
+    body = ok(client, "/v1/shared", at=check["at"])
+    shared = {device.rsplit("/", 1)[-1]: sorted(x["name"] for x in claim["consumers"])
+              for claim in body["claims"] for device in claim["devices"]}
+    assert shared == check["shared_devices"]
+    assert body["totals"]["sharedClaims"] == len(check["shared_devices"])
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS if "pending_claims" in c], ids=lambda c: c["at"])
+def test_pending_demand_over_http_shows_requested_against_free(client: TestClient[Litestar],
+                                                               check: dict[str, Any]) -> None:
+    body = ok(client, "/v1/pending", at=check["at"])
+    assert {f"{c['namespace']}/{c['name']}": sum(r["count"] for r in c["requests"]) for c in body["claims"]} \
+        == check["pending_claims"]
+    # One class; what is free at T is what the occupancy check says is free.
+    assert [(c["deviceClass"], c["requested"], c["free"]) for c in body["classes"]] == [
+        ("gpu.example.com", sum(check["pending_claims"].values()), check.get("devices_free", 3))]
+
+
+def test_quotas_over_http_show_vision_over_a_quota_of_three(
+        make_client: Any) -> None:
+    from ledger.config import LedgerConfig
+
+    config = LedgerConfig.model_validate({
+        "deviceClassMappings": [{"name": "example.com/gpu", "deviceClassNames": ["gpu.example.com"]}],
+        "quotas": [{"team": "vision", "resourceName": "example.com/gpu", "nominalQuota": 3}]})
+    client = make_client(config)
+    rows = {r["team"]: r for r in ok(client, "/v1/quotas", at="2026-11-02T09:30:00Z")["rows"]}
+    # 09:30: vision counts train-0 (1) + pick-seven (1) + pair-0 (2) = 4 > 3; nlp shared-gpu + ext-0 = 2.
+    assert (rows["vision"]["used"], rows["vision"]["overQuota"]) == (4, True)
+    assert (rows["nlp"]["used"], rows["nlp"]["overQuota"]) == (2, False)
+    later = {r["team"]: r for r in ok(client, "/v1/quotas", at="2026-11-02T10:40:00Z")["rows"]}
+    assert (later["vision"]["used"], later["vision"]["overQuota"]) == (3, False)  # train-0 ended at 10:00

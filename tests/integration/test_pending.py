@@ -1,0 +1,77 @@
+"""Pending demand: requested devices per DeviceClass against devices free at T (CEL, taints, counters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import services
+from ledger.projections.selectors import DeviceView, matches
+from ledger.recorded import parse_time
+from ledger.testing.handle import LedgerHandle
+from ledger.types import JSONObject
+from tests.factories import at, namespace
+from tests.integration.test_quotas import DRIVER, Lab, device_class, exactly, lab_slice, req
+from tests.paths import HISTORIES
+
+
+@pytest.mark.parametrize(("when", "free"), [("2026-11-02T09:30:00Z", 2), ("2026-11-02T10:40:00Z", 3)])
+def test_seed_lab_big_requests_four_with_two_then_three_free(ledger: LedgerHandle, when: str, free: int) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    body: Any = services.pending(ledger.db, at=parse_time(when), cluster=ledger.cluster)
+    assert body["classes"] == [{"deviceClass": "gpu.example.com", "claims": 1, "requested": 4, "free": free}]
+    [big] = body["claims"]
+    assert (big["namespace"], big["name"], big["team"], big["origin"]) == ("ml-train", "big", "vision", "manual")
+    assert big["requests"] == [{"request": "gpu", "deviceClass": "gpu.example.com", "allocationMode": "ExactCount",
+                                "count": 4, "free": free}]
+    assert parse_time(big["pendingSince"]) <= parse_time(when)
+    assert big["ageSeconds"] == (parse_time(when) - parse_time(big["pendingSince"])).total_seconds()
+
+
+def _tainted(name: str, effect: str) -> JSONObject:
+    return {"name": name, "attributes": {"index": {"int": 90}, "model": {"string": "A100"}},
+            "capacity": {"memory": {"value": "80Gi"}},
+            "taints": [{"key": "gpu.example.com/unhealthy", "value": "ecc", "effect": effect}]}
+
+
+def test_tainted_devices_are_not_free_and_cel_errors_match_nothing(ledger: LedgerHandle, tmp_path: Path) -> None:
+    h = Lab()
+    h.add(namespace("ml", "vision"))
+    h.add(device_class("gpu.example.com"))
+    # A class whose selector reads an attribute domain no device has: an evaluation error, so no match.
+    h.add(device_class("nvidia-only", selector="device.attributes['gpu.nvidia.com'].productName == 'H100'"))
+    h.add(device_class("broken", selector="device.attributes[ == "))
+    h.add(lab_slice(4, extra=[_tainted("gpu-no-schedule", "NoSchedule"), _tainted("gpu-no-execute", "NoExecute"),
+                              _tainted("gpu-prefer", "PreferNoSchedule")]))
+    h.claim("held", [req("gpu", exactly("gpu.example.com", 1))], allocate={"gpu": 1})  # takes gpu-0
+    h.claim("wants-three", [req("gpu", exactly("gpu.example.com", 3))], origin="manual")
+    h.claim("wants-index-3", [req("gpu", exactly("gpu.example.com", 1, selectors=[
+        {"cel": {"expression": f"device.attributes['{DRIVER}'].index == 3"}}]))], origin="manual")
+    h.claim("wants-nvidia", [req("gpu", exactly("nvidia-only", 1))], origin="manual")
+    h.claim("wants-broken", [req("gpu", exactly("broken", 1))], origin="manual")
+    h.replay(ledger, tmp_path)
+    body: Any = services.pending(ledger.db, at=at(30), cluster=ledger.cluster)
+    classes = {c["deviceClass"]: c for c in body["classes"]}
+    # gpu-1..gpu-3 and the PreferNoSchedule device are free; gpu-0 is held; two are tainted out.
+    assert classes["gpu.example.com"] == {"deviceClass": "gpu.example.com", "claims": 2, "requested": 4, "free": 4}
+    assert classes["nvidia-only"]["free"] == 0 and classes["broken"]["free"] == 0
+    by_claim = {c["name"]: c["requests"][0]["free"] for c in body["claims"]}
+    assert by_claim == {"wants-three": 4, "wants-index-3": 1, "wants-nvidia": 0, "wants-broken": 0}
+
+
+def test_cel_selectors_follow_kubernetes_device_shapes() -> None:
+    device = DeviceView(driver="gpu.example.com", attributes={"model": {"string": "LATEST-GPU-MODEL"},
+                                                               "index": {"int": 7},
+                                                               "gpu.example.com/uuid": {"string": "gpu-1"}},
+                        capacity={"memory": {"value": "80Gi"}})
+    assert matches("device.driver == 'gpu.example.com'", device)
+    assert matches("device.attributes['gpu.example.com'].index == 7", device)
+    assert matches("device.attributes['gpu.example.com'].model == 'LATEST-GPU-MODEL'", device)
+    assert matches("device.attributes['gpu.example.com'].uuid == 'gpu-1'", device)
+    assert matches("device.capacity['gpu.example.com'].memory.compareTo(quantity('40Gi')) >= 0", device)
+    assert not matches("device.capacity['gpu.example.com'].memory.isGreaterThan(quantity('100Gi'))", device)
+    assert not matches("device.attributes['dra.net'].rdma == true", device)  # missing domain: no match
+    assert not matches("device.attributes[", device)  # does not compile: no match
+    assert not matches("'not a bool'", device)

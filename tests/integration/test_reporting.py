@@ -1,0 +1,240 @@
+"""The ``reporting`` schema, role ``ledger_reader``, the Grafana dashboard, rollups and the report jobs.
+
+A ledger holding the seed lab (plus the DeviceNetwork fixtures' shared NIC) is rolled up and
+snapshotted the way the jobs do it; then every panel of the provisioned dashboard runs, with
+Grafana's macros expanded as Grafana expands them, as ``ledger_reader`` and must return rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
+
+from ledger import services
+from ledger.projections.rollups import floor_hour
+from ledger.recorded import parse_time
+from ledger.testing.handle import LedgerHandle
+from tests.factories import history
+from tests.integration.test_quotas import SEED_CONFIG
+from tests.integration.test_shared import early_namespace, real, share_of
+from tests.paths import HISTORIES
+from workers.jobs import JobSettings, build_scheduler, run_rollups, run_snapshots
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "dra-ledger.json"
+FROM, TO = parse_time("2026-11-02T09:00:00Z"), parse_time("2026-11-02T12:00:00Z")
+SNAPSHOTS = [parse_time(t) for t in ("2026-11-02T09:30:00Z", "2026-11-02T10:40:00Z", "2026-11-02T12:00:00Z")]
+VIEWS = {"device_inventory", "device_occupancy", "team_usage_hourly", "quota_usage", "idle_claims", "pending_demand",
+         "shared_devices", "claim_consumers"}
+
+
+def grafana_sql(sql: str, *, start: datetime = FROM, end: datetime = TO, cluster: str = "default") -> str:
+    """Expand the Grafana PostgreSQL macros and the ``$cluster`` variable as Grafana does."""
+    lo, hi = f"'{start.isoformat()}'", f"'{end.isoformat()}'"
+    sql = re.sub(r"\$__timeFilter\(([^)]+)\)", lambda m: f"{m.group(1)} BETWEEN {lo} AND {hi}", sql)
+    sql = sql.replace("$__timeFrom()", lo).replace("$__timeTo()", hi).replace("$__interval", "'5m'")
+    return sql.replace("$cluster", f"'{cluster}'")
+
+
+def dashboard() -> Any:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    return [(p["title"], t["rawSql"]) for p in dashboard()["panels"] for t in p["targets"]]
+
+
+@pytest.fixture()
+def reported(ledger: LedgerHandle, tmp_path: Path) -> LedgerHandle:
+    """Seed lab + two shares of the DeviceNetwork NIC, rolled up and snapshotted as the jobs do."""
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    claim = real("devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml")
+    second = share_of(claim, name="demo-macvlan-2", ns="netops", share_id="0b6a5c1e-2f5d-4d0e-9a43-5d1e1f5f0001",
+                      consumed={"devicenetwork.io/maxVirtualInterfaces": "1"})
+    path = history(tmp_path / "devicenetwork.jsonl", [
+        ("ADDED", early_namespace("default", None), 0), ("ADDED", early_namespace("netops", "net"), 0),
+        ("ADDED", real("devicenetwork_resourceslice_worker-slice1-sharedcounters-only_v1.yaml"), 1),
+        ("ADDED", real("devicenetwork_resourceslice_worker-slice0-consumescounters-multialloc_v1.yaml"), 1),
+        ("ADDED", claim, 2), ("ADDED", second, 3)])
+    assert not ledger.replay(path).rejected
+    assert services.rollup_usage(ledger.db, start=FROM, end=TO) == 3
+    for at in SNAPSHOTS:
+        services.take_report_snapshots(ledger.db, at=at, config=SEED_CONFIG)
+    return ledger
+
+
+def as_reader(conn: Connection) -> None:
+    conn.execute(text("SET ROLE ledger_reader"))
+
+
+@pytest.fixture()
+def reader(reported: LedgerHandle) -> Iterator[Connection]:
+    with reported.engine.connect() as conn:
+        conn.begin()
+        as_reader(conn)
+        yield conn
+        conn.rollback()
+
+
+@pytest.mark.parametrize(("title", "sql"), panel_queries(), ids=[t for t, _ in panel_queries()])
+def test_every_dashboard_panel_runs_as_ledger_reader_and_returns_rows(reader: Connection, title: str,
+                                                                      sql: str) -> None:
+    assert "reporting." in sql and "public." not in sql
+    rows = reader.execute(text(grafana_sql(sql).replace(":", r"\:"))).all()
+    assert rows, title
+
+
+def test_the_dashboard_variable_lists_the_clusters(reader: Connection) -> None:
+    [variable] = dashboard()["templating"]["list"]
+    assert reader.execute(text(variable["query"])).scalars().all() == ["default"]
+
+
+def test_dashboard_and_datasource_are_provisioned_from_the_repository() -> None:
+    board = dashboard()
+    assert board["uid"] == "dra-ledger" and len(board["panels"]) >= 10
+    assert {p["datasource"]["uid"] for p in board["panels"]} == {"dra-ledger"}
+    read_views = {v for _, sql in panel_queries() for v in re.findall(r"reporting\.(\w+)", sql)}
+    assert read_views == VIEWS  # every view is shown somewhere
+    source = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/dra-ledger.yaml").read_text())
+    assert source["datasources"][0]["uid"] == "dra-ledger"
+    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/dra-ledger.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def _refused(engine_conn: Connection, sql: str) -> None:
+    with pytest.raises(DBAPIError) as caught:
+        engine_conn.execute(text(sql))
+    assert isinstance(caught.value.orig, psycopg.errors.InsufficientPrivilege), caught.value
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM public.events",
+    "SELECT * FROM public.device_allocations",
+    "SELECT * FROM public.usage_rollups",
+    "SELECT * FROM public.observations",
+    "INSERT INTO reporting.quota_usage (cluster, taken_at, team, resource_name, used, over_quota, reasons) "
+    "VALUES ('x', now(), 't', 'r', 1, false, '[]')",
+    "DELETE FROM reporting.device_occupancy",
+    "UPDATE reporting.idle_claims SET team = 'x'",
+    "CREATE TABLE reporting.mine (x int)",
+    "CREATE VIEW reporting.mine AS SELECT 1",
+    "CREATE TABLE public.mine (x int)",
+    "TRUNCATE public.events",
+])
+def test_ledger_reader_cannot_write_or_read_outside_reporting(reported: LedgerHandle, sql: str) -> None:
+    with reported.engine.connect() as conn:
+        conn.begin()
+        as_reader(conn)
+        _refused(conn, sql)
+        conn.rollback()
+
+
+def test_ledger_reader_is_a_role_without_login_and_every_view_is_documented(reported: LedgerHandle) -> None:
+    with reported.engine.connect() as conn:
+        login = conn.execute(text("SELECT rolcanlogin FROM pg_roles WHERE rolname = 'ledger_reader'")).scalar_one()
+        views = dict(tuple(r) for r in conn.execute(text(
+            "SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = 'reporting' AND c.relkind = 'v'")).all())
+        granted = conn.execute(text(
+            "SELECT count(*) FROM information_schema.role_table_grants WHERE grantee = 'ledger_reader' "
+            "AND table_schema <> 'reporting'")).scalar_one()
+    assert login is False
+    assert set(views) == VIEWS and all(views.values())
+    assert granted == 0
+
+
+def test_the_views_answer_the_seed_lab(reader: Connection) -> None:
+    quota = reader.execute(text(
+        "SELECT team, used, over_quota FROM reporting.quota_usage WHERE taken_at = :t "
+        "AND resource_name = 'example.com/gpu' ORDER BY team"),
+        {"t": SNAPSHOTS[0]}).all()
+    assert [tuple(r) for r in quota] == [("nlp", 2.0, False), ("vision", 4.0, True)]
+    idle = reader.execute(text("SELECT namespace, claim, category, device_count FROM reporting.idle_claims "
+                               "WHERE taken_at = :t"), {"t": SNAPSHOTS[2]}).all()
+    assert [tuple(r) for r in idle] == [("ml-serve", "shared-gpu", "unreserved", 1)]
+    demand = reader.execute(text("SELECT device_class, claims, requested, free, shortfall "
+                                 "FROM reporting.pending_demand WHERE taken_at = :t"), {"t": SNAPSHOTS[0]}).all()
+    assert [tuple(r) for r in demand] == [("gpu.example.com", 1, 4, 2, 2)]
+    hours = dict(tuple(r) for r in reader.execute(text(
+        "SELECT team, round(sum(device_hours)::numeric, 3) FROM reporting.team_usage_hourly "
+        "WHERE driver = 'gpu.example.com' GROUP BY team")).all())
+    expected = json.loads((HISTORIES / "seed-lab.expected.json").read_text())["device_hours"]["by_team"]
+    assert {k: float(v) for k, v in hours.items()} == pytest.approx(expected, abs=0.01)
+
+
+@pytest.mark.parametrize("group_by", ["team", "namespace", "deviceClass", "model", "node"])
+def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, group_by: str) -> None:
+    start, end = parse_time("2026-11-02T09:20:30Z"), parse_time("2026-11-02T11:45:10Z")
+    rolled = services.usage_from_rollups(reported.db, start=start, end=end, group_by=group_by)
+    live = reported.usage(start, end, group_by=group_by)
+    assert rolled == live
+    # A window inside one hour, and one whose whole hours were never rolled up, too.
+    inside = (parse_time("2026-11-02T10:10:00Z"), parse_time("2026-11-02T10:50:00Z"))
+    assert services.usage_from_rollups(reported.db, start=inside[0], end=inside[1], group_by=group_by) == \
+        reported.usage(*inside, group_by=group_by)
+    later = (parse_time("2026-11-02T11:30:00Z"), parse_time("2026-11-02T14:15:00Z"))
+    assert services.usage_from_rollups(reported.db, start=later[0], end=later[1], group_by=group_by) == \
+        reported.usage(*later, group_by=group_by)
+
+
+def test_rolling_up_again_replaces_the_hours(reported: LedgerHandle) -> None:
+    with reported.engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*), sum(device_seconds) FROM usage_rollups")).one()
+    assert services.rollup_usage(reported.db, end=TO) == 1  # from the last rolled hour: 11:00 again
+    assert services.rollup_usage(reported.db, start=FROM, end=TO) == 3
+    with reported.engine.connect() as conn:
+        after = conn.execute(text("SELECT count(*), sum(device_seconds) FROM usage_rollups")).one()
+    assert tuple(after) == tuple(before)
+
+
+def test_the_jobs_roll_up_and_snapshot_on_their_schedule(ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    now = parse_time("2026-11-02T12:07:00Z")
+    scheduler = build_scheduler(ledger.db, config=SEED_CONFIG, settings=JobSettings(snapshot_interval_s=600),
+                                clock=lambda: now)
+    jobs = {job.id: job for job in scheduler.get_jobs()}
+    assert set(jobs) == {"usage-rollups", "report-snapshots"}
+    for job in jobs.values():
+        assert (job.max_instances, job.coalesce) == (1, True)
+    hours = asyncio.run(run_rollups(ledger.db, clock=lambda: now))
+    assert hours == (floor_hour(now) - parse_time("2026-11-02T09:00:00Z")) // timedelta(hours=1)
+    counts = asyncio.run(run_snapshots(ledger.db, config=SEED_CONFIG, clock=lambda: now))
+    assert counts == {"idleClaims": 1, "quotaRows": 2, "pendingClasses": 1}
+    again = asyncio.run(run_snapshots(ledger.db, config=SEED_CONFIG, clock=lambda: now))
+    assert again == counts  # the same instant is replaced, not added
+    with ledger.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM idle_claim_snapshots")).scalar_one() == 1
+
+
+def test_the_scheduler_runs_inside_an_event_loop(ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+
+    async def main() -> None:
+        scheduler = build_scheduler(ledger.db, config=SEED_CONFIG, settings=JobSettings(snapshot_interval_s=10),
+                                    clock=lambda: parse_time("2026-11-02T12:00:00Z"))
+        scheduler.start()
+        try:
+            for job in scheduler.get_jobs():
+                job.modify(next_run_time=datetime.now(tz=scheduler.timezone))
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                with ledger.engine.connect() as conn:
+                    if conn.execute(text("SELECT count(*) FROM quota_usage_snapshots")).scalar_one() and \
+                            conn.execute(text("SELECT count(*) FROM usage_rollups")).scalar_one():
+                        return
+            raise AssertionError("the jobs did not run")
+        finally:
+            scheduler.shutdown(wait=False)
+
+    asyncio.run(main())

@@ -1,0 +1,224 @@
+"""Shared usage on real objects: consumable capacity with shareID, and partitionable devices (KEP-4815).
+
+The expected splits are worked out by hand from the fixture files in ``../shared/fixtures/real/``:
+
+- DeviceNetwork (``devicenetwork_*``): device ``my-network-macvlan-dummy0`` allows multiple
+  allocations and publishes ``devicenetwork.io/maxVirtualInterfaces: 65535``; the real claim consumed
+  ``"1"`` (shareID ca26c4ae-…). A second claim like it (another shareID, team ``net``) makes two
+  allocations, each charged 1/65535 of the device. Both devices of the pool consume counter set
+  ``dummy0`` (``mutual-exclusion: 65536``, defined in the other slice): macvlan takes 1, so 65535 stay
+  free and the host-device (which needs all 65536) is not allocatable.
+- cni-dra-driver (``cni-dra-driver_*``): device ``eth0`` (``maxVirtualDevices: 65535``), two shares
+  whose results state no ``consumedCapacity`` -> split equally, 1/2 each.
+- KEP-4815 (``kep4815_*``): ``gpu-0`` (40Gi) and four 10Gi partitions consume counter set
+  ``gpu-0-counter-set`` (memory 40Gi). Partitions 0 and 1 allocated -> 20Gi in use, 20Gi free, each
+  partition is 10/40 = 0.25 of the parent, gpu-0 is not allocatable, and occupancy counts the
+  hardware once (1 device, 1 allocated).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ledger import services
+from ledger.quantities import parse_quantity
+from ledger.recorded import parse_time
+from ledger.testing.handle import LedgerHandle
+from ledger.types import JSONObject
+from tests.factories import at, history, namespace, rv, uid
+from tests.paths import HISTORIES, REAL
+
+T = at(30)
+
+
+def real(name: str) -> Any:
+    """A fixture object as loaded (Any: tests poke into it freely)."""
+    loaded = yaml.safe_load((REAL / name).read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def early_namespace(name: str, team: str | None) -> JSONObject:
+    """A Namespace created before the fixtures' objects (2026-08), so its team applies to them."""
+    obj = namespace(name, team)
+    meta = obj["metadata"]
+    assert isinstance(meta, dict)
+    meta["creationTimestamp"] = "2025-01-01T00:00:00Z"
+    return obj
+
+
+def share_of(claim: Any, *, name: str, ns: str, share_id: str, consumed: dict[str, str] | None) -> Any:
+    """Another claim of the same real shape: new name, namespace, uid, pod and shareID."""
+    other = copy.deepcopy(claim)
+    meta, status = other["metadata"], other["status"]
+    pod, pod_uid = f"{name}-pod", uid("pod")
+    meta.update({"name": name, "namespace": ns, "uid": uid("claim"), "resourceVersion": rv(),
+                 "ownerReferences": [{"apiVersion": "v1", "controller": True, "kind": "Pod", "name": pod,
+                                      "uid": pod_uid}]})
+    results = status["allocation"]["devices"]["results"]
+    for result in results:
+        result["shareID"] = share_id
+        if consumed is None:
+            result.pop("consumedCapacity", None)
+        else:
+            result["consumedCapacity"] = consumed
+    status.pop("devices", None)
+    status["reservedFor"] = [{"name": pod, "resource": "pods", "uid": pod_uid}]
+    return other
+
+
+def test_consumable_capacity_shares_are_split_by_consumed_capacity(ledger: LedgerHandle, tmp_path: Path) -> None:
+    claim = real("devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml")
+    second = share_of(claim, name="demo-macvlan-2-my-network-macvlan-x", ns="netops",
+                      share_id="0b6a5c1e-2f5d-4d0e-9a43-5d1e1f5f0001",
+                      consumed={"devicenetwork.io/maxVirtualInterfaces": "1"})
+    path = history(tmp_path / "devicenetwork.jsonl", [
+        ("ADDED", early_namespace("default", None), 0), ("ADDED", early_namespace("netops", "net"), 0),
+        ("ADDED", real("devicenetwork_resourceslice_worker-slice1-sharedcounters-only_v1.yaml"), 1),
+        ("ADDED", real("devicenetwork_resourceslice_worker-slice0-consumescounters-multialloc_v1.yaml"), 1),
+        ("ADDED", claim, 2), ("ADDED", second, 3)])
+    assert not ledger.replay(path).rejected
+    body: Any = services.shared(ledger.db, at=T, cluster=ledger.cluster)
+    [device] = body["devices"]
+    assert (device["device"], device["allowMultipleAllocations"], device["split"]) == \
+        ("my-network-macvlan-dummy0", True, "consumedCapacity")
+    shares = {(a["namespace"], a["shareID"]): a["fraction"] for a in device["allocations"]}
+    assert shares == {("default", "ca26c4ae-4841-44c8-997e-d7fb961e1bea"): round(1 / 65535, 9),
+                      ("netops", "0b6a5c1e-2f5d-4d0e-9a43-5d1e1f5f0001"): round(1 / 65535, 9)}
+    assert {a["team"] for a in device["allocations"]} == {"default", "net"}
+    [counter_set] = body["counterSets"]
+    assert (counter_set["pool"], counter_set["counterSet"]) == ("kind-worker", "dummy0")
+    # The device is held by two shares but consumes its counters once.
+    assert counter_set["counters"] == {"mutual-exclusion": {"total": 65536, "inUse": 1, "free": 65535}}
+    parts = {p["device"]: p for p in counter_set["partitions"]}
+    assert parts["my-network-host-device-dummy0"]["allocatable"] is False  # needs all 65536
+    assert parts["my-network-host-device-dummy0"]["consumes"] == {"mutual-exclusion": 65536}
+    assert len(parts["my-network-macvlan-dummy0"]["allocations"]) == 2
+    assert body["totals"] == {"sharedDevices": 1, "counterSets": 1, "sharedClaims": 0}
+    occupancy: Any = ledger.occupancy(T)
+    totals = occupancy["totals"]
+    assert (totals["devices"], totals["allocated"], totals["shared"]) == (1, 1, 1)
+
+
+def test_shares_without_consumed_capacity_are_split_equally(ledger: LedgerHandle, tmp_path: Path) -> None:
+    template = real("devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml")
+    spec = template["spec"]
+    spec["devices"] = {"requests": [{"name": "nic", "exactly": {"deviceClassName": "network-interface",
+                                                                "allocationMode": "ExactCount", "count": 1}}]}
+    status = template["status"]
+    status["allocation"]["devices"]["results"] = [
+        {"request": "nic", "driver": "cni.dra.networking.x-k8s.io", "pool": "kind-worker", "device": "eth0"}]
+    a = share_of(template, name="web-a-nic", ns="web", share_id="5d0c4c39-0000-4000-8000-00000000000a", consumed=None)
+    b = share_of(template, name="db-b-nic", ns="db", share_id="5d0c4c39-0000-4000-8000-00000000000b", consumed=None)
+    path = history(tmp_path / "cni.jsonl", [
+        ("ADDED", early_namespace("web", "frontend"), 0), ("ADDED", early_namespace("db", "storage"), 0),
+        ("ADDED", real("cni-dra-driver_deviceclass_network-interface_v1.yaml"), 0),
+        ("ADDED", real("cni-dra-driver_resourceslice_eth0-consumable-capacity-metadata-gen71_v1.yaml"), 1),
+        ("ADDED", a, 2), ("ADDED", b, 3)])
+    assert not ledger.replay(path).rejected
+    body: Any = services.shared(ledger.db, at=T, cluster=ledger.cluster)
+    [device] = body["devices"]
+    assert (device["driver"], device["device"], device["split"]) == ("cni.dra.networking.x-k8s.io", "eth0", "equal")
+    assert {(x["team"], x["fraction"]) for x in device["allocations"]} == {("frontend", 0.5), ("storage", 0.5)}
+    assert body["counterSets"] == []
+    hours: Any = services.shared_usage(ledger.db, start=at(0), end=at(60), cluster=ledger.cluster)
+    assert {(r["team"], r["deviceHours"]) for r in hours["rows"]} == {("frontend", 0.5), ("storage", 0.5)}
+
+
+def _partition_claim(name: str, ns: str, device: str | None) -> JSONObject:
+    obj: JSONObject = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns, "uid": uid("claim"), "resourceVersion": rv(),
+                         "creationTimestamp": "2026-11-02T09:05:00Z"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "partition.example.com", "allocationMode": "ExactCount", "count": 1}}]}},
+            "status": {"allocation": {"allocationTimestamp": "2026-11-02T09:10:00Z", "devices": {"results": [
+                {"request": "gpu", "driver": "resource-driver.example.com", "pool": "my-pool", "device": device}]}},
+                "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": uid("pod")}]}}
+    if device is None:
+        del obj["status"]
+    return obj
+
+
+def _kep4815(ledger: LedgerHandle, tmp_path: Path) -> None:
+    klass: JSONObject = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                         "metadata": {"name": "partition.example.com", "uid": uid("class"), "resourceVersion": rv()},
+                         "spec": {"selectors": [{"cel": {
+                             "expression": "device.driver == 'resource-driver.example.com'"}}]}}
+    path = history(tmp_path / "kep4815.jsonl", [
+        ("ADDED", early_namespace("ml-train", "vision"), 0), ("ADDED", early_namespace("ml-serve", "nlp"), 0),
+        ("ADDED", klass, 0),
+        ("ADDED", real("kep4815_resourceslice_counter-slice-sharedcounters-only_v1.yaml"), 1),
+        ("ADDED", real("kep4815_resourceslice_device-slice-gpu0-plus-4-partitions-consumescounters_v1.yaml"), 1),
+        ("ADDED", _partition_claim("p0", "ml-train", "gpu-0-partition-0"), 10),
+        ("ADDED", _partition_claim("p1", "ml-serve", "gpu-0-partition-1"), 10),
+        ("ADDED", _partition_claim("waiting", "ml-train", None), 12)])
+    assert not ledger.replay(path).rejected
+
+
+def test_partitionable_devices_show_as_partitions_of_one_parent(ledger: LedgerHandle, tmp_path: Path) -> None:
+    _kep4815(ledger, tmp_path)
+    body: Any = services.shared(ledger.db, at=T, cluster=ledger.cluster)
+    assert body["devices"] == []  # no device is held twice
+    [counter_set] = body["counterSets"]
+    gi = int(parse_quantity("1Gi"))
+    assert (counter_set["pool"], counter_set["counterSet"]) == ("my-pool", "gpu-0-counter-set")
+    assert counter_set["counters"] == {"memory": {"total": 40 * gi, "inUse": 20 * gi, "free": 20 * gi}}
+    parts = {p["device"]: p for p in counter_set["partitions"]}
+    assert list(parts) == ["gpu-0", "gpu-0-partition-0", "gpu-0-partition-1", "gpu-0-partition-2",
+                           "gpu-0-partition-3"]
+    assert parts["gpu-0-partition-0"]["allocations"] == [
+        {"namespace": "ml-train", "claim": "p0", "team": "vision", "fraction": 0.25}]
+    assert parts["gpu-0-partition-1"]["allocations"] == [
+        {"namespace": "ml-serve", "claim": "p1", "team": "nlp", "fraction": 0.25}]
+    assert {d: p["allocatable"] for d, p in parts.items()} == {
+        "gpu-0": False, "gpu-0-partition-0": False, "gpu-0-partition-1": False, "gpu-0-partition-2": True,
+        "gpu-0-partition-3": True}
+    totals: Any = ledger.occupancy(T)["totals"]
+    assert (totals["devices"], totals["allocated"], totals["free"]) == (1, 1, 0)
+
+
+def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHandle, tmp_path: Path) -> None:
+    _kep4815(ledger, tmp_path)
+    body: Any = services.pending(ledger.db, at=T, cluster=ledger.cluster)
+    # partitions 2 and 3 fit in the 20Gi left; gpu-0 (40Gi) does not; 0 and 1 are held.
+    assert body["classes"] == [{"deviceClass": "partition.example.com", "claims": 1, "requested": 1, "free": 2}]
+    [claim] = body["claims"]
+    assert (claim["name"], claim["team"], claim["requests"][0]["free"]) == ("waiting", "vision", 2)
+
+
+def test_seed_lab_shared_claim_splits_its_hours_between_its_two_pods(ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    body: Any = services.shared(ledger.db, at=parse_time("2026-11-02T09:30:00Z"), cluster=ledger.cluster)
+    assert body["claims"] == [{"namespace": "ml-serve", "name": "shared-gpu", "team": "nlp",
+                               "devices": ["gpu.example.com/lab-node/gpu-1"],
+                               "consumers": [{"resource": "pods", "name": "serve-a", "fraction": 0.5},
+                                             {"resource": "pods", "name": "serve-b", "fraction": 0.5}]}]
+    assert body["devices"] == [] and body["counterSets"] == []
+    later: Any = services.shared(ledger.db, at=parse_time("2026-11-02T10:40:00Z"), cluster=ledger.cluster)
+    assert later["claims"] == []
+
+
+def test_shared_device_hours_are_charged_by_consumed_capacity_or_equally(ledger: LedgerHandle, tmp_path: Path) -> None:
+    claim = real("devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml")
+    second = share_of(claim, name="demo-macvlan-2", ns="netops", share_id="0b6a5c1e-2f5d-4d0e-9a43-5d1e1f5f0001",
+                      consumed={"devicenetwork.io/maxVirtualInterfaces": "3"})
+    path = history(tmp_path / "devicenetwork.jsonl", [
+        ("ADDED", early_namespace("default", None), 0), ("ADDED", early_namespace("netops", "net"), 0),
+        ("ADDED", real("devicenetwork_resourceslice_worker-slice1-sharedcounters-only_v1.yaml"), 1),
+        ("ADDED", real("devicenetwork_resourceslice_worker-slice0-consumescounters-multialloc_v1.yaml"), 1),
+        ("ADDED", claim, 2), ("ADDED", second, 3)])
+    assert not ledger.replay(path).rejected
+    # Both shares are held through the whole hour: default pays 1/65535 of it, net 3/65535.
+    body: Any = services.shared_usage(ledger.db, start=at(0), end=at(60), cluster=ledger.cluster)
+    assert body["rows"] == [
+        {"team": "default", "deviceClass": "devicenetwork", "driver": "devicenetwork.io",
+         "deviceHours": round(1 / 65535, 6)},
+        {"team": "net", "deviceClass": "devicenetwork", "driver": "devicenetwork.io",
+         "deviceHours": round(3 / 65535, 6)}]
+    assert body["devices"] == [{"driver": "devicenetwork.io", "pool": "kind-worker",
+                                "device": "my-network-macvlan-dummy0", "sharedHours": 1.0,
+                                "billedDeviceHours": round(4 / 65535, 6)}]

@@ -1,0 +1,214 @@
+"""``dra-ledger watch``, ``dra-ledger record`` and ``dra-ledger fake-apiserver`` (registered through the
+entry-point group ``dra_ledger.commands``, so ``ledger`` never imports ``workers``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from ledger import services
+from ledger.config import load_config
+from ledger.errors import LedgerError
+from ledger.recorded import read_history
+from ledger.settings import Settings
+from ledger.translator.translate import TranslatorSettings
+from workers.fake_apiserver import FakeApiServer, http_clock
+from workers.health import HealthServer, WorkerMetrics
+from workers.jobs import build_scheduler
+from workers.k8s.client import Clock
+from workers.logs import configure_logging
+from workers.main import run_worker, system_clock
+from workers.record import RecordSink
+from workers.settings import WatchSettings
+from workers.sink import LedgerSink, keep_projections_current
+
+log = logging.getLogger(__name__)
+
+KubeconfigOpt = Annotated[Path | None, typer.Option(
+    "--kubeconfig", envvar="KUBECONFIG",
+    help="kubeconfig file; unset: in-cluster config in a pod, else ~/.kube/config.")]
+ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context (default: current).")]
+ClockOpt = Annotated[str | None, typer.Option(
+    "--clock-url", hidden=True, help="Test only: take receive times from a fake API server's /fake/clock.")]
+
+
+async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.ApiClient:
+    """A kubernetes-asyncio client from ``kubeconfig``/``context``, in-cluster config in a pod, else ~/.kube/config.
+
+    Raises:
+        kubernetes_asyncio.config.ConfigException: no usable configuration.
+    """
+    configuration = k8s.Configuration()
+    if kubeconfig is None and context is None:
+        try:
+            load_incluster: Any = k8s_config.load_incluster_config  # untyped in kubernetes-asyncio 36
+            load_incluster(client_configuration=configuration)
+            return k8s.ApiClient(configuration)
+        except k8s_config.ConfigException:
+            pass  # not in a pod: fall back to ~/.kube/config
+    await k8s_config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
+                                      client_configuration=configuration, persist_config=False)
+    return k8s.ApiClient(configuration)
+
+
+@contextlib.asynccontextmanager
+async def _stopping_on_signals() -> AsyncIterator[asyncio.Event]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _clock(clock_url: str | None) -> Clock:
+    return http_clock(clock_url) if clock_url else system_clock
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``watch``, ``record`` and ``fake-apiserver`` to the ``dra-ledger`` Typer app."""
+
+    @app.command()
+    def watch(
+        kubeconfig: KubeconfigOpt = None,
+        context: ContextOpt = None,
+        cluster: Annotated[str | None, typer.Option("--cluster", envvar="LEDGER_CLUSTER",
+                                                    help="Name the cluster's rows carry.")] = None,
+        database_url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
+                                                         help="Ledger database URL; unset = embedded.")] = None,
+        identity: Annotated[str | None, typer.Option("--identity", help="Lease holder identity "
+                                                     "(default $POD_NAME, else host-pid).")] = None,
+        leader_election: Annotated[bool, typer.Option(help="Compete for the Lease (off: write at once).")] = True,
+        jobs: Annotated[bool, typer.Option(help="Run the report jobs (hourly rollups, snapshots) while leader.")]
+        = True,
+        config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
+                                                    help="Configuration file (TOML or YAML) for the jobs.")] = None,
+        health_port: Annotated[int | None, typer.Option("--health-port", help="Port of /healthz /readyz "
+                                                        "/metrics (default LEDGER_WATCH_HEALTH_PORT, 8081).")] = None,
+        clock_url: ClockOpt = None,
+    ) -> None:
+        """Follow a cluster's five DRA-related kinds into the ledger (list, then watch; leader-elected).
+
+        While leader it also keeps the read models caught up and runs the report jobs (``--no-jobs``
+        when ``dra-ledger jobs`` runs them in a process of its own).
+        """
+        configure_logging()
+        settings = Settings()
+        if database_url:
+            settings = settings.model_copy(update={"database_url": database_url})
+        if cluster:
+            settings = settings.model_copy(update={"cluster": cluster})
+        watch_settings = WatchSettings()
+        if health_port is not None:
+            watch_settings = watch_settings.model_copy(update={"health_port": health_port})
+        try:
+            ledger_config = load_config(config or settings.config)
+            db = services.open_ledger(settings)
+        except LedgerError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e
+
+        async def main() -> None:
+            api_client = await api_client_for(kubeconfig, context)
+            metrics = WorkerMetrics()
+            translator = TranslatorSettings(team_label=settings.team_label)
+            sink = LedgerSink(db, cluster=settings.cluster, translator=translator, batch_size=settings.batch_size,
+                              metrics=metrics)
+
+            async def ready() -> bool:
+                return await asyncio.to_thread(services.database_ready, db)
+
+            async def catch_up() -> None:
+                await keep_projections_current(sink, interval_s=watch_settings.catch_up_interval_s)
+
+            async def report_jobs() -> None:
+                scheduler = build_scheduler(db, config=ledger_config, cluster=settings.cluster)
+                scheduler.start()
+                try:
+                    await asyncio.Event().wait()  # until this replica stops leading
+                finally:
+                    scheduler.shutdown(wait=False)
+
+            health = HealthServer(metrics, ready)
+            if watch_settings.health_port >= 0:
+                await health.start(watch_settings.health_host, watch_settings.health_port)
+            try:
+                async with _stopping_on_signals() as stop:
+                    await run_worker(api_client=api_client, sink=sink, settings=watch_settings, stop=stop,
+                                     clock=_clock(clock_url), identity=identity, elect=leader_election,
+                                     metrics=metrics, while_leading=[catch_up, *([report_jobs] if jobs else [])])
+            finally:
+                await health.stop()
+                await api_client.close()
+
+        asyncio.run(main())
+
+    @app.command()
+    def record(
+        output: Annotated[Path, typer.Option("--output", "-o", help="File to write (JSON Lines, DESIGN §9).")],
+        kubeconfig: KubeconfigOpt = None,
+        context: ContextOpt = None,
+        duration_s: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds "
+                                                         "(default: until Ctrl-C / SIGTERM).")] = None,
+        clock_url: ClockOpt = None,
+    ) -> None:
+        """Record the live list/watch streams of the five kinds to a file that `dra-ledger replay` reads."""
+        configure_logging()
+
+        async def main() -> None:
+            api_client = await api_client_for(kubeconfig, context)
+            with output.open("w", encoding="utf-8") as out:
+                sink = RecordSink(out)
+                try:
+                    async with _stopping_on_signals() as stop:
+                        if duration_s is not None:
+                            asyncio.get_running_loop().call_later(duration_s, stop.set)
+                        await run_worker(api_client=api_client, sink=sink, settings=WatchSettings(), stop=stop,
+                                         clock=_clock(clock_url), elect=False)
+                finally:
+                    await api_client.close()
+                typer.echo(f"recorded {sink.lines} lines to {output}", err=True)
+
+        asyncio.run(main())
+
+    @app.command("fake-apiserver")
+    def fake_apiserver(
+        history: Annotated[Path, typer.Option("--history", help="Recorded history to serve (DESIGN §9).")],
+        port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: a free one).")] = 8080,
+        host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+        speed: Annotated[float, typer.Option("--speed", help="Play the history this many times faster "
+                                             "than recorded; 0: all of it at once.")] = 0.0,
+        paused: Annotated[bool, typer.Option("--paused", help="Play only on POST /fake/advance.")] = False,
+        serve: Annotated[str, typer.Option("--serve", help="resource.k8s.io versions served, comma-separated.")]
+        = "v1,v1beta2,v1beta1",
+    ) -> None:
+        """Serve list/watch of a recorded history like a Kubernetes API server (tests and demos)."""
+        configure_logging()
+
+        async def main() -> None:
+            server = FakeApiServer(read_history(history),
+                                   served={"resource.k8s.io": [v for v in serve.split(",") if v]})
+            url = await server.start(host, port)
+            typer.echo(f"fake API server at {url} ({server.remaining} lines; GET /fake/clock, "
+                       "POST /fake/advance?count=N|until=T|all=1, /fake/expire, /fake/faults)", err=True)
+            if not paused:
+                server.start_playing(speed=speed)
+            try:
+                async with _stopping_on_signals() as stop:
+                    await stop.wait()
+            finally:
+                await server.stop()
+
+        asyncio.run(main())

@@ -1,0 +1,106 @@
+"""Scheduled report jobs (APScheduler 3 ``AsyncIOScheduler``): hourly usage rollups and report snapshots.
+
+Two jobs, each ``max_instances=1`` (a slow run is never overlapped by the next) and ``coalesce=True``
+(runs missed while the process was busy or down collapse into one):
+
+- ``usage-rollups``, every hour at minute ``rollup_minute``: :func:`ledger.services.rollup_usage`
+  recomputes the last rolled hour and every whole hour after it (table ``usage_rollups``, view
+  ``reporting.team_usage_hourly``);
+- ``report-snapshots``, every ``snapshot_interval_s``: :func:`ledger.services.take_report_snapshots`
+  stores the idle-claim report, quota usage and pending demand (views ``reporting.idle_claims``,
+  ``reporting.quota_usage``, ``reporting.pending_demand``).
+
+The database work is synchronous (SQLAlchemy Core), so each job runs it in a worker thread and the
+event loop stays free for the watches that share it. A failing run is logged by APScheduler and the
+next tick tries again (projections and rollups are idempotent). ``dra-ledger watch`` starts this
+scheduler beside the watches; ``dra-ledger jobs`` runs it alone (``workers/jobs_cli.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ledger import services
+from ledger.config import LedgerConfig
+from ledger.store.database import LedgerDatabase
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The current time, aware, in UTC."""
+    return datetime.now(UTC)
+
+
+class JobSettings(BaseSettings):
+    """Schedules of the report jobs; ``LEDGER_JOBS_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_JOBS_", extra="ignore")
+
+    rollup_minute: int = Field(default=5, ge=0, le=59)
+    """Minute of each hour at which the hourly rollup runs; 5 leaves the watches 5 minutes to record
+    the end of the previous hour before it is rolled up (a later event is absorbed by the next run,
+    which recomputes the last rolled hour)."""
+    snapshot_interval_s: int = Field(default=300, ge=10)
+    """Seconds between report snapshots (idle claims, quota usage, pending demand), s; 5 minutes is
+    finer than the idle thresholds (30 minutes by default)."""
+    misfire_grace_s: int = Field(default=600, ge=1)
+    """A run late by up to this many seconds still runs (once, coalesced), s."""
+
+
+async def run_rollups(db: LedgerDatabase, *, cluster: str | None = None, clock: Clock = utc_now,
+                      start: datetime | None = None) -> int:
+    """Recompute the hourly usage rollups up to the current hour; returns the hours recomputed.
+
+    ``start`` (default: the last rolled hour) recomputes from an earlier hour, e.g. after a rebuild.
+    """
+    hours = await asyncio.to_thread(services.rollup_usage, db, end=clock(), start=start, cluster=cluster)
+    log.info("usage rollups: %d hour(s) recomputed", hours)
+    return hours
+
+
+async def run_snapshots(db: LedgerDatabase, *, config: LedgerConfig, cluster: str | None = None,
+                        clock: Clock = utc_now) -> dict[str, int]:
+    """Store the idle-claim, quota and pending-demand snapshots at the current time; returns row counts."""
+    at = clock()
+    counts = await asyncio.to_thread(services.take_report_snapshots, db, at=at, config=config, cluster=cluster)
+    log.info("report snapshots at %s: %s", at.isoformat(), counts)
+    return counts
+
+
+def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSettings | None = None,
+                    cluster: str | None = None, clock: Clock = utc_now) -> AsyncIOScheduler:
+    """Return an ``AsyncIOScheduler`` (not started) holding the ``usage-rollups`` and ``report-snapshots`` jobs.
+
+    Args:
+        db: the ledger database (schema at head).
+        config: the configuration file (idle thresholds, ``deviceClassMappings``, quotas).
+        settings: schedules (default: :class:`JobSettings` from the environment).
+        cluster: limit the jobs to one cluster (``None``: every cluster in the ledger).
+        clock: the time source (tests pass a fixed clock).
+
+    Returns:
+        The scheduler, in UTC; call ``start()`` inside a running event loop and ``shutdown()`` to stop.
+    """
+    settings = settings or JobSettings()
+    scheduler = AsyncIOScheduler(timezone=UTC, job_defaults={
+        "max_instances": 1, "coalesce": True, "misfire_grace_time": settings.misfire_grace_s})
+    scheduler.add_job(run_rollups, CronTrigger(minute=settings.rollup_minute, timezone=UTC), id="usage-rollups",
+                      name="hourly usage rollups", kwargs={"db": db, "cluster": cluster, "clock": clock},
+                      max_instances=1, coalesce=True, replace_existing=True)
+    scheduler.add_job(run_snapshots, IntervalTrigger(seconds=settings.snapshot_interval_s, timezone=UTC),
+                      id="report-snapshots", name="idle-claim, quota and pending-demand snapshots",
+                      kwargs={"db": db, "config": config, "cluster": cluster, "clock": clock},
+                      max_instances=1, coalesce=True, replace_existing=True)
+    return scheduler

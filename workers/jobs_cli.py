@@ -1,0 +1,79 @@
+"""``dra-ledger jobs``: run the report jobs alone (entry point ``dra_ledger.commands`` -> ``jobs``).
+
+``dra-ledger watch`` starts the same scheduler beside the watches; this command is for a deployment
+that runs the jobs as their own process (``compose.yaml`` service ``jobs``), or once from cron
+(``--once``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ledger import services
+from ledger.config import load_config
+from ledger.errors import LedgerError
+from ledger.recorded import parse_time
+from ledger.settings import Settings
+from workers.jobs import JobSettings, build_scheduler, run_rollups, run_snapshots
+
+
+async def _run_forever(settings: Settings, config_path: Path | None, cluster: str | None) -> None:
+    db = services.open_ledger(settings)
+    config = load_config(config_path)
+    scheduler = build_scheduler(db, config=config, settings=JobSettings(), cluster=cluster)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # not every platform lets asyncio handle signals
+            loop.add_signal_handler(sig, stop.set)
+    scheduler.start()
+    try:
+        await stop.wait()
+    finally:
+        scheduler.shutdown(wait=False)
+
+
+async def _run_once(settings: Settings, config_path: Path | None, cluster: str | None,
+                    rollup_from: datetime | None) -> dict[str, int]:
+    db = services.open_ledger(settings)
+    config = load_config(config_path)
+    hours = await run_rollups(db, cluster=cluster, start=rollup_from)
+    counts = await run_snapshots(db, config=config, cluster=cluster)
+    return {"hours": hours, **counts}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``jobs`` command to the ``dra-ledger`` application."""
+
+    @app.command()
+    def jobs(
+        once: Annotated[bool, typer.Option("--once", help="Run each job once and exit (for cron).")] = False,
+        config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
+                                                    help="Configuration file (TOML or YAML).")] = None,
+        cluster: Annotated[str | None, typer.Option("--cluster", help="Only this cluster (default: all).")] = None,
+        rollup_from: Annotated[str | None, typer.Option(
+            "--rollup-from", help="With --once: recompute the hourly rollups from this instant (RFC 3339), e.g. "
+            "after `dra-ledger rebuild`.")] = None,
+        url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
+                                                help="Ledger database URL; unset = embedded PostgreSQL.")] = None,
+    ) -> None:
+        """Run the report jobs: hourly usage rollups and idle/quota/pending snapshots every N minutes."""
+        settings = Settings().model_copy(update={"database_url": url} if url else {})
+        try:
+            if once:
+                start = parse_time(rollup_from) if rollup_from else None
+                counts = asyncio.run(_run_once(settings, config, cluster, start))
+                typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
+                           f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes")
+            else:
+                asyncio.run(_run_forever(settings, config, cluster))
+        except LedgerError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e

@@ -1,0 +1,1 @@
+"""The Kubernetes side of the workers: the kind table and a raw-JSON list/watch client (kubernetes-asyncio)."""

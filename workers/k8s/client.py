@@ -1,0 +1,310 @@
+"""List and watch one kind through kubernetes-asyncio, as raw JSON (what the API server sent).
+
+The generated API methods are called with ``_preload_content=False`` so nothing is decoded into
+models: kubernetes-asyncio 36 looks up a model ``V1ResourceClaim`` that does not exist when it
+decodes a ResourceClaim watch, and models would drop fields the ledger does not know yet. The
+translator sees exactly the API server's bytes, parsed as JSON.
+
+Failures are sorted for the watch loop (STYLE, error handling): :class:`WatchExpired` (410, as a
+status or an in-stream ERROR) means list again at once; :class:`TransientApiError` (connection
+refused/reset, stream cut, timeouts, 429, 5xx) means back off; :class:`ApiError` is anything else
+and fails the task loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypedDict, cast
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+
+from ledger.types import JSONObject, JSONValue
+from workers.k8s.kinds import DRA_GROUP, KindInfo
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], Awaitable[datetime]]
+"""Receive-time source: tz-aware UTC ``now`` (async so that a test clock may live in another process)."""
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+
+
+class RawWatchEvent(TypedDict):
+    """One line of a watch stream: ``{"type": ..., "object": {...}}`` (an ERROR carries a Status)."""
+
+    type: str
+    object: dict[str, JSONValue]
+
+
+class RawListMeta(TypedDict, total=False):
+    """``metadata`` of a List response."""
+
+    resourceVersion: str
+    # ``continue`` is a Python keyword: read with .get("continue").
+
+
+class RawList(TypedDict, total=False):
+    """A List response (``XxxList``): items usually lack ``kind``/``apiVersion``."""
+
+    apiVersion: str
+    kind: str
+    metadata: RawListMeta
+    items: list[dict[str, JSONValue]]
+
+
+class ApiError(Exception):
+    """The API server refused a request in a way that retrying will not fix (or an unknown answer)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class WatchExpired(ApiError):
+    """410 Gone: the resourceVersion is too old (compacted); list again."""
+
+
+class TransientApiError(ApiError):
+    """A fault that passes: connection refused/reset, stream cut, timeout, 429 or 5xx."""
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, status=status)
+        self.retry_after_s = retry_after_s
+
+
+class NotServed(ApiError):
+    """404: the server does not serve this group/version/resource."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchEvent:
+    """One decoded watch event with its receive time."""
+
+    type: EventType
+    object: JSONObject
+    """As sent; ``kind``/``apiVersion`` filled in when the server left them out."""
+    resource_version: str | None
+    """``object.metadata.resourceVersion`` (for a BOOKMARK, the only field that matters)."""
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListResult:
+    """A complete list of one kind (every page)."""
+
+    items: list[JSONObject]
+    """Objects with ``kind`` and ``apiVersion`` set, in server order."""
+    resource_version: str
+    """``metadata.resourceVersion`` of the first page: watch from here."""
+    received_at: datetime
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _status_error(status: int, body: bytes, headers: Mapping[str, str], what: str) -> ApiError:
+    try:
+        decoded = json.loads(body) if body else {}
+        message = str(decoded.get("message", "")) if isinstance(decoded, dict) else ""
+    except ValueError:
+        message = body[:200].decode("utf-8", "replace")
+    text = f"{what}: HTTP {status} {message}".strip()
+    if status == 410:
+        return WatchExpired(text, status=status)
+    if status == 429 or status >= 500:
+        return TransientApiError(text, status=status, retry_after_s=_retry_after(headers))
+    if status == 404:
+        return NotServed(text, status=status)
+    return ApiError(text, status=status)
+
+
+def api_for(api_client: k8s.ApiClient, group: str, version: str) -> Any:
+    """The kubernetes-asyncio API class instance serving ``group``/``version`` (CoreV1Api, ResourceV1Api, ...)."""
+    name = "CoreV1Api" if not group else f"Resource{version.capitalize()}Api"
+    return getattr(k8s, name)(api_client)
+
+
+async def served_versions(api_client: k8s.ApiClient, group: str = DRA_GROUP, *,
+                          timeout_s: float = 30.0) -> list[str]:
+    """Versions of ``group`` the server serves (``GET /apis`` discovery), e.g. ``["v1", "v1beta2"]``.
+
+    Raises:
+        TransientApiError: connection problems, 429 or 5xx.
+        ApiError: any other refusal.
+    """
+    call = k8s.ApisApi(api_client).get_api_versions(_preload_content=False, _request_timeout=timeout_s)
+    body = await get_json(cast(Awaitable[aiohttp.ClientResponse], call), "GET /apis")
+    groups = body.get("groups")
+    for g in groups if isinstance(groups, list) else []:
+        if isinstance(g, dict) and g.get("name") == group:
+            versions = g.get("versions")
+            return [str(v.get("version")) for v in (versions if isinstance(versions, list) else [])
+                    if isinstance(v, dict)]
+    return []
+
+
+async def get_json(call: Awaitable[aiohttp.ClientResponse], what: str) -> dict[str, JSONValue]:
+    """Await a kubernetes-asyncio call made with ``_preload_content=False`` and decode its JSON object body.
+
+    Args:
+        call: the pending request; ``what`` names it in error messages (``list pods.v1``).
+
+    Raises:
+        WatchExpired: HTTP 410.
+        TransientApiError: connection problems, timeouts, 429, 5xx, a body that is not a JSON object.
+        NotServed: HTTP 404.
+        ApiError: any other non-2xx answer.
+    """
+    try:
+        resp = await call
+        async with resp:
+            body = await resp.read()
+            if not 200 <= resp.status <= 299:
+                raise _status_error(resp.status, body, resp.headers, what)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise TransientApiError(f"{what}: {type(e).__name__}: {e}") from e
+    try:
+        decoded = json.loads(body)
+    except ValueError as e:
+        raise TransientApiError(f"{what}: response is not JSON: {e}") from e
+    if not isinstance(decoded, dict):
+        raise TransientApiError(f"{what}: response is not a JSON object")
+    return cast(dict[str, JSONValue], decoded)
+
+
+class KubeSource:
+    """List and watch one kind in one served version, all namespaces, returning raw JSON objects."""
+
+    def __init__(self, api_client: k8s.ApiClient, info: KindInfo, version: str, *, clock: Clock,
+                 request_timeout_s: float = 60.0, page_size: int = 500) -> None:
+        self.info = info
+        self.version = version
+        self.api_version = info.api_version(version)
+        self._list = getattr(api_for(api_client, info.group, version), info.list_method)
+        self._clock = clock
+        self._timeout_s = request_timeout_s
+        self._page_size = page_size
+
+    def _complete(self, obj: dict[str, JSONValue]) -> JSONObject:
+        # List items (and some proxies' watch objects) omit kind/apiVersion; the translator needs them.
+        if "kind" not in obj or "apiVersion" not in obj:
+            obj = {"apiVersion": self.api_version, "kind": self.info.kind, **obj}
+        return obj
+
+    async def list(self) -> ListResult:
+        """List every object of the kind, page by page (``limit``/``continue``).
+
+        Returns:
+            The items and the first page's resourceVersion, received at the clock's time of the first page.
+
+        Raises:
+            WatchExpired: a ``continue`` token expired (410) mid-way: list again.
+            TransientApiError / NotServed / ApiError: see the module docstring.
+        """
+        items: list[JSONObject] = []
+        token: str | None = None
+        version: str | None = None
+        received_at: datetime | None = None
+        what = f"list {self.info.plural}.{self.api_version}"
+        while True:
+            kwargs: dict[str, object] = {"limit": self._page_size, "_preload_content": False,
+                                         "_request_timeout": self._timeout_s}
+            if token:
+                kwargs["_continue"] = token
+            body = cast(RawList, await get_json(self._list(**kwargs), what))
+            if received_at is None:
+                received_at = await self._clock()
+            meta = body.get("metadata", {})
+            if version is None:
+                version = str(meta.get("resourceVersion", ""))
+            items.extend(self._complete(item) for item in body.get("items") or [] if isinstance(item, dict))
+            next_token = cast(Mapping[str, object], meta).get("continue")
+            if not isinstance(next_token, str) or not next_token:
+                break
+            token = next_token
+        log.info("listed %s", self.info.kind, extra={"resource": self.info.plural, "resourceVersion": version,
+                                                     "items": len(items)})
+        return ListResult(items=items, resource_version=version or "", received_at=received_at)
+
+    async def watch(self, *, since: str, timeout_s: int,
+                    batch_size: int = 500) -> AsyncIterator[builtins.list[WatchEvent]]:
+        """Watch from resourceVersion ``since`` with bookmarks, until the server ends the stream.
+
+        Yields bursts: the events whose lines arrived in one network read (at most ``batch_size``
+        each), in stream order, each stamped with the clock when its line was complete. A line cut
+        by a dropped connection is never yielded; the server's ``timeoutSeconds`` end is a normal end.
+
+        Raises:
+            WatchExpired: HTTP 410, or an in-stream ERROR with code 410.
+            TransientApiError: connection problems, stream cut, 429/5xx, an in-stream ERROR 5xx.
+            ApiError: any other refusal or in-stream ERROR.
+        """
+        what = f"watch {self.info.plural}.{self.api_version} from {since}"
+        try:
+            resp: aiohttp.ClientResponse = await self._list(
+                watch=True, resource_version=since, allow_watch_bookmarks=True, timeout_seconds=timeout_s,
+                _preload_content=False, _request_timeout=(self._timeout_s, timeout_s + self._timeout_s))
+            async with resp:
+                if not 200 <= resp.status <= 299:
+                    raise _status_error(resp.status, await resp.read(), resp.headers, what)
+                buffer = b""
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    burst: builtins.list[WatchEvent] = []
+                    while (end := buffer.find(b"\n")) != -1:
+                        line, buffer = buffer[:end], buffer[end + 1:]
+                        if line.strip():
+                            try:
+                                burst.append(await self._event(line, what))
+                            except ApiError:
+                                if burst:
+                                    yield burst  # what came before the ERROR is still good
+                                raise
+                        if len(burst) >= batch_size:
+                            yield burst
+                            burst = []
+                    if burst:
+                        yield burst
+                if buffer.strip():
+                    # A stream that ends on a partial line was cut: do not trust what we have.
+                    raise TransientApiError(f"{what}: stream ended inside an event ({len(buffer)} bytes)")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise TransientApiError(f"{what}: {type(e).__name__}: {e}") from e
+
+    async def _event(self, line: bytes, what: str) -> WatchEvent:
+        try:
+            decoded = json.loads(line)
+        except ValueError as e:
+            raise TransientApiError(f"{what}: undecodable event: {e}") from e
+        if not isinstance(decoded, dict) or not isinstance(decoded.get("object"), dict):
+            raise TransientApiError(f"{what}: not a watch event")
+        raw = cast(RawWatchEvent, decoded)
+        obj = raw["object"]
+        if raw["type"] == "ERROR":
+            code = obj.get("code")
+            status = code if isinstance(code, int) else 500
+            raise _status_error(status, json.dumps(obj).encode(), {}, f"{what}: in-stream ERROR") from None
+        if raw["type"] not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+            raise ApiError(f"{what}: unknown event type {raw['type']!r}")
+        meta = obj.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return WatchEvent(type=cast(EventType, raw["type"]), object=self._complete(obj),
+                          resource_version=rv if isinstance(rv, str) else None, received_at=await self._clock())
+
+
+async def wait_closed(api_client: k8s.ApiClient) -> None:
+    """Close the client's connection pool (kubernetes-asyncio ``ApiClient.close``)."""
+    await api_client.close()
+    await asyncio.sleep(0)

@@ -1,0 +1,68 @@
+"""Settings of the watch workers, read from the environment (prefix ``LEDGER_WATCH_``).
+
+Kept apart from :class:`ledger.settings.Settings` (database, cluster, team label), which the workers
+read as well: these only make sense for a process that follows a cluster.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WatchSettings(BaseSettings):
+    """Timing and sizing of list/watch, backoff, leader election and health; ``LEDGER_WATCH_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_WATCH_", extra="ignore")
+
+    server_timeout_s: int = 300
+    """``timeoutSeconds`` asked of each watch request, s: the API server ends the stream after it and
+    the worker watches again from the last resourceVersion (kube's default range is 300-600 s)."""
+    request_timeout_s: float = 60.0
+    """Client timeout of list requests and of one read on a watch stream, s (a silent stream longer
+    than this, bookmarks included, is treated as dropped)."""
+    list_page_size: int = 500
+    """``limit`` of each list page: bounds the memory of one response for 100,000 claims."""
+    batch_size: int = 500
+    """Most watch events written in one transaction: a burst is written as the events that arrived
+    together (one network read), split into batches of at most this many."""
+    error_backoffs_s: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+    """Delays after consecutive transient failures (5xx, 429, connection loss, database down), s; the
+    last repeats. A 429's ``Retry-After`` wins when longer."""
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    """Each backoff delay is multiplied by a random factor in ``[1 - jitter, 1 + jitter]`` so that
+    replicas and kinds do not retry in lockstep."""
+    lease_name: str = "dra-ledger-watch"
+    """Name of the coordination.k8s.io/v1 Lease the replicas compete for."""
+    lease_namespace: str = "dra-ledger"
+    """Namespace of the Lease (in a pod: its own namespace is a good choice)."""
+    lease_duration_s: int = 15
+    """``leaseDurationSeconds``: a standby takes over once the lease went unrenewed this long, s."""
+    renew_deadline_s: float = 10.0
+    """The leader steps down when it could not renew for this long, s (< lease_duration_s, so it
+    stops writing before a standby may start)."""
+    retry_period_s: float = 2.0
+    """Interval between acquire/renew attempts, s."""
+    catch_up_interval_s: float = 1.0
+    """How often the leader brings the read models up to date after it appended events, s (projection
+    catch-up, DESIGN §8); 0 = never (queries, ``dra-ledger rebuild`` or another process do it)."""
+    health_host: str = "0.0.0.0"
+    """Address of the /healthz, /readyz and /metrics server."""
+    health_port: int = 8081
+    """Port of the health server; 0 = pick a free one, -1 = no health server."""
+
+
+def backoff_delay_s(settings: WatchSettings, failures: int, *, retry_after_s: float | None = None,
+                    rng: random.Random | None = None) -> float:
+    """Delay before the next attempt after ``failures`` consecutive failures (0-based), s.
+
+    ``settings.error_backoffs_s[failures]`` (the last entry repeats) times a jitter factor in
+    ``[1 - jitter, 1 + jitter]``; a server's ``Retry-After`` wins when it is longer.
+    """
+    delays = settings.error_backoffs_s or (1.0,)
+    base = delays[min(max(failures, 0), len(delays) - 1)]
+    factor = 1.0 + (rng or random).uniform(-settings.jitter, settings.jitter)
+    delay = max(0.0, base * factor)
+    return max(delay, retry_after_s) if retry_after_s is not None else delay

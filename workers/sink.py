@@ -1,0 +1,143 @@
+"""The ledger as a watch sink: every burst and every relist goes through ``ledger.services``.
+
+One :class:`LedgerSink` serves every kind of one cluster. The translator state is shared by the
+kinds, so writes are serialised by an asyncio lock and run one at a time in a thread (SQLAlchemy is
+synchronous; the event loop keeps renewing the Lease meanwhile). A write that fails drops the state,
+which is loaded again from the database before the next write: what is in memory never runs ahead
+of what committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from ledger import services
+from ledger.errors import Unavailable
+from ledger.recorded import watch_line
+from ledger.store.database import LedgerDatabase
+from ledger.translator.translate import TranslatorSettings, TranslatorState
+from workers.health import WorkerMetrics
+from workers.k8s.client import KubeSource, ListResult, WatchEvent
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def keep_projections_current(sink: LedgerSink, *, interval_s: float) -> None:
+    """While leader: every ``interval_s``, if ``sink`` appended events since, catch the read models up.
+
+    Runs ``services.catch_up`` in a thread (each projection commits its rows with its checkpoint, so
+    a catch-up cut short is resumed by the next). A database outage is logged and retried next tick.
+    Returns at once when ``interval_s`` is 0.
+    """
+    if interval_s <= 0:
+        return
+    seen = -1
+    while True:
+        await asyncio.sleep(interval_s)
+        if sink.appended == seen:
+            continue
+        now = sink.appended
+        try:
+            applied = await asyncio.to_thread(services.catch_up, sink.db)
+        except Unavailable as e:
+            log.warning("projection catch-up failed, retrying in %.1fs: %s", interval_s, e)
+            continue
+        seen = now
+        if applied:
+            log.debug("projections caught up: %d events applied", applied)
+
+
+class LedgerSink:
+    """Stores watch bursts and relists with their resourceVersion checkpoint (one transaction each)."""
+
+    def __init__(self, db: LedgerDatabase, *, cluster: str, translator: TranslatorSettings = TranslatorSettings(),
+                 batch_size: int = 1000, metrics: WorkerMetrics | None = None) -> None:
+        self.db = db
+        self.cluster = cluster
+        self._translator = translator
+        self._batch_size = batch_size
+        self._metrics = metrics
+        self._state: TranslatorState | None = None
+        self._lock = asyncio.Lock()
+        self._seq = itertools.count(1)
+        self.appended = 0
+        """Ledger events appended by this sink so far (the projection catch-up loop watches it)."""
+
+    def reset(self) -> None:
+        """Drop the cached translator state; the next write loads it from the database.
+
+        Called whenever this replica becomes the leader: a former leader may have written since.
+        """
+        self._state = None
+
+    async def _write(self, call: Callable[[TranslatorState], T]) -> T:
+        # Invariant: one write at a time (shared translator state; one append transaction per cluster).
+        async with self._lock:
+            task = asyncio.ensure_future(asyncio.to_thread(self._in_thread, call))
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # The thread cannot be stopped: keep the lock until it finished, so no write overlaps.
+                await asyncio.wait([task])
+                raise
+
+    def _in_thread(self, call: Callable[[TranslatorState], T]) -> T:
+        if self._state is None:
+            self._state = services.load_state(self.db, self.cluster)
+        try:
+            return call(self._state)
+        except BaseException:
+            self._state = None  # reload from what committed before the next write
+            raise
+
+    async def resume_from(self, source: KubeSource) -> str | None:
+        """The stored resourceVersion of ``source``'s kind, if stored for the same apiVersion.
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+        """
+        stored = (await asyncio.to_thread(services.load_watch_checkpoints, self.db, self.cluster)).get(source.info.kind)
+        if stored is None or stored.api_version != source.api_version:
+            return None
+        return stored.resource_version
+
+    async def relisted(self, source: KubeSource, listed: ListResult) -> None:
+        """Reconcile a full list (``services.reconcile_relist``): vanished objects are recorded as deleted.
+
+        Raises:
+            StoreUnavailable: the database cannot be reached (nothing of the list is taken as stored).
+        """
+        checkpoint = services.WatchCheckpoint(kind=source.info.kind, api_version=source.api_version,
+                                              resource_version=listed.resource_version)
+        report = await self._write(lambda state: services.reconcile_relist(
+            self.db, listed.items, cluster=self.cluster, state=state, checkpoint=checkpoint,
+            observed_at=listed.received_at, source=f"relist:{source.info.kind}", settings=self._translator,
+            batch_size=self._batch_size))
+        self._report(source, report)
+
+    async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
+        """Store one burst and its resourceVersion (``services.record_watch_batch``); BOOKMARKs only move it.
+
+        Raises:
+            StoreUnavailable: the database cannot be reached (the burst will be delivered again).
+        """
+        lines = [watch_line(source=f"watch:{source.info.kind}", line=next(self._seq), event_type=e.type,
+                            observed_at=e.received_at, obj=e.object) for e in events if e.type != "BOOKMARK"]
+        checkpoint = services.WatchCheckpoint(kind=source.info.kind, api_version=source.api_version,
+                                              resource_version=resource_version)
+        report = await self._write(lambda state: services.record_watch_batch(
+            self.db, lines, cluster=self.cluster, state=state, checkpoint=checkpoint, settings=self._translator))
+        self._report(source, report)
+
+    def _report(self, source: KubeSource, report: services.IngestReport) -> None:
+        self.appended += report.events
+        if self._metrics is not None:
+            self._metrics.appended(source.info.kind, report.events)
+        for rejection in report.rejected:
+            log.warning("rejected %s: %s", rejection.origin, rejection.reason,
+                        extra={"resource": source.info.plural, "resourceVersion": None})

@@ -1,0 +1,109 @@
+"""The generic list-then-watch loop of one kind (kopf's shape: list, watch from the list's
+resourceVersion, 410 means list again, transient faults back off).
+
+The loop never writes anything itself: it hands bursts to a :class:`Sink` (the ledger, or a file
+for ``dra-ledger record``) and only moves its resourceVersion after the sink returned, so the
+resourceVersion it resumes from is always one whose events are stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import NoReturn, Protocol
+
+from ledger.errors import Unavailable
+from workers.health import WorkerMetrics
+from workers.k8s.client import KubeSource, ListResult, TransientApiError, WatchEvent, WatchExpired
+from workers.settings import WatchSettings, backoff_delay_s
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    """Where a followed kind's objects go. Calls for one cluster are made one at a time per kind."""
+
+    def reset(self) -> None:
+        """Forget anything cached: this replica (re)starts writing and another may have written meanwhile."""
+        ...
+
+    async def resume_from(self, source: KubeSource) -> str | None:
+        """The stored resourceVersion to watch ``source`` from, or ``None`` to list first."""
+        ...
+
+    async def relisted(self, source: KubeSource, listed: ListResult) -> None:
+        """Store a full list (objects missing from it were deleted) and its resourceVersion."""
+        ...
+
+    async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
+        """Store one burst of watch events (BOOKMARKs included) and the resourceVersion after it."""
+        ...
+
+
+async def follow(source: KubeSource, sink: Sink, settings: WatchSettings,
+                 metrics: WorkerMetrics | None = None) -> NoReturn:
+    """List then watch ``source`` forever, resuming from the sink's stored resourceVersion.
+
+    - 410 Gone (status or in-stream ERROR): list again at once and let the sink reconcile.
+    - transient API faults and a database outage: back off (``settings.error_backoffs_s`` with
+      jitter, ``Retry-After`` winning), then watch again from the last stored resourceVersion.
+    - the server ending a watch after ``timeoutSeconds``: watch again at once.
+
+    Raises:
+        ApiError: a refusal that retrying will not fix (403, 404, ...); the caller restarts the task.
+        LedgerError: other than Unavailable (e.g. StreamConflict from a second writer).
+    """
+    kind = source.info.kind
+    since = await _resume(source, sink, settings, metrics)
+    failures = 0
+    while True:
+        try:
+            if since is None:
+                listed = await source.list()
+                await sink.relisted(source, listed)
+                since = listed.resource_version
+                if metrics is not None:
+                    metrics.observed_list(kind, len(listed.items), since)
+            async for burst in source.watch(since=since, timeout_s=settings.server_timeout_s,
+                                            batch_size=settings.batch_size):
+                last = next((e.resource_version for e in reversed(burst) if e.resource_version), since)
+                await sink.observed(source, burst, last)
+                since = last
+                failures = 0
+                if metrics is not None:
+                    metrics.observed_events(kind, [e.type for e in burst], since)
+            if metrics is not None:
+                metrics.restarted(kind, "timeout")
+            log.debug("watch ended; watching again", extra={"resource": source.info.plural, "resourceVersion": since})
+        except WatchExpired as e:
+            log.warning("resourceVersion expired (410); listing again: %s", e,
+                        extra={"resource": source.info.plural, "resourceVersion": since})
+            if metrics is not None:
+                metrics.expired(kind)
+            since = None
+        except (TransientApiError, Unavailable) as e:
+            retry_after = e.retry_after_s if isinstance(e, TransientApiError) else None
+            delay = backoff_delay_s(settings, failures, retry_after_s=retry_after)
+            failures += 1
+            reason = "database" if isinstance(e, Unavailable) else f"http-{e.status}" if e.status else "connection"
+            log.warning("transient failure (%s), retrying in %.2fs: %s", reason, delay, e,
+                        extra={"resource": source.info.plural, "resourceVersion": since})
+            if metrics is not None:
+                metrics.restarted(kind, reason)
+            await asyncio.sleep(delay)
+
+
+async def _resume(source: KubeSource, sink: Sink, settings: WatchSettings, metrics: WorkerMetrics | None) -> str | None:
+    failures = 0
+    while True:
+        try:
+            return await sink.resume_from(source)
+        except Unavailable as e:
+            delay = backoff_delay_s(settings, failures)
+            failures += 1
+            log.warning("cannot read the watch checkpoint, retrying in %.2fs: %s", delay, e,
+                        extra={"resource": source.info.plural, "resourceVersion": None})
+            if metrics is not None:
+                metrics.restarted(source.info.kind, "database")
+            await asyncio.sleep(delay)
