@@ -8,6 +8,7 @@ yields an empty interval instead of an invalid range.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
@@ -67,3 +68,18 @@ def opt_str_of(payload: Mapping[str, JSONValue], key: str) -> str | None:
     """Return ``payload[key]`` as a string or ``None``."""
     value = payload.get(key)
     return value if isinstance(value, str) else None
+
+
+def cluster_filter(cluster: str | None, alias: str = "") -> str:
+    """SQL ``AND [alias.]cluster = :cluster`` when ``cluster`` is given, else an empty string."""
+    prefix = f"{alias}." if alias else ""
+    return f" AND {prefix}cluster = :cluster" if cluster is not None else ""
+
+
+def json_value(value: object) -> JSONValue:
+    """A ``jsonb`` column value as JSON (psycopg returns it decoded; a text column holds JSON text)."""
+    if isinstance(value, str):
+        loaded: JSONValue = json.loads(value)
+        return loaded
+    assert value is None or isinstance(value, dict | list | int | float | bool)
+    return value

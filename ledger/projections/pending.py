@@ -14,13 +14,14 @@ Sources: ``claim_states`` (pending intervals), ``claims.requests``, ``device_cla
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
 
 from sqlalchemy import Connection, text
 
+from ledger.projections.base import cluster_filter as _cluster_filter
+from ledger.projections.base import json_value as _json
 from ledger.projections.queries import rfc3339
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of
@@ -30,18 +31,6 @@ from ledger.types import JSONObject, JSONValue
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """Taint effects that keep a device from new allocations."""
-
-
-def _json(value: object) -> JSONValue:
-    if isinstance(value, str):
-        loaded: JSONValue = json.loads(value)
-        return loaded
-    assert value is None or isinstance(value, dict | list | int | float | bool)
-    return value
-
-
-def _cluster_filter(cluster: str | None, alias: str) -> str:
-    return f" AND {alias}.cluster = :cluster" if cluster is not None else ""
 
 
 DeviceId = tuple[str, str, str]

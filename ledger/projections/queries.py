@@ -18,6 +18,7 @@ from typing import Literal
 from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
+from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.types import JSONObject, JSONValue
 
 GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
@@ -30,11 +31,6 @@ IDLE_CATEGORIES = ("unreserved", "inactive-consumers", "unreferenced")
 def rfc3339(value: datetime) -> str:
     """Format an aware datetime as RFC 3339 UTC with a ``Z`` (microseconds only when non-zero)."""
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _cluster_filter(cluster: str | None, alias: str = "") -> str:
-    prefix = f"{alias}." if alias else ""
-    return f" AND {prefix}cluster = :cluster" if cluster is not None else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ the configuration overrides the namespace.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,8 @@ from sqlalchemy import Connection, text
 
 from ledger.config import DeviceClassMapping, LedgerConfig, MappingSource
 from ledger.errors import Invalid
+from ledger.projections.base import cluster_filter as _cluster_filter
+from ledger.projections.base import json_value as _json
 from ledger.projections.queries import rfc3339
 from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.quantities import as_number, quantity_value
@@ -301,18 +302,6 @@ def count_claim(claim: ClaimAtT, *, config: LedgerConfig, catalog: Catalog) -> l
 
 
 # --- reading the read models --------------------------------------------------------------------
-
-
-def _cluster_filter(cluster: str | None, alias: str) -> str:
-    return f" AND {alias}.cluster = :cluster" if cluster is not None else ""
-
-
-def _json(value: object) -> JSONValue:
-    if isinstance(value, str):
-        loaded: JSONValue = json.loads(value)
-        return loaded
-    assert value is None or isinstance(value, dict | list | int | float | bool)
-    return value
 
 
 def load_catalogs(conn: Connection, *, at: datetime, cluster: str | None,

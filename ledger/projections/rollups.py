@@ -21,6 +21,7 @@ from itertools import pairwise
 from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
+from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.queries import GROUP_BY, rfc3339
 from ledger.types import JSONObject, JSONValue
 
@@ -39,10 +40,6 @@ def ceil_hour(t: datetime) -> datetime:
     """Smallest UTC hour boundary at or after ``t``."""
     floor = floor_hour(t)
     return floor if floor == t else floor + HOUR
-
-
-def _cluster_filter(cluster: str | None) -> str:
-    return " AND cluster = :cluster" if cluster is not None else ""
 
 
 def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: str | None,

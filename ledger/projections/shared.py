@@ -19,7 +19,6 @@ Sources: ``device_allocations``, ``device_inventory``, ``claim_consumers`` and t
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -29,21 +28,11 @@ from itertools import pairwise
 from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
+from ledger.projections.base import cluster_filter as _cluster_filter
+from ledger.projections.base import json_value as _json
 from ledger.projections.queries import _consumers_at, rfc3339
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
-
-
-def _json(value: object) -> JSONValue:
-    if isinstance(value, str):
-        loaded: JSONValue = json.loads(value)
-        return loaded
-    assert value is None or isinstance(value, dict | list | int | float | bool)
-    return value
-
-
-def _cluster_filter(cluster: str | None, alias: str) -> str:
-    return f" AND {alias}.cluster = :cluster" if cluster is not None else ""
 
 
 def _ratio(value: Decimal) -> float:
