@@ -34,7 +34,9 @@ def rfc3339(value: datetime) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Consumer:
+class Consumer:
+    """A ``reservedFor`` entry of a claim at an instant, with whether it is live / Running then."""
+
     claim_uid: str
     resource: str
     name: str
@@ -43,7 +45,7 @@ class _Consumer:
     running: bool
 
 
-def _consumers_at(conn: Connection, at: datetime, cluster: str | None) -> dict[str, list[_Consumer]]:
+def consumers_at(conn: Connection, at: datetime, cluster: str | None) -> dict[str, list[Consumer]]:
     """Consumers in ``reservedFor`` at ``at`` per claim uid, with liveness of pods at ``at``.
 
     A pod consumer is live unless the ledger saw it terminal (Succeeded/Failed) or deleted at ``at``;
@@ -57,7 +59,7 @@ def _consumers_at(conn: Connection, at: datetime, cluster: str | None) -> dict[s
         " EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid) AS known "
         "FROM claim_consumers c WHERE c.valid @> :at" + _cluster_filter(cluster, "c") +
         " ORDER BY c.name"), {"at": at, "cluster": cluster}).all()
-    out: dict[str, list[_Consumer]] = defaultdict(list)
+    out: dict[str, list[Consumer]] = defaultdict(list)
     for r in rows:
         if r.resource == "pods":
             live = (r.phase is not None and r.phase not in TERMINAL) or not r.known
@@ -65,7 +67,7 @@ def _consumers_at(conn: Connection, at: datetime, cluster: str | None) -> dict[s
         else:
             live = running = True
         out[f"{r.cluster}\x00{r.claim_uid}"].append(
-            _Consumer(claim_uid=r.claim_uid, resource=r.resource, name=r.name, uid=r.uid, live=live, running=running))
+            Consumer(claim_uid=r.claim_uid, resource=r.resource, name=r.name, uid=r.uid, live=live, running=running))
     return out
 
 
@@ -98,7 +100,7 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         "SELECT cluster, driver, pool, device, node, model, claim_uid, namespace, claim, team, request, "
         "device_class, share_id, consumed_capacity, admin_access, conflict FROM device_allocations "
         f"WHERE valid @> :at{filters} ORDER BY namespace, claim, request, share_id NULLS FIRST"), params).all()
-    consumers = _consumers_at(conn, at, cluster)
+    consumers = consumers_at(conn, at, cluster)
     devices: dict[tuple[str, str, str, str], JSONObject] = {}
     units: dict[tuple[str, str, str, str], str] = {}
     for r in inventory:
@@ -316,7 +318,7 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
         by_claim[f"{a.cluster}\x00{a.claim_uid}"].append(
             {"driver": a.driver, "pool": a.pool, "device": a.device, "request": a.request,
              "shareID": a.share_id, "consumedCapacity": a.consumed_capacity, "adminAccess": a.admin_access})
-    consumers = _consumers_at(conn, at, cluster)
+    consumers = consumers_at(conn, at, cluster)
     out: list[JSONValue] = []
     for r in rows:
         st = r.st or ("deleted" if r.deleted_at is not None and r.deleted_at <= at else None)
@@ -367,7 +369,7 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
         "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.created_at, s.state, lower(s.valid) AS since "
         "FROM claims c JOIN claim_states s ON s.cluster = c.cluster AND s.claim_uid = c.uid AND s.valid @> :at "
         "WHERE true" + _cluster_filter(cluster, "c") + " ORDER BY c.namespace, c.name"), params).all()
-    consumers = _consumers_at(conn, at, cluster)
+    consumers = consumers_at(conn, at, cluster)
     out: list[JSONValue] = []
     for r in rows:
         key = f"{r.cluster}\x00{r.uid}"

@@ -30,7 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
-from ledger.projections.queries import _consumers_at, rfc3339
+from ledger.projections.queries import consumers_at, rfc3339
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
 
@@ -157,7 +157,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSO
 
     counter_sets = _counter_sets(conn, at=at, inventory=inventory, by_device=by_device)
 
-    consumers = _consumers_at(conn, at, cluster)
+    consumers = consumers_at(conn, at, cluster)
     claim_rows = conn.execute(text(
         "SELECT c.cluster, c.uid, c.namespace, c.name FROM claims c WHERE c.created_at <= :at"
         + _cluster_filter(cluster, "c") + " ORDER BY c.namespace, c.name, c.uid"), params).all()
