@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,8 @@ from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+CALENDAR_UNITS = re.compile(r"^-?P[^T]*[YM]")
+"""An ISO 8601 duration with years or months (P1M, P1Y2D): calendar units, not a fixed length."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,8 @@ def parse_duration(value: str | None, name: str) -> timedelta | None:
     """
     if value is None:
         return None
+    if CALENDAR_UNITS.match(value):
+        raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), got {value!r}")
     try:
         raw: object = float(value)
     except ValueError:

@@ -172,13 +172,10 @@ def _refuse_with_url(url: str | None) -> None:
 
 @db_app.command("start")
 def db_start(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
-    """Start (or reuse) the embedded PostgreSQL and print its URL."""
-    from ledger.embedded import EmbeddedPostgres, default_data_dir
-
+    """Start (or reuse) the embedded PostgreSQL, migrate its ledger database, and print that database's URL."""
     _refuse_with_url(url)
     with _errors():
-        server = EmbeddedPostgres(data_dir or default_data_dir())
-        out.print(server.start())
+        typer.echo(services.open_ledger(settings_from(None, data_dir)).url)
 
 
 @db_app.command("stop")
@@ -244,6 +241,33 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     with _errors():
         applied = services.rebuild(services.open_ledger(settings))
     err.print(f"rebuilt read models from {applied} events")
+
+
+@app.command()
+def simulate(
+    output_file: Annotated[Path, typer.Option("--output", help="History file to write (JSON Lines, DESIGN §9).")],
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes in the fleet.")] = 10,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="Whole GPUs per node.")] = 8,
+    hours: Annotated[float, typer.Option("--hours", min=0.01, help="Simulated hours.")] = 24.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same file.")] = 0,
+    utilisation: Annotated[float, typer.Option("--utilisation", min=0.0, max=1.0,
+                                               help="Target fraction of GPUs held.")] = 0.7,
+    job_minutes: Annotated[float, typer.Option("--job-minutes", min=1.0, help="Mean hold time (min).")] = 60.0,
+    mig_node_fraction: Annotated[float, typer.Option("--mig-node-fraction", min=0.0, max=1.0,
+                                                     help="Nodes whose GPUs also offer MIG partitions.")] = 0.1,
+    teams: Annotated[int, typer.Option("--teams", min=1, help="Teams (2 namespaces each).")] = 6,
+    start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339).")] = "2026-11-01T00:00:00Z",
+) -> None:
+    """Write a deterministic simulated fleet history (see ledger.simulate for every behaviour)."""
+    from ledger.simulate import FleetSpec, write_history
+
+    spec = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, hours=hours, seed=seed, utilisation=utilisation,
+                     job_minutes=job_minutes, mig_node_fraction=mig_node_fraction, teams=teams,
+                     start=_time(start, "--start"))
+    summary = write_history(spec, output_file)
+    err.print(f"wrote {summary.lines} lines to {output_file}: {summary.devices} devices, {summary.claims} claims, "
+              f"{summary.allocations} allocations")
+    out.print(services.dumps(summary.to_json()))
 
 
 # --- queries -------------------------------------------------------------------------------------
@@ -368,15 +392,17 @@ class GroupBy(enum.StrEnum):
 def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3339).")],
           end: Annotated[str, typer.Option("--to", help="Window end, exclusive (RFC 3339).")],
           group_by: Annotated[GroupBy, typer.Option("--group-by")] = GroupBy.team,
-          cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
-          data_dir: DataDirOpt = None) -> None:
-    """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed)."""
+          config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
+          url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed);
+    with ``[[prices]]`` in the configuration, priced rows carry a cost."""
     t0, t1 = _time(start, "--from"), _time(end, "--to")
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
+    prices = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster)
+        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster, config=prices)
 
     _emit(_query(settings_from(url, data_dir), run), output, render_usage)
 
@@ -638,8 +664,11 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
             from ledger.embedded import EmbeddedPostgres, default_data_dir
 
             server = EmbeddedPostgres(settings.data_dir or default_data_dir())
-            err.print(f"embedded PostgreSQL 18 at {server.start()} (data dir {server.data_dir})")
+            server.start()
+            err.print(f"embedded PostgreSQL 18 in {server.data_dir}")
         db = services.open_ledger(settings)
+        if not settings.database_url:
+            err.print(f"ledger database: {db.url}")
         times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
         report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
         _print_report(report)

@@ -275,9 +275,11 @@ def load_config(path: Path | str | None) -> LedgerConfig:
         return DEFAULT
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is tolerated
     except OSError as e:
         raise Invalid(f"{path}: cannot read the configuration file: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise Invalid(f"{path}: the configuration file is not UTF-8 text (byte {e.start})") from e
     try:
         if path.suffix == ".toml":
             data: object = tomllib.loads(text)

@@ -336,7 +336,10 @@ class EmbeddedPostgres:
         """Run ``pg_ctl start``; returns the port the server listens on."""
         attempts = 1 if self._port is not None else _AUTO_PORT_ATTEMPTS
         for attempt in range(1, attempts + 1):
-            port = self._port if self._port is not None else _free_port()
+            # Prefer the port of the previous start: clients that already hold the URL (a running API,
+            # a dashboard) reconnect after a restart instead of knocking on a dead port forever.
+            previous = self._previous_port() if attempt == 1 else None
+            port = self._port if self._port is not None else (previous or _free_port())
             log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
             # listen_addresses: loopback only. unix_socket_directories empty: no socket file,
             # so no socket dir has to be writable by the server account.
@@ -348,6 +351,8 @@ class EmbeddedPostgres:
             _log.info("starting PostgreSQL in %s on %s:%d", self._data_dir, _HOST, port)
             code, output = _run(argv, account)
             if code == 0 and (running := self.postmaster()) is not None and running.port == port:
+                with contextlib.suppress(OSError):
+                    self._port_file.write_text(f"{port}\n")
                 return port
             new_log = self._read_log(log_offset)
             if attempt < attempts and "could not bind" in new_log:
@@ -358,6 +363,24 @@ class EmbeddedPostgres:
                 f"{output}{self._log_tail(new_log)}"
             )
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    @property
+    def _port_file(self) -> Path:
+        """Where the last port is remembered: next to the data dir (root writes it, not the server)."""
+        return self._data_dir.parent / f".{self._data_dir.name}.port"
+
+    def _previous_port(self) -> int | None:
+        """The port of the previous start if it is still free now, else ``None``."""
+        try:
+            port = int(self._port_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((_HOST, port))
+            except OSError:
+                return None
+        return port
 
     def _read_log(self, offset: int) -> str:
         try:

@@ -52,6 +52,8 @@ class EventsController(Controller):
             from litestar.exceptions import PermissionDeniedException
 
             raise PermissionDeniedException("a team-limited token cannot read the audit log")
+        if page_token is not None and after_position:
+            raise Invalid("give afterPosition or pageToken, not both (the token already says where to go on)")
         query = pagination.fingerprint({"type": event_type, "stream": stream})
         page = pagination.decode(page_token, query=query)
         after = page.offset if page_token is not None else after_position

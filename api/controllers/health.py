@@ -8,13 +8,14 @@ from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from api.deps import AppState
 from api.schemas import Health
 from ledger import services
 from ledger.errors import Unavailable
 
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+"""Prometheus text exposition format (Litestar appends ``charset=utf-8``)."""
 MAX_READY_LAG = 10_000
 """Events a projection may trail the head by and still be ready (a replay burst catches up in seconds)."""
 
@@ -63,7 +64,7 @@ class HealthController(Controller):
         operation_id="getMetrics",
         sync_to_thread=True,
         summary="Prometheus metrics",
-        media_type=CONTENT_TYPE_LATEST,
+        media_type=METRICS_MEDIA_TYPE,
     )
     def metrics(self, ctx: NamedDependency[AppState]) -> Response[Any]:
         """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``,
@@ -84,4 +85,4 @@ class HealthController(Controller):
                 lag_gauge.labels(projection=name).set(value)
         except Unavailable:
             up.set(0)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=METRICS_MEDIA_TYPE)

@@ -234,3 +234,18 @@ def test_quotas_over_http_show_vision_over_a_quota_of_three(
     assert (rows["nlp"]["used"], rows["nlp"]["overQuota"]) == (2, False)
     later = {r["team"]: r for r in ok(client, "/v1/quotas", at="2026-11-02T10:40:00Z")["rows"]}
     assert (later["vision"]["used"], later["vision"]["overQuota"]) == (3, False)  # train-0 ended at 10:00
+
+
+def test_calendar_steps_and_mixed_paging_are_refused_with_reasons(client: TestClient[Litestar]) -> None:
+    window = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
+    for step in ("P1M", "P1Y", "P1Y2D"):
+        response = client.get("/v1/usage", params={**window, "step": step})
+        assert response.status_code == 422 and "months and years" in response.json()["detail"]
+    first = ok(client, "/v1/events", limit=2)
+    both = client.get("/v1/events", params={"pageToken": first["nextPageToken"], "afterPosition": 10})
+    assert both.status_code == 422
+
+
+def test_metrics_content_type_names_the_prometheus_format_once(client: TestClient[Litestar]) -> None:
+    response = client.get("/metrics")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from sqlalchemy import Engine, create_engine, text
 from typer.testing import CliRunner
 
@@ -66,3 +69,29 @@ def test_database_urls_that_are_not_postgresql_are_refused_clearly() -> None:
 def test_db_stop_refuses_when_a_database_url_is_set() -> None:
     result = CliRunner().invoke(app, ["db", "stop", "--database-url", "postgresql://x@127.0.0.1/y"])
     assert result.exit_code == 2 and "embedded server is not in use" in result.output
+
+
+def test_a_configuration_file_that_is_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "binary.toml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    from ledger.config import load_config
+    from ledger.errors import Invalid
+
+    with pytest.raises(Invalid, match="is not UTF-8"):
+        load_config(bad)
+
+
+def test_usage_with_prices_shows_cost_on_the_cli(ledger_engine: Engine, tmp_path: Path) -> None:
+    url = _url(ledger_engine)
+    from tests.paths import HISTORIES
+
+    assert CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--database-url", url]).exit_code == 0
+    config = tmp_path / "prices.toml"
+    config.write_text('[[prices]]\ndeviceClass = "gpu.example.com"\nperDeviceHour = 2.0\n')
+    result = CliRunner().invoke(app, ["usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z",
+                                      "--config", str(config), "--output", "json", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    import json
+
+    rows = {r["team"]: r for r in json.loads(result.stdout)["rows"]}
+    assert rows["nlp"]["cost"] == pytest.approx(11.0)  # 5.5 device-hours x 2.0
