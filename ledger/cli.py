@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ledger import services
 from ledger.config import LedgerConfig, load_config
@@ -117,6 +117,12 @@ def _errors() -> Iterator[None]:
         # Unreachable server, bad credentials, database missing: say so without a traceback.
         first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
         typer.echo(f"error: cannot use the database: {first}", err=True)
+        raise typer.Exit(2) from e
+    except ProgrammingError as e:
+        # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
+        first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
+        hint = " (run `dra-ledger db upgrade` as the database owner)" if "permission denied" in first else ""
+        typer.echo(f"error: the database refused: {first}{hint}", err=True)
         raise typer.Exit(2) from e
 
 

@@ -9,7 +9,7 @@ binary suffixes ``Ki..Ei``, decimal suffixes ``n u m k M G T P E`` and decimal e
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from ledger.errors import Invalid
 
@@ -49,7 +49,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
         base = Decimal(number)
         if exponent:
             return base * (Decimal(10) ** int(exponent[1:]))
-    except (InvalidOperation, ValueError) as e:
+    except (ArithmeticError, ValueError) as e:  # InvalidOperation, and Overflow for "1e9999999"
         raise Invalid(f"not a quantity: {value!r}") from e
     return base * _SUFFIXES[suffix or ""]
 

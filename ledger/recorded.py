@@ -661,9 +661,11 @@ def _kind_problem(obj: JSONObject) -> str | None:
 # Building results
 
 
-_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False)
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False,
+                                     allow_nan=False)
 """Encoder of the digest input. No cycle check (a quarter of the cost): decoded JSON cannot be
-cyclic and :func:`_to_json` rejects recursive YAML aliases."""
+cyclic and :func:`_to_json` rejects recursive YAML aliases. ``allow_nan=False``: Python's decoders
+accept ``NaN`` / ``Infinity`` (JSON) and ``.nan`` / ``.inf`` (YAML), which PostgreSQL ``jsonb`` refuses."""
 
 
 def _watch_line(
@@ -674,14 +676,24 @@ def _watch_line(
         canonical = _CANONICAL.encode([event_type, observed_at.isoformat() if observed_at else "", obj])
     except RecursionError:
         return _broken(source, line, "object nested too deeply", raw)
-    digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+    except ValueError:  # NaN or Infinity: not JSON, and the database could not store the line
+        return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", raw)
+    try:
+        encoded = canonical.encode("utf-8")
+    except UnicodeEncodeError as e:  # "\ud800" decodes to a lone surrogate: not Unicode text, not storable
+        return _broken(source, line, f"object holds a lone UTF-16 surrogate {canonical[e.start]!r}, "
+                       "which is not a Unicode character", raw)
+    digest = hashlib.sha256(encoded).hexdigest()
     return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest)
 
 
 def _broken(source: str, line: int, reason: str, text: str) -> BrokenLine:
     text = text.rstrip("\r")
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    return BrokenLine(source=source, line=line, reason=reason, text=text[:MAX_TEXT_CHARS], digest=digest)
+    raw = text.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(raw).hexdigest()
+    # Lone surrogates become U+FFFD in the kept text, so the rejected line can still be stored.
+    kept = raw.decode("utf-8", "replace")
+    return BrokenLine(source=source, line=line, reason=reason, text=kept[:MAX_TEXT_CHARS], digest=digest)
 
 
 def _broken_bytes(source: str, line: int, reason: str, raw: bytes) -> BrokenLine:
@@ -738,7 +750,8 @@ def watch_line(
         obj: the decoded object, as the API server sent it.
 
     Returns:
-        A :class:`WatchLine`, or a :class:`BrokenLine` when the object is nested too deeply to digest.
+        A :class:`WatchLine`, or a :class:`BrokenLine` when the object is nested too deeply to digest or
+        holds what PostgreSQL cannot store (NaN / Infinity, a lone UTF-16 surrogate).
 
     Raises:
         Invalid: ``observed_at`` is naive.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,7 @@ from ledger.config import LedgerConfig
 from ledger.errors import Invalid, LedgerError, StoreUnavailable, StreamConflict
 from ledger.events import RecordedEvent
 from ledger.projections import pending as pending_demand
-from ledger.projections import queries, rollups, runner, snapshots
+from ledger.projections import queries, rollups, runner, settled, snapshots
 from ledger.projections import quotas as quota_counting
 from ledger.projections import shared as sharing
 from ledger.projections.queries import IdleThresholds, rfc3339
@@ -311,6 +312,51 @@ def occupancy(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, n
     """Every device at ``at`` with its holders, and totals; see :func:`ledger.projections.queries.occupancy`."""
     with db.reading() as conn:
         return queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
+
+
+@dataclass(slots=True)
+class _SettledOccupancy:
+    checkpoints: tuple[tuple[str, int], ...]
+    settled_at: datetime | None
+    body: JSONObject
+
+
+_OCCUPANCY_CACHE: dict[tuple[str, str | None, str | None, str | None, str | None], _SettledOccupancy] = {}
+_OCCUPANCY_LOCK = threading.Lock()
+OCCUPANCY_CACHE_ENTRIES = 8
+"""Filter combinations whose settled occupancy is kept (one body each: ~1 KB per device)."""
+
+
+def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
+                      driver: str | None = None, pool: str | None = None) -> JSONObject:
+    """:func:`occupancy`, answered from memory while the read models have not moved (the API's "now").
+
+    Exact, not approximate: see :mod:`ledger.projections.settled`. A cached body is used only when
+    every checkpoint is where it was when the body was computed and ``at`` is at or after every finite
+    interval bound; otherwise the body is computed (and kept when ``at`` qualifies). One checkpoint
+    read per hit.
+
+    Raises:
+        Unavailable: the database cannot be reached.
+    """
+    key = (db.url, cluster, node, driver, pool)
+    with db.reading() as conn:
+        checkpoints = settled.read_checkpoints(conn)
+    hit = _OCCUPANCY_CACHE.get(key)
+    if hit is not None and hit.checkpoints == checkpoints and (hit.settled_at is None or at >= hit.settled_at):
+        return {**hit.body, "at": rfc3339(at)}
+    with _OCCUPANCY_LOCK, db.reading() as conn:
+        # One snapshot for the version and the body, so the body is exactly the one of those checkpoints.
+        conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            version = settled.read_version(conn)
+            body = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
+    if version.settled_at is None or at >= version.settled_at:
+        if len(_OCCUPANCY_CACHE) >= OCCUPANCY_CACHE_ENTRIES and key not in _OCCUPANCY_CACHE:
+            _OCCUPANCY_CACHE.pop(next(iter(_OCCUPANCY_CACHE)))
+        _OCCUPANCY_CACHE[key] = _SettledOccupancy(checkpoints=version.checkpoints, settled_at=version.settled_at,
+                                                  body=body)
+    return body
 
 
 def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
@@ -735,3 +781,17 @@ def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerCon
     with db.engine.begin() as conn:
         counts = snapshots.take_snapshots(conn, at=at, config=config, cluster=cluster)
     return {"idleClaims": counts.idle_claims, "quotaRows": counts.quota_rows, "pendingClasses": counts.pending_classes}
+
+
+def catch_up_projections(db: LedgerDatabase) -> int:
+    """:func:`catch_up` for a long-running process: an outage is a :class:`StoreUnavailable`, not a crash.
+
+    Returns:
+        Events applied (0 = every read model was current).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached (transient; projections resume from their
+            checkpoints on the next call).
+    """
+    with unavailable_as_error():
+        return catch_up(db)

@@ -21,7 +21,7 @@ from ledger.errors import LedgerError
 from ledger.recorded import read_history
 from ledger.settings import Settings
 from ledger.translator.translate import TranslatorSettings
-from workers.fake_apiserver import FakeApiServer, http_clock
+from workers.fake_apiserver import FakeApiServer, HttpClock
 from workers.health import HealthServer, WorkerMetrics
 from workers.jobs import build_scheduler
 from workers.k8s.client import Clock
@@ -73,8 +73,16 @@ async def _stopping_on_signals() -> AsyncIterator[asyncio.Event]:
             loop.remove_signal_handler(sig)
 
 
-def _clock(clock_url: str | None) -> Clock:
-    return http_clock(clock_url) if clock_url else system_clock
+@contextlib.asynccontextmanager
+async def _clock(clock_url: str | None) -> AsyncIterator[Clock]:
+    if not clock_url:
+        yield system_clock
+        return
+    clock = HttpClock(clock_url)
+    try:
+        yield clock
+    finally:
+        await clock.close()
 
 
 def register(app: typer.Typer) -> None:
@@ -145,9 +153,9 @@ def register(app: typer.Typer) -> None:
             if watch_settings.health_port >= 0:
                 await health.start(watch_settings.health_host, watch_settings.health_port)
             try:
-                async with _stopping_on_signals() as stop:
+                async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
                     await run_worker(api_client=api_client, sink=sink, settings=watch_settings, stop=stop,
-                                     clock=_clock(clock_url), identity=identity, elect=leader_election,
+                                     clock=clock, identity=identity, elect=leader_election,
                                      metrics=metrics, while_leading=[catch_up, *([report_jobs] if jobs else [])])
             finally:
                 await health.stop()
@@ -172,11 +180,11 @@ def register(app: typer.Typer) -> None:
             with output.open("w", encoding="utf-8") as out:
                 sink = RecordSink(out)
                 try:
-                    async with _stopping_on_signals() as stop:
+                    async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
                         if duration_s is not None:
                             asyncio.get_running_loop().call_later(duration_s, stop.set)
                         await run_worker(api_client=api_client, sink=sink, settings=WatchSettings(), stop=stop,
-                                         clock=_clock(clock_url), elect=False)
+                                         clock=clock, elect=False)
                 finally:
                     await api_client.close()
                 typer.echo(f"recorded {sink.lines} lines to {output}", err=True)

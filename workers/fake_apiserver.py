@@ -30,15 +30,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 import aiohttp
 from aiohttp import web
 
-from ledger.recorded import BrokenLine, WatchLine, parse_time, read_history
+from ledger.recorded import BrokenLine, WatchLine, parse_time
 from ledger.types import JSONObject, JSONValue
-from workers.k8s.client import Clock
 from workers.k8s.kinds import BY_KIND, BY_PLURAL, DRA_GROUP, DRA_VERSIONS
 
 log = logging.getLogger(__name__)
@@ -541,21 +539,28 @@ def _int(value: object) -> int | None:
     return None
 
 
-def http_clock(url: str) -> Clock:
-    """A :data:`~workers.k8s.client.Clock` reading a fake API server's ``GET /fake/clock`` (for a worker in
-    another process than the test that plays the history). ``url`` is the server's base URL."""
-    session: list[aiohttp.ClientSession] = []
+class HttpClock:
+    """A :data:`~workers.k8s.client.Clock` reading a fake API server's ``GET /fake/clock``, for a worker in
+    another process than the test that plays the history (``dra-ledger watch --clock-url``)."""
 
-    async def now() -> datetime:
-        if not session:
-            session.append(aiohttp.ClientSession())
-        async with session[0].get(url.rstrip("/") + "/fake/clock") as resp:
+    def __init__(self, url: str) -> None:
+        self._url = url.rstrip("/") + "/fake/clock"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __call__(self) -> datetime:
+        """The server's simulated time.
+
+        Raises:
+            aiohttp.ClientError: the server cannot be reached.
+        """
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        async with self._session.get(self._url) as resp:
             body = await resp.json()
         return parse_time(str(body["now"]))
 
-    return now
-
-
-def load_history(path: Path) -> list[WatchLine | BrokenLine]:
-    """Read a recorded history (any format :func:`ledger.recorded.read_history` reads)."""
-    return list(read_history(path))
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

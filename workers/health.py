@@ -62,6 +62,8 @@ class WorkerMetrics:
         r.register(self._since)
         self.stored_events = 0
         """Watch events this worker stored (for tests: a standby stores none)."""
+        self.leading = False
+        """Whether this replica currently leads (the value of ``dra_ledger_leader``)."""
 
     def _version(self, kind: str, resource_version: str | None) -> None:
         try:
@@ -98,6 +100,7 @@ class WorkerMetrics:
 
     def set_leader(self, leader: bool) -> None:
         """Record whether this replica is the leader (1) or a standby (0)."""
+        self.leading = leader
         self.leader.set(1 if leader else 0)
 
     def exposition(self) -> bytes:

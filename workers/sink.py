@@ -43,7 +43,7 @@ async def keep_projections_current(sink: LedgerSink, *, interval_s: float) -> No
             continue
         now = sink.appended
         try:
-            applied = await asyncio.to_thread(services.catch_up, sink.db)
+            applied = await asyncio.to_thread(services.catch_up_projections, sink.db)
         except Unavailable as e:
             log.warning("projection catch-up failed, retrying in %.1fs: %s", interval_s, e)
             continue
@@ -67,6 +67,8 @@ class LedgerSink:
         self._seq = itertools.count(1)
         self.appended = 0
         """Ledger events appended by this sink so far (the projection catch-up loop watches it)."""
+        self.transactions = 0
+        """Append transactions committed so far (a burst of watch events takes one per batch)."""
 
     def reset(self) -> None:
         """Drop the cached translator state; the next write loads it from the database.
@@ -84,6 +86,8 @@ class LedgerSink:
             except asyncio.CancelledError:
                 # The thread cannot be stopped: keep the lock until it finished, so no write overlaps.
                 await asyncio.wait([task])
+                if not task.cancelled() and task.exception() is not None:
+                    self._state = None  # (already dropped by the thread; the outcome is moot for a cancelled caller)
                 raise
 
     def _in_thread(self, call: Callable[[TranslatorState], T]) -> T:
@@ -136,6 +140,7 @@ class LedgerSink:
 
     def _report(self, source: KubeSource, report: services.IngestReport) -> None:
         self.appended += report.events
+        self.transactions += 1
         if self._metrics is not None:
             self._metrics.appended(source.info.kind, report.events)
         for rejection in report.rejected:

@@ -45,7 +45,8 @@ async def follow(source: KubeSource, sink: Sink, settings: WatchSettings,
                  metrics: WorkerMetrics | None = None) -> NoReturn:
     """List then watch ``source`` forever, resuming from the sink's stored resourceVersion.
 
-    - 410 Gone (status or in-stream ERROR): list again at once and let the sink reconcile.
+    - 410 Gone (status or in-stream ERROR) on a watch: list again at once and let the sink reconcile
+      (410 on a list page: list again after a backoff).
     - transient API faults and a database outage: back off (``settings.error_backoffs_s`` with
       jitter, ``Retry-After`` winning), then watch again from the last stored resourceVersion.
     - the server ending a watch after ``timeoutSeconds``: watch again at once.
@@ -81,6 +82,11 @@ async def follow(source: KubeSource, sink: Sink, settings: WatchSettings,
                         extra={"resource": source.info.plural, "resourceVersion": since})
             if metrics is not None:
                 metrics.expired(kind)
+            if since is None:
+                # The list itself expired (a continue token outlived its snapshot): list again, but
+                # after a backoff, so that a server answering 410 to every list is not hammered.
+                await asyncio.sleep(backoff_delay_s(settings, failures))
+                failures += 1
             since = None
         except (TransientApiError, Unavailable) as e:
             retry_after = e.retry_after_s if isinstance(e, TransientApiError) else None

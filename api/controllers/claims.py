@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, get
@@ -97,9 +98,16 @@ class ClaimsController(Controller):
 
         Raises 404 when no such claim was recorded, or when the caller's token may not see its team.
         """
-        body = services.claim_history(ctx.db, namespace=namespace, name=name, cluster=cluster or ctx.cluster)
+        body: Any = services.claim_history(ctx.db, namespace=namespace, name=name, cluster=cluster or ctx.cluster)
         if access.teams is not None:
-            team = services.team_of(ctx.db, namespace=namespace, cluster=cluster or ctx.cluster)
-            if not access.sees(team):
+            # Each claim by the team it is billed to (a deleted one: its team when deleted), never by the
+            # namespace's team now: a relabel must not hand an older claim's history to the new team.
+            listed: Any = services.claims(ctx.db, at=datetime.now(UTC), cluster=cluster or ctx.cluster,
+                                          namespace=namespace)
+            mine = {c["uid"] for c in listed["claims"] if c["name"] == name and access.sees(c["team"])}
+            if not mine:
                 raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")
+            streams = {f"claim:{uid}" for uid in mine}
+            body = {**body, "uids": [u for u in body["uids"] if u in mine],
+                    "events": [e for e in body["events"] if e["stream"] in streams]}
         return to_struct(body, ClaimHistory)

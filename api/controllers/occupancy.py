@@ -81,7 +81,8 @@ class OccupancyController(Controller):
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = scope_occupancy(
-            services.occupancy(ctx.db, at=when, cluster=cluster or ctx.cluster, node=node, driver=driver, pool=pool),
+            services.occupancy_settled(ctx.db, at=when, cluster=cluster or ctx.cluster, node=node, driver=driver,
+                                       pool=pool),
             access,
         )
         devices = body["devices"]

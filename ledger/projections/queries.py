@@ -191,19 +191,22 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     if step is not None and (step <= timedelta(0) or (end - start) / step > MAX_STEPS):
         raise Invalid(f"step must be positive and give at most {MAX_STEPS} buckets")
     col = GROUP_BY[group_by]
-    team_filter = " AND team = ANY(:teams)" if teams is not None else ""
     rows = conn.execute(text(
-        f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, "
+        f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
         " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), :end), :end) AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
-        " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster) + team_filter),
-        {"start": start, "end": end, "cluster": cluster, "teams": list(teams or [])}).all()
+        " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
+        {"start": start, "end": end, "cluster": cluster}).all()
+    # Other teams' allocations are read too and dropped only after the split: a device another team also held
+    # is billed to ``teams`` at its share, exactly as an unrestricted caller sees it (DESIGN §11.5).
+    hidden = ("\x00hidden", "", "", "")
     per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str, str]]]] = \
         defaultdict(list)
     for r in rows:
         if r.e > r.s:
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
-                (r.s, r.e, (str(r.grp) if r.grp is not None else "", r.device_class or "", r.driver, r.model)))
+                (r.s, r.e, (str(r.grp) if r.grp is not None else "", r.device_class or "", r.driver, r.model)
+                 if teams is None or r.team in teams else hidden))
     buckets = [(start, end)]
     if step is not None:
         buckets = []
@@ -219,6 +222,8 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             _split_equally(clipped, seconds)
         merged: dict[tuple[str, str, str], tuple[float, float | None]] = {}
         for (grp, cls, drv, model), secs in seconds.items():
+            if (grp, cls, drv, model) == hidden:
+                continue
             hours = secs / 3600
             price = prices.price(cls, model) if prices is not None else None
             before_h, before_cost = merged.get((grp, cls, drv), (0.0, None))
@@ -327,7 +332,11 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
         key = f"{r.cluster}\x00{r.uid}"
         out.append({"cluster": r.cluster, "namespace": r.namespace, "name": r.name, "uid": r.uid,
                     "origin": r.origin, "state": st,
-                    "team": _team_at(conn, r.cluster, r.namespace, at),
+                    # A deleted claim stays billed to the team of its last moment (a later relabel of its
+                    # namespace must not hand it, and its history, to another team).
+                    "team": _team_at(conn, r.cluster, r.namespace,
+                                     at if st != "deleted" or r.deleted_at is None
+                                     else min(at, r.deleted_at - timedelta(microseconds=1))),
                     "requested": dict(requested_counts(r.requests)), "devices": by_claim.get(key, []),
                     "consumers": [c.name for c in consumers.get(key, []) if c.live]})
     return {"at": rfc3339(at), "claims": out}

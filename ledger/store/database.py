@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
 
 from ledger.errors import Invalid, StoreUnavailable, Unavailable
 from ledger.events import NewEvent, RecordedEvent
@@ -163,6 +163,9 @@ def unavailable_as_error() -> Iterator[None]:
     """
     try:
         yield
-    except (OperationalError, InterfaceError) as e:
+    except DBAPIError as e:
+        # Refused/lost connections, and any statement whose connection was invalidated under it.
+        if not (isinstance(e, OperationalError | InterfaceError) or e.connection_invalidated):
+            raise
         first = str(e.orig).strip().splitlines()[0] if e.orig is not None and str(e.orig).strip() else str(e)
         raise StoreUnavailable(f"database unavailable: {first}") from e

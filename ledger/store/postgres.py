@@ -11,8 +11,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import psycopg
 from sqlalchemy import Connection, Engine, RowMapping, create_engine, text
-from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 
 from ledger.errors import Invalid, StreamConflict
 from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent, to_payload
@@ -79,22 +80,52 @@ def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> set
     return {str(r) for r in rows}
 
 
+def copy_rows(conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """``COPY table (columns) FROM STDIN`` in the caller's transaction (psycopg 3, text format).
+
+    Why COPY: one ``INSERT`` per row (even pipelined ``executemany``) costs a parse/bind/execute per
+    row on the server; COPY streams the rows in one statement, several times faster for batches.
+    """
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    try:
+        with raw.cursor() as cur, cur.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.Error as e:
+        # The driver's error, wrapped as SQLAlchemy wraps every other statement's (IntegrityError,
+        # OperationalError, ...), so callers keep deciding by the same exception types.
+        raise DBAPIError.instance(statement, None, e, psycopg.Error, connection_invalidated=raw.closed) from e
+
+
+_OBSERVATION_COLUMNS = ("cluster", "digest", "status", "kind", "api_version", "namespace", "name", "uid",
+                        "resource_version", "watch_type", "observed_at", "recorded_at", "origin", "error", "body")
+
+
 def insert_observations(conn: Connection, cluster: str, rows: Sequence[ObservationRow]) -> None:
-    """Insert observations; a digest already stored is skipped (idempotent re-delivery)."""
+    """Insert observations (COPY); the caller has skipped digests already stored.
+
+    Idempotence: the caller holds the append lock and filtered ``rows`` through :func:`known_digests`
+    in the same transaction, so no stored digest can reach the COPY (one writer per cluster); should
+    one anyway, ``observations_cluster_digest_key`` refuses it and the batch rolls back, never a
+    silent duplicate.
+    """
     if not rows:
         return
-    conn.execute(text(
-        "INSERT INTO observations (cluster, digest, status, kind, api_version, namespace, name, uid, "
-        "resource_version, watch_type, observed_at, recorded_at, origin, error, body) VALUES (:cluster, "
-        ":digest, :status, :kind, :api_version, :namespace, :name, :uid, :resource_version, :watch_type, "
-        ":observed_at, :recorded_at, :origin, :error, :body) "
-        "ON CONFLICT ON CONSTRAINT observations_cluster_digest_key DO NOTHING"),
-        [{"cluster": cluster, **{f: getattr(r, f) for f in r.__dataclass_fields__ if f != "body"},
-          "body": json.dumps(r.body)} for r in rows])
+    copy_rows(conn, "observations", _OBSERVATION_COLUMNS,
+               ((cluster, r.digest, r.status, r.kind, r.api_version, r.namespace, r.name, r.uid, r.resource_version,
+                 r.watch_type, r.observed_at, r.recorded_at, r.origin, r.error, json.dumps(r.body)) for r in rows))
+
+
+_NEW_EVENT_COLUMNS = ("event_id", "cluster", "stream", "stream_position", "type", "occurred_at", "recorded_at",
+                      "schema_version", "payload", "source")
 
 
 def insert_events(conn: Connection, cluster: str, events: Sequence[NewEvent]) -> None:
-    """Insert translated events (caller holds the append lock).
+    """Insert translated events with COPY (caller holds the append lock).
+
+    Global positions follow the COPY's row order (identity column), which is the order of ``events``.
 
     Raises:
         StreamConflict: a (stream, stream position) is taken: another writer appended to the stream.
@@ -102,14 +133,10 @@ def insert_events(conn: Connection, cluster: str, events: Sequence[NewEvent]) ->
     if not events:
         return
     try:
-        conn.execute(text(
-            "INSERT INTO events (event_id, cluster, stream, stream_position, type, occurred_at, recorded_at, "
-            "schema_version, payload, source) VALUES (:event_id, :cluster, :stream, :stream_position, :type, "
-            ":occurred_at, :recorded_at, :schema_version, :payload, :source)"),
-            [{"event_id": e.event_id, "cluster": cluster, "stream": e.stream, "stream_position": e.stream_position,
-              "type": e.event.TYPE, "occurred_at": e.occurred_at, "recorded_at": e.recorded_at,
-              "schema_version": SCHEMA_VERSION, "payload": json.dumps(to_payload(e.event)),
-              "source": json.dumps(e.source.to_json())} for e in events])
+        copy_rows(conn, "events", _NEW_EVENT_COLUMNS,
+                   ((e.event_id, cluster, e.stream, e.stream_position, e.event.TYPE, e.occurred_at, e.recorded_at,
+                     SCHEMA_VERSION, json.dumps(to_payload(e.event)), json.dumps(e.source.to_json()))
+                    for e in events))
     except IntegrityError as e:
         if constraint_of(e) != "events_stream_position_key":
             raise
@@ -153,7 +180,7 @@ _EVENT_COLUMNS = ("global_position, cluster, stream, stream_position, type, occu
 
 
 def read_all(conn: Connection, *, after: GlobalPosition, limit: int, types: Iterable[str] | None = None,
-             stream: str | None = None) -> list[RecordedEvent]:
+             stream: str | None = None, with_source: bool = True) -> list[RecordedEvent]:
     """Read events with ``global_position > after`` in position order, at most ``limit``.
 
     Args:
@@ -161,6 +188,8 @@ def read_all(conn: Connection, *, after: GlobalPosition, limit: int, types: Iter
         limit: maximum number of events returned (> 0).
         types: only these event types, when given.
         stream: only this stream, when given.
+        with_source: ``False`` gives every event an empty ``source`` (projections never read it, and
+            decoding it was a fifth of a rebuild's time).
     """
     where = ["global_position > :after"]
     params: dict[str, object] = {"after": after, "limit": limit}
@@ -170,7 +199,8 @@ def read_all(conn: Connection, *, after: GlobalPosition, limit: int, types: Iter
     if stream is not None:
         where.append("stream = :stream")
         params["stream"] = stream
-    rows = conn.execute(text(f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+    columns = _EVENT_COLUMNS if with_source else _EVENT_COLUMNS.replace(", source", ", '{}'::jsonb AS source")
+    rows = conn.execute(text(f"SELECT {columns} FROM events WHERE {' AND '.join(where)} "
                              "ORDER BY global_position LIMIT :limit"), params).mappings().all()
     return [_recorded(r) for r in rows]
 

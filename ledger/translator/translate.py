@@ -17,8 +17,8 @@ Field rules (DESIGN §11) enforced here:
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -37,7 +37,7 @@ from ledger.translator.fields import (
     parse_k8s_time,
     req_str,
 )
-from ledger.translator.normalize import normalize
+from ledger.translator.normalize import copy_json, normalize
 from ledger.types import JSONObject, JSONValue, StreamId, StreamPosition
 
 WatchType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
@@ -73,6 +73,36 @@ class TranslatorState:
         """Forget ``key`` (its deletion is persisted as a dirty key with no entry)."""
         self.entries.pop(key, None)
         self.dirty.add(key)
+
+
+@dataclass
+class _Scratch(TranslatorState):
+    """A copy-on-write view of a :class:`TranslatorState` for one :func:`translate` call.
+
+    Reads fall through to ``base`` until a key is written (``put``, or a private copy stored in
+    ``entries`` by :func:`_owned`) or deleted here; ``base`` is never modified.
+    """
+
+    base: TranslatorState = field(default_factory=TranslatorState)
+    deleted: set[str] = field(default_factory=set)
+
+    def get(self, key: str) -> JSONObject | None:
+        """Return the entry for ``key`` as this call sees it, or ``None``."""
+        if key in self.entries:
+            return self.entries[key]
+        if key in self.deleted:
+            return None
+        return self.base.get(key)
+
+    def put(self, key: str, value: JSONObject) -> None:
+        """Store ``value`` under ``key`` in the overlay and mark it dirty."""
+        self.deleted.discard(key)
+        super().put(key, value)
+
+    def delete(self, key: str) -> None:
+        """Forget ``key`` in the overlay (marked dirty, so the merge removes it from ``base``)."""
+        self.deleted.add(key)
+        super().delete(key)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +170,10 @@ def translate(state: TranslatorState, obs: Observation,
     """
     if obs.type == "BOOKMARK":
         return []
-    obj = normalize(obs.object)
+    try:
+        obj = normalize(obs.object)
+    except RecursionError as e:  # valid JSON a few hundred levels deep: too deep to copy, never a crash
+        raise InvalidObject("object", "nested too deeply to read") from e
     kind = req_str(obj, "kind")
     source = EventSource(kind=kind, uid=opt_str(obj, "metadata.uid"),
                          resource_version=opt_str(obj, "metadata.resourceVersion"),
@@ -150,10 +183,15 @@ def translate(state: TranslatorState, obs: Observation,
         if kind in ("ResourceClaimTemplate", "DeviceTaintRule"):
             return []  # accepted kinds the ledger does not record yet
         raise UnsupportedObject(f"kind {kind!r} is not tracked")
-    # Work on a copy so that an error half-way leaves the caller's state untouched.
-    scratch = TranslatorState(entries=dict(state.entries))
+    # Work on a copy-on-write overlay so that an error half-way leaves the caller's state untouched.
+    # (Copying every entry per observation cost O(state) per line: ~1.5 ms at 40,000 devices and
+    # 100,000 claims, which alone capped ingest below 1,000 lines/s.)
+    scratch = _Scratch(base=state)
     emitter = _Emitter(state=scratch, obs=obs, source=source)
-    handler(emitter, obj, settings)
+    try:
+        handler(emitter, obj, settings)
+    except RecursionError as e:
+        raise InvalidObject("object", "nested too deeply to read") from e
     for key in scratch.dirty:
         if key in scratch.entries:
             state.entries[key] = scratch.entries[key]
@@ -163,12 +201,21 @@ def translate(state: TranslatorState, obs: Observation,
     return emitter.out
 
 
+@contextmanager
+def _located(prefix: str) -> Iterator[None]:
+    """Re-raise an :class:`InvalidObject` from a read of a nested mapping with its path in the whole object."""
+    try:
+        yield
+    except InvalidObject as e:
+        raise InvalidObject(f"{prefix}{'' if e.path.startswith('[') else '.'}{e.path}", e.reason) from e
+
+
 def _owned(state: TranslatorState, key: str) -> JSONObject | None:
     """Return a private deep copy of an entry so edits do not leak before commit."""
     entry = state.get(key)
     if entry is None:
         return None
-    mine = copy.deepcopy(entry)
+    mine = copy_json(entry)  # dicts and lists only: several times faster than a generic deep copy
     state.entries[key] = mine
     return mine
 
@@ -176,8 +223,9 @@ def _owned(state: TranslatorState, key: str) -> JSONObject | None:
 def _change_time(obj: JSONObject, fallback: datetime) -> datetime:
     """Latest ``metadata.managedFields[].time``, else ``fallback`` (DESIGN §4 precedence)."""
     latest: datetime | None = None
-    for entry in maps_in(obj, "metadata.managedFields"):
-        when = opt_time(entry, "time")
+    for i, entry in enumerate(maps_in(obj, "metadata.managedFields")):
+        with _located(f"metadata.managedFields[{i}]"):
+            when = opt_time(entry, "time")
         if when is not None and (latest is None or when > latest):
             latest = when
     return latest if latest is not None else fallback
@@ -352,10 +400,11 @@ def _origin(obj: JSONObject) -> tuple[str, str | None, str | None]:
     annotations = opt_map(obj, "metadata.annotations")
     owner_name: str | None = None
     owner_uid: str | None = None
-    for ref in maps_in(obj, "metadata.ownerReferences"):
+    for i, ref in enumerate(maps_in(obj, "metadata.ownerReferences")):
         if ref.get("kind") == "Pod":
-            owner_name = opt_str(ref, "name")
-            owner_uid = opt_str(ref, "uid")
+            with _located(f"metadata.ownerReferences[{i}]"):
+                owner_name = opt_str(ref, "name")
+                owner_uid = opt_str(ref, "uid")
             break
     if annotations.get(EXTENDED_ANNOTATION) == "true":
         return "extended", owner_name, owner_uid
@@ -369,14 +418,18 @@ def _request_classes(requests: list[JSONObject]) -> tuple[dict[str, str | None],
     classes: dict[str, str | None] = {}
     admin: dict[str, bool] = {}
     for i, req in enumerate(requests):
-        name = req_str(req, "name") if "name" in req else f"#{i}"
-        exactly = opt_map(req, "exactly")
+        with _located(f"spec.devices.requests[{i}]"):
+            name = req_str(req, "name") if "name" in req else f"#{i}"
+            exactly = opt_map(req, "exactly")
+            subs = maps_in(req, "firstAvailable")
         if exactly:
-            classes[name] = opt_str(exactly, "deviceClassName")
-            admin[name] = bool(opt_bool(exactly, "adminAccess"))
-        for j, sub in enumerate(maps_in(req, "firstAvailable")):
-            sub_name = opt_str(sub, "name") or f"#{j}"
-            classes[f"{name}/{sub_name}"] = opt_str(sub, "deviceClassName")
+            with _located(f"spec.devices.requests[{i}].exactly"):
+                classes[name] = opt_str(exactly, "deviceClassName")
+                admin[name] = bool(opt_bool(exactly, "adminAccess"))
+        for j, sub in enumerate(subs):
+            with _located(f"spec.devices.requests[{i}].firstAvailable[{j}]"):
+                sub_name = opt_str(sub, "name") or f"#{j}"
+                classes[f"{name}/{sub_name}"] = opt_str(sub, "deviceClassName")
             admin[f"{name}/{sub_name}"] = False
     return classes, admin
 
@@ -387,7 +440,9 @@ def _results(obj: JSONObject, requests: list[JSONObject]) -> list[JSONValue] | N
         return None
     classes, admin = _request_classes(requests)
     out: list[JSONValue] = []
-    for i, res in enumerate(maps_in(allocation, "devices.results")):
+    with _located("status.allocation"):
+        found = maps_in(allocation, "devices.results")
+    for i, res in enumerate(found):
         try:
             request = req_str(res, "request")
             result: JSONObject = {
@@ -409,9 +464,12 @@ def _results(obj: JSONObject, requests: list[JSONObject]) -> list[JSONValue] | N
 
 
 def _allocation_node(obj: JSONObject) -> str | None:
-    for term in maps_in(obj, "status.allocation.nodeSelector.nodeSelectorTerms"):
-        for match in maps_in(term, "matchFields"):
-            values = opt_list(match, "values")
+    for i, term in enumerate(maps_in(obj, "status.allocation.nodeSelector.nodeSelectorTerms")):
+        with _located(f"status.allocation.nodeSelector.nodeSelectorTerms[{i}]"):
+            matches = maps_in(term, "matchFields")
+        for j, match in enumerate(matches):
+            with _located(f"status.allocation.nodeSelector.nodeSelectorTerms[{i}].matchFields[{j}]"):
+                values = opt_list(match, "values")
             if match.get("key") == "metadata.name" and len(values) == 1 and isinstance(values[0], str):
                 return values[0]
     return None
@@ -445,6 +503,11 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     rv = opt_str(obj, "metadata.resourceVersion")
     state = _owned(em.state, key)
     observed = em.obs.observed_at
+    if state is not None and (state.get("namespace"), state.get("name")) != (namespace, name):
+        # The API server never reuses a uid: another claim under it is corrupt input, not an update that
+        # could release (and stop billing) the devices the first claim holds.
+        raise InvalidObject("metadata.uid", f"{uid} already belongs to ResourceClaim "
+                            f"{state.get('namespace')}/{state.get('name')}, not {namespace}/{name}")
     if state is not None and em.obs.type != "DELETED" and rv is not None and state.get("rv") == rv:
         return  # a relist or a repeated delivery of what we already recorded
     if state is None:
@@ -556,12 +619,14 @@ def _on_namespace(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -
 
 def _pod_claims(obj: JSONObject) -> list[JSONValue]:
     names: set[str] = set()
-    for ref in maps_in(obj, "spec.resourceClaims"):
-        claim = opt_str(ref, "resourceClaimName")
+    for i, ref in enumerate(maps_in(obj, "spec.resourceClaims")):
+        with _located(f"spec.resourceClaims[{i}]"):
+            claim = opt_str(ref, "resourceClaimName")
         if claim:
             names.add(claim)
-    for status in maps_in(obj, "status.resourceClaimStatuses"):
-        claim = opt_str(status, "resourceClaimName")
+    for i, status in enumerate(maps_in(obj, "status.resourceClaimStatuses")):
+        with _located(f"status.resourceClaimStatuses[{i}]"):
+            claim = opt_str(status, "resourceClaimName")
         if claim:
             names.add(claim)
     extended = opt_str(obj, "status.extendedResourceClaimStatus.resourceClaimName")

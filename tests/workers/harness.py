@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -38,9 +39,9 @@ CLUSTER = "default"
 
 FAST = WatchSettings(server_timeout_s=30, request_timeout_s=10.0, list_page_size=3, batch_size=50,
                      error_backoffs_s=(0.02, 0.05, 0.1), jitter=0.2, lease_name="dra-ledger-watch",
-                     lease_namespace="dra-ledger", lease_duration_s=1, renew_deadline_s=0.6, retry_period_s=0.1,
+                     lease_namespace="dra-ledger", lease_duration_s=2, renew_deadline_s=1.2, retry_period_s=0.2,
                      health_port=-1)
-"""Small timings: backoffs of tens of ms, a 1 s Lease, list pages of 3 (so paging is exercised)."""
+"""Small timings: backoffs of tens of ms, a 2 s Lease, list pages of 3 (so paging is exercised)."""
 
 
 def seed_lab() -> list[WatchLine | BrokenLine]:
@@ -67,8 +68,15 @@ async def eventually(check: Callable[[], bool], what: str, timeout_s: float = WA
     deadline = time.monotonic() + timeout_s
     while not await asyncio.to_thread(check):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; tasks:\n{_tasks()}")
         await asyncio.sleep(0.01)
+
+
+def _tasks() -> str:
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=6, file=out)
+    return out.getvalue()
 
 
 def stored_version(db: LedgerDatabase, kind: str) -> int:
@@ -221,20 +229,22 @@ def free_port() -> int:
 
 FAST_ENV = {
     "LEDGER_WATCH_SERVER_TIMEOUT_S": "30", "LEDGER_WATCH_REQUEST_TIMEOUT_S": "10",
-    "LEDGER_WATCH_ERROR_BACKOFFS_S": "[0.02, 0.05, 0.1]", "LEDGER_WATCH_LEASE_DURATION_S": "1",
-    "LEDGER_WATCH_RENEW_DEADLINE_S": "0.6", "LEDGER_WATCH_RETRY_PERIOD_S": "0.1",
+    "LEDGER_WATCH_ERROR_BACKOFFS_S": "[0.02, 0.05, 0.1]", "LEDGER_WATCH_LEASE_DURATION_S": "2",
+    "LEDGER_WATCH_RENEW_DEADLINE_S": "1.2", "LEDGER_WATCH_RETRY_PERIOD_S": "0.2",
     "LEDGER_WATCH_HEALTH_HOST": "127.0.0.1",
 }
 
 
 def spawn_worker(*, server_url: str, database_url: str, directory: Path, identity: str,
-                 health_port: int = -1, elect: bool = True) -> subprocess.Popen[bytes]:
-    """Start ``dra-ledger watch`` in a process of its own (receive times from the fake server's clock)."""
+                 health_port: int = -1, elect: bool = True, jobs: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``dra-ledger watch`` in a process of its own (receive times from the fake server's clock).
+
+    ``jobs``: also run the report jobs while leader (they use the wall clock, so off by default)."""
     config = kubeconfig(directory / f"{identity}.kubeconfig", server_url)
     argv = [sys.executable, "-c", "from ledger.cli import main; main()", "watch", "--kubeconfig", str(config),
             "--database-url", database_url, "--cluster", CLUSTER, "--identity", identity,
             "--health-port", str(health_port), "--clock-url", server_url,
-            "--leader-election" if elect else "--no-leader-election"]
+            "--leader-election" if elect else "--no-leader-election", "--jobs" if jobs else "--no-jobs"]
     log = (directory / f"{identity}.log").open("ab")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **FAST_ENV})
 

@@ -48,13 +48,13 @@ def test_postgresql_restarted_during_ingest_leaves_the_ledger_identical_to_a_cle
                 assert db is not None
                 async with fake_cluster(db) as cluster:
                     cluster.server.advance(4)
-                    metrics.append(cluster.start().metrics)
+                    metrics.append(cluster.start(elect=False).metrics)  # the Lease is not what this tests
                     await lockstep(cluster.server, db, lines=7)
                     # Keep the worker's next transaction open (waiting on a row we lock), then stop the
                     # server under it: the transaction dies with the server.
-                    blocker = db.engine.connect()
-                    blocker.begin()
-                    blocker.execute(text("SELECT 1 FROM translator_state FOR UPDATE"))
+                    blocker = await asyncio.to_thread(db.engine.connect)
+                    await asyncio.to_thread(blocker.begin)
+                    await asyncio.to_thread(blocker.execute, text("SELECT 1 FROM translator_state FOR UPDATE"))
                     played = cluster.server.advance(1)
                     assert played[0].type == "MODIFIED"  # updates a translator_state row we hold
 
@@ -65,7 +65,7 @@ def test_postgresql_restarted_during_ingest_leaves_the_ledger_identical_to_a_cle
                     await eventually(blocked, "the worker inside its append transaction")
                     await asyncio.to_thread(server.stop)
                     with contextlib.suppress(DBAPIError):
-                        blocker.close()
+                        await asyncio.to_thread(blocker.close)
                     await asyncio.sleep(0.3)  # the worker fails and backs off meanwhile
                     await asyncio.to_thread(server.start)
                     await wait_stored(db, played, timeout_s=WAIT_S * 2)

@@ -36,6 +36,10 @@ FAULTS: dict[str, list[Fault]] = {
         Fault(action="expire", kind="ResourceClaim", verb="watch", after_events=3),
         Fault(action="status", status=410, kind="Pod", verb="watch"),
     ],
+    "410 Gone answered to a list": [
+        Fault(action="status", status=410, kind="DeviceClass", verb="list"),
+        Fault(action="status", status=410, kind="Namespace", verb="list", times=2),
+    ],
     "API 500s and 429s on lists and watches": [
         Fault(action="status", status=500, kind="ResourceClaim", verb="list", times=2),
         Fault(action="status", status=503, kind="ResourceSlice", verb="watch"),

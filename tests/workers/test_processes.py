@@ -137,10 +137,12 @@ def test_two_workers_at_once_one_writes_and_the_other_takes_over_when_it_is_kill
 
             try:
                 procs["worker-a"] = spawn_worker(server_url=server.url, database_url=live.db.url,
-                                                 directory=tmp_path, identity="worker-a", health_port=ports["worker-a"])
+                                                 directory=tmp_path, identity="worker-a", health_port=ports["worker-a"],
+                                                 jobs=True)
                 await eventually(lambda: holder() == "worker-a", "worker-a holds the Lease", WAIT_S * 2)
                 procs["worker-b"] = spawn_worker(server_url=server.url, database_url=live.db.url,
-                                                 directory=tmp_path, identity="worker-b", health_port=ports["worker-b"])
+                                                 directory=tmp_path, identity="worker-b", health_port=ports["worker-b"],
+                                                 jobs=True)
                 await caught_up(live.db, server, timeout_s=WAIT_S * 2)
                 await lockstep(server, live.db, lines=15)
                 a = await _metrics(ports["worker-a"])

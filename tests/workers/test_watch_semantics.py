@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import FAST, caught_up, fake_cluster, lockstep, run, stored_version
+from tests.workers.harness import FAST, caught_up, fake_cluster, lockstep, run, stored_version, wait_stored
 from workers.health import HealthServer, WorkerMetrics
 from workers.settings import WatchSettings, backoff_delay_s
 
@@ -36,6 +36,27 @@ def test_bookmarks_at_each_watch_timeout_move_a_quiet_kinds_checkpoint(
     watches = [r for r in requests if "/deviceclasses?" in r and "watch=True" in r]
     assert len(watches) >= 2  # the server ended the first watch after timeoutSeconds; the worker came back
     assert all("allowWatchBookmarks=True" in r and "timeoutSeconds=1" in r for r in watches)
+
+
+def test_a_burst_of_watch_events_is_written_in_a_few_transactions(ledger_factory: Callable[[], LedgerHandle]) -> None:
+    live = ledger_factory()
+    counts: list[int] = []
+
+    async def scenario() -> None:
+        async with fake_cluster(live.db) as cluster:
+            cluster.server.advance(4)
+            worker = cluster.start()
+            await caught_up(live.db, cluster.server)
+            before = worker.sink.transactions
+            played = cluster.server.advance(None)  # the rest of the history at once: 35 lines
+            await wait_stored(live.db, played)
+            counts.extend([sum(p.type != "BOOKMARK" for p in played), worker.sink.transactions - before,
+                           worker.metrics.stored_events])
+
+    run(scenario)
+    events, transactions, stored = counts
+    assert stored == events == 33
+    assert transactions <= 10  # one per kind and network read, not one per event
 
 
 def test_lists_are_read_page_by_page(ledger_factory: Callable[[], LedgerHandle]) -> None:

@@ -185,7 +185,17 @@ async def get_json(call: Awaitable[aiohttp.ClientResponse], what: str) -> dict[s
 
 
 class KubeSource:
-    """List and watch one kind in one served version, all namespaces, returning raw JSON objects."""
+    """List and watch one kind in one served version, all namespaces, returning raw JSON objects.
+
+    Args:
+        api_client: a configured kubernetes-asyncio client.
+        info: the kind (its kubernetes-asyncio list method and plural).
+        version: the served version to use, e.g. ``v1beta2``.
+        clock: receive-time source; read once per list and once per watch event.
+        request_timeout_s: timeout of a list page, and of silence on a watch beyond its
+            ``timeoutSeconds``, s.
+        page_size: ``limit`` of each list page (objects).
+    """
 
     def __init__(self, api_client: k8s.ApiClient, info: KindInfo, version: str, *, clock: Clock,
                  request_timeout_s: float = 60.0, page_size: int = 500) -> None:

@@ -1,0 +1,429 @@
+"""The dra-ledger benchmark suite: one command, a table on stdout, a JSON file with every figure.
+
+Run (needs a PostgreSQL the benchmark may create databases on; default the local one)::
+
+    .venv/bin/python -m bench.run                       # default size, a few minutes on 2 cores
+    .venv/bin/python -m bench.run --full                # the DESIGN §10 scale (10 M events): hours
+    .venv/bin/python -m bench.run --admin-url postgresql://postgres@127.0.0.1:5432/postgres -o out.json
+
+Phases (each figure is printed next to its DESIGN §10 target):
+
+1. ``ingest``: a simulated history (``ledger.simulate``) is translated and appended (observations,
+   events, translator state) through ``services.ingest``; watch events/s. The same rows are then
+   dumped and loaded with a raw ``COPY`` into an empty ledger database in the same run: the ratio
+   ingest-rate / COPY-rate is what the translator and the append protocol cost over the bare disk path.
+2. ``rebuild``: ``runner.rebuild`` of every read model from position 0; events/s.
+3. ``worker``: a ``dra-ledger fake-apiserver`` plays a 40,000-device fleet (5,000 nodes x 8 GPUs by
+   default) and a ``dra-ledger watch`` process follows it into a fresh ledger; peak RSS (VmHWM) of
+   the worker process, sampled from ``/proc``.
+4. ``occupancy`` / ``usage``: on the fleet ledger of phase 3 (40,000 devices; with ``--full``, on the
+   10 M-event ledger of phase 1), ``occupancy`` at random instants (p50/p99, the full query body) and
+   device-hours per team over a 30-day window.
+5. ``api``: ``dra-ledger serve`` on loopback against the fleet ledger, loaded by a separate process
+   (``bench.load``) asking ``GET /v1/occupancy`` (first page, default limit) for a fixed time.
+
+Nothing here runs in the test suite; tests never assert wall-clock time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+from ledger import services
+from ledger.projections import queries, runner
+from ledger.recorded import read_history
+from ledger.simulate import FleetSpec, SimulationSummary, write_history
+from ledger.store.database import LedgerDatabase
+from ledger.testing.pg import create_database, drop_database
+
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+CLUSTER = "bench"
+
+COPY_TABLES = {
+    "observations": "cluster, digest, status, kind, api_version, namespace, name, uid, resource_version, watch_type, "
+                    "observed_at, recorded_at, origin, error, body",
+    "events": "event_id, cluster, stream, stream_position, type, occurred_at, recorded_at, schema_version, payload, "
+              "source",
+    "translator_state": "cluster, key, state",
+}
+"""The rows one ingest writes, by table: what the raw-COPY baseline loads."""
+
+
+@dataclass(slots=True)
+class Figure:
+    """One measured figure with its target (``None``: reported, no target)."""
+
+    name: str
+    value: float
+    unit: str
+    target: str | None = None
+    met: bool | None = None
+    note: str = ""
+
+    def row(self) -> list[str]:
+        verdict = "" if self.met is None else ("met" if self.met else "MISSED")
+        return [self.name, f"{self.value:,.{2 if self.value < 10 else 1}f} {self.unit}", self.target or "", verdict,
+                self.note]
+
+
+@dataclass(slots=True)
+class Report:
+    """Every figure of a run, plus the sizes they were measured at."""
+
+    figures: list[Figure] = field(default_factory=list)
+    sizes: dict[str, object] = field(default_factory=dict)
+
+    def add(self, figure: Figure) -> None:
+        self.figures.append(figure)
+        print(f"  {figure.name}: {figure.value:,.1f} {figure.unit}"
+              + (f" (target {figure.target}: {'met' if figure.met else 'MISSED'})" if figure.target else ""),
+              flush=True)
+
+    def table(self) -> str:
+        rows = [["figure", "measured", "target", "", "note"], *[f.row() for f in self.figures]]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines.insert(1, "-+-".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+@contextmanager
+def fresh_database(admin_url: str, label: str, *, keep: bool) -> Iterator[LedgerDatabase]:
+    """A new database at the head schema revision, dropped afterwards unless ``keep``."""
+    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"
+    db = LedgerDatabase.from_url(create_database(admin_url, name))
+    db.upgrade()
+    try:
+        yield db
+    finally:
+        db.dispose()
+        if not keep:
+            drop_database(admin_url, name)
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def count(engine: Engine, table: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+# --- phase 1 and 2: ingest vs raw COPY, rebuild ------------------------------------------------
+
+
+def dump_rows(db: LedgerDatabase) -> dict[str, bytes]:
+    """The rows an ingest wrote, as COPY text, by table."""
+    raw = db.engine.raw_connection()
+    try:
+        out: dict[str, bytes] = {}
+        cur = raw.driver_connection.cursor()  # type: ignore[union-attr]  # psycopg 3 connection
+        for table, cols in COPY_TABLES.items():
+            buf = io.BytesIO()
+            with cur.copy(f"COPY (SELECT {cols} FROM {table} ORDER BY 1) TO STDOUT") as copy:
+                for chunk in copy:
+                    buf.write(chunk)
+            out[table] = buf.getvalue()
+        return out
+    finally:
+        raw.close()
+
+
+def copy_rows(db: LedgerDatabase, dump: dict[str, bytes]) -> float:
+    """Load ``dump`` with raw COPY into the (empty) ledger ``db`` in one transaction; seconds taken."""
+    raw = db.engine.raw_connection()
+    try:
+        conn = raw.driver_connection
+        start = time.perf_counter()
+        with conn.cursor() as cur:  # type: ignore[union-attr]  # psycopg 3 connection
+            for table, cols in COPY_TABLES.items():
+                with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                    copy.write(dump[table])
+        conn.commit()  # type: ignore[union-attr]
+        return time.perf_counter() - start
+    finally:
+        raw.close()
+
+
+def phase_ingest(report: Report, admin_url: str, history: Path, summary: SimulationSummary, *,
+                 keep: bool) -> LedgerDatabase | None:
+    with fresh_database(admin_url, "ingest", keep=True) as db:
+        print(f"ingest: {summary.lines:,} lines", flush=True)
+        seconds, ingested = timed(lambda: services.ingest(db, read_history(history), cluster=CLUSTER))
+        assert isinstance(ingested, services.IngestReport)
+        events = ingested.events
+        report.sizes.update({"ingestLines": summary.lines, "ingestEvents": events})
+        rate = summary.lines / seconds
+        dump = dump_rows(db)
+        with fresh_database(admin_url, "copy", keep=False) as target:
+            copy_s = copy_rows(target, dump)
+        copy_rate = summary.lines / copy_s
+        ratio = copy_s / seconds
+        report.add(Figure("ingest (translate + append)", rate, "watch events/s", "≥ 20,000/s", rate >= 20_000,
+                          f"{events:,} ledger events, {events / seconds:,.0f} events/s"))
+        report.add(Figure("raw COPY of the same rows", copy_rate, "watch events/s", None, None,
+                          f"{copy_s:.2f} s for {sum(len(v) for v in dump.values()) / 1e6:,.1f} MB"))
+        report.add(Figure("ingest / raw COPY", ratio, "x", "≥ 0.3", ratio >= 0.3))
+        print("rebuild", flush=True)
+        seconds, applied = timed(lambda: runner.rebuild(db.engine))
+        assert isinstance(applied, int)
+        rate = applied / seconds
+        report.add(Figure("projection rebuild", rate, "events/s", "≥ 50,000/s", rate >= 50_000,
+                          f"{applied:,} events in {seconds:.1f} s"))
+        if not keep:
+            db.dispose()
+            drop_database(admin_url, str(db.engine.url.database))
+            return None
+        return db
+
+
+# --- phase 3: the worker following a fleet -----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """VmHWM (peak resident set) of ``pid`` from /proc, bytes; 0 when the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
+
+
+def wait_port(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from ledger.cli import main; main()", *args]
+
+
+def phase_worker(report: Report, db: LedgerDatabase, history: Path, summary: SimulationSummary, workdir: Path,
+                 *, timeout_s: float) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    kubeconfig = workdir / "fake.kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {url}\n"
+        "users:\n- name: fake\n  user: {}\n"
+        "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n", encoding="utf-8")
+    log = (workdir / "worker.log").open("ab")
+    # Paused: the worker lists an empty cluster, then the whole history arrives as watch events
+    # (every line is followed, not just the final state a list would show).
+    server = subprocess.Popen(cli("fake-apiserver", "--history", str(history), "--port", str(port), "--paused"),
+                              stdout=log, stderr=subprocess.STDOUT)
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        wait_port(port, 300)
+        print(f"worker: following {summary.devices:,} devices / {summary.claims:,} claims "
+              f"({summary.lines:,} lines) from the fake API server", flush=True)
+        start = time.perf_counter()
+        worker = subprocess.Popen(
+            cli("watch", "--kubeconfig", str(kubeconfig), "--database-url", db.url, "--cluster", CLUSTER,
+                "--no-leader-election", "--no-jobs", "--health-port", "-1", "--clock-url", url),
+            stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(5.0)  # the worker lists the (empty) cluster and starts its watches
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/fake/advance?all=1", method="POST"),
+                                    timeout=600) as resp:
+            resp.read()
+        peak, seen, deadline = 0, 0, time.monotonic() + timeout_s
+        while time.monotonic() < deadline and worker.poll() is None:
+            peak = max(peak, peak_rss_bytes(worker.pid))
+            seen = count(db.engine, "observations")
+            lag = sum(runner.lag(db.engine).values())
+            if seen >= summary.lines and lag == 0:
+                break
+            time.sleep(1.0)
+        peak = max(peak, peak_rss_bytes(worker.pid))
+        seconds = time.perf_counter() - start
+        done = seen >= summary.lines
+        report.sizes.update({"workerDevices": summary.devices, "workerClaims": summary.claims,
+                             "workerLines": summary.lines})
+        report.add(Figure("watch worker peak RSS", peak / 2**20, "MiB", "≤ 500 MB", peak <= 500 * 10**6,
+                          f"{summary.devices:,} devices, {summary.claims:,} claims; {seen:,}/{summary.lines:,} lines "
+                          f"{'followed' if done else 'followed before the timeout'} in {seconds:.0f} s"))
+    finally:
+        if worker is not None:
+            stop(worker)
+        stop(server)
+        log.close()
+
+
+# --- phase 4 and 5: queries and the API --------------------------------------------------------
+
+
+def bounds(db: LedgerDatabase) -> tuple[datetime | None, datetime | None]:
+    """First and last allocation start: random instants are drawn between them."""
+    with db.engine.connect() as conn:
+        row = conn.execute(text("SELECT min(lower(valid)), max(lower(valid)) FROM device_allocations")).one()
+    return row[0], row[1]
+
+
+def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int) -> None:
+    runner.catch_up(db.engine)
+    with db.engine.begin() as conn:
+        conn.execute(text("ANALYZE"))  # what autovacuum does after a bulk load; the planner needs the statistics
+    lo, hi = bounds(db)
+    if lo is None or hi is None:
+        print("queries: no allocations, skipped", flush=True)
+        return
+    rng = random.Random(seed)
+    span = (hi - lo).total_seconds()
+    with db.engine.connect() as conn:
+        devices = int(conn.execute(text("SELECT count(DISTINCT (driver, pool, device)) FROM device_inventory"))
+                      .scalar_one())
+        events = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
+        report.sizes.update({"queryDevices": devices, "queryEvents": events})
+        times = [lo + timedelta(seconds=rng.uniform(0, span)) for _ in range(samples)]
+        queries.occupancy(conn, at=times[0], cluster=CLUSTER)  # warm the cache
+        took = []
+        for at in times:
+            start = time.perf_counter()
+            queries.occupancy(conn, at=at, cluster=CLUSTER)
+            took.append((time.perf_counter() - start) * 1000)
+        took.sort()
+        p50, p99 = statistics.median(took), took[min(len(took) - 1, int(len(took) * 0.99))]
+        size = f"{devices:,} devices, {events:,} events, {samples} random instants"
+        report.add(Figure("occupancy at random T, p50", p50, "ms", "≤ 20 ms", p50 <= 20, size))
+        report.add(Figure("occupancy at random T, p99", p99, "ms", "≤ 100 ms", p99 <= 100, size))
+        start_t = hi - timedelta(days=30)
+        took = []
+        for _ in range(5):
+            start = time.perf_counter()
+            queries.usage(conn, start=start_t, end=hi, group_by="team", cluster=CLUSTER)
+            took.append((time.perf_counter() - start) * 1000)
+        report.add(Figure("device-hours per team, 30 days", statistics.median(took), "ms", "≤ 200 ms",
+                          statistics.median(took) <= 200, f"median of 5, {devices:,} devices"))
+
+
+def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: float, concurrency: int) -> None:
+    port = free_port()
+    log = (workdir / "api.log").open("ab")
+    server = subprocess.Popen(cli("serve", "--port", str(port), "--database-url", db.url, "--cluster", CLUSTER),
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, 120)
+        load = subprocess.run(
+            [sys.executable, "-m", "bench.load", "--url", f"http://127.0.0.1:{port}/v1/occupancy",
+             "--duration", str(duration_s), "--concurrency", str(concurrency)],
+            capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent)
+        result = json.loads(load.stdout)
+        rps = float(result["ok"]) / float(result["seconds"])
+        report.add(Figure("API occupancy now, one page", rps, "requests/s", "≥ 500/s", rps >= 500,
+                          f"{concurrency} connections for {duration_s:.0f} s from a separate process; "
+                          f"p50 {result['p50_ms']:.0f} ms, errors {result['errors']}"))
+    finally:
+        stop(server)
+        log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--admin-url", default=os.environ.get("LEDGER_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
+                        help="PostgreSQL URL of a role that may create databases.")
+    parser.add_argument("--full", action="store_true", help="DESIGN §10 scale: ≥ 10 M events, 40,000 devices.")
+    parser.add_argument("--nodes", type=int, default=50, help="Nodes of the ingest/rebuild history.")
+    parser.add_argument("--hours", type=float, default=24.0, help="Hours of the ingest/rebuild history.")
+    parser.add_argument("--fleet-nodes", type=int, default=5000, help="Nodes of the fleet the worker follows.")
+    parser.add_argument("--fleet-hours", type=float, default=0.25, help="Hours of the fleet history.")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=50, help="Random instants for occupancy.")
+    parser.add_argument("--api-seconds", type=float, default=10.0)
+    parser.add_argument("--api-concurrency", type=int, default=8)
+    parser.add_argument("--skip", default="", help="Comma-separated phases to skip: ingest,worker,queries,api.")
+    parser.add_argument("--keep", action="store_true", help="Keep the benchmark databases.")
+    parser.add_argument("-o", "--output", type=Path, default=Path("bench/results.json"))
+    args = parser.parse_args(argv)
+    if args.full:
+        # 5,000 nodes x 8 GPUs with hour-long jobs write ~4 M events a day: 60 hours pass 10 M.
+        args.nodes, args.hours = 5000, 60.0
+    skip = {s for s in args.skip.split(",") if s}
+    report = Report()
+    with tempfile.TemporaryDirectory(prefix="dra-ledger-bench-") as tmp:
+        workdir = Path(tmp)
+        ingest_db: LedgerDatabase | None = None
+        if "ingest" not in skip:
+            history = workdir / "history.jsonl"
+            spec = FleetSpec(nodes=args.nodes, gpus_per_node=8, hours=args.hours, seed=args.seed)
+            seconds, summary = timed(lambda: write_history(spec, history))
+            assert isinstance(summary, SimulationSummary)
+            print(f"simulated {args.nodes} nodes x {args.hours} h: {summary.lines:,} lines in {seconds:.1f} s",
+                  flush=True)
+            ingest_db = phase_ingest(report, args.admin_url, history, summary, keep=args.full or args.keep)
+        query_db: LedgerDatabase | None = ingest_db if args.full else None
+        with fresh_database(args.admin_url, "fleet", keep=args.keep) as fleet_db:
+            if "worker" not in skip:
+                fleet = workdir / "fleet.jsonl"
+                spec = FleetSpec(nodes=args.fleet_nodes, gpus_per_node=8, hours=args.fleet_hours, seed=args.seed)
+                summary = write_history(spec, fleet)
+                phase_worker(report, fleet_db, fleet, summary, workdir, timeout_s=1800)
+                query_db = query_db or fleet_db
+            if query_db is not None and "queries" not in skip:
+                phase_queries(report, query_db, samples=args.samples, seed=args.seed)
+            if query_db is not None and "api" not in skip:
+                phase_api(report, query_db, workdir, duration_s=args.api_seconds, concurrency=args.api_concurrency)
+        if ingest_db is not None and not args.keep:
+            ingest_db.dispose()
+            drop_database(args.admin_url, str(ingest_db.engine.url.database))
+    print()
+    print(report.table())
+    body = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "sizes": report.sizes,
+            "figures": [{"name": f.name, "value": round(f.value, 3), "unit": f.unit, "target": f.target,
+                         "met": f.met, "note": f.note} for f in report.figures]}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
