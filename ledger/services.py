@@ -185,7 +185,8 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
                               recorded_at=recorded_at, digest=f"{cluster}/{item.digest}")
             try:
                 produced = translate(state, obs, settings)
-            except (LedgerError, ValueError, TypeError, KeyError) as e:
+            except (LedgerError, ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError,
+                    RecursionError) as e:
                 # A bad object is recorded and reported, never allowed to stop the batch.
                 reason = _no_nul(f"{_describe(item)}: {e}")
                 batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=reason))

@@ -2,7 +2,7 @@
 
 Rows and checkpoints commit in one transaction per batch, so a crash leaves every projection exactly
 at its checkpoint. ``SELECT ... FOR UPDATE`` on the checkpoint rows makes one runner at a time.
-Appends hold ``LOCK TABLE events IN EXCLUSIVE MODE`` until commit (see ``ledger.store.postgres``), so
+Appends hold an advisory append lock until commit (see ``ledger.store.postgres``), so
 global positions become visible in order and reading ``global_position > checkpoint`` never skips one.
 """
 

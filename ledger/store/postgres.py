@@ -1,8 +1,10 @@
 """PostgreSQL adapter of the event store (SQLAlchemy 2 Core on psycopg 3).
 
-Appends are serialised with ``LOCK TABLE events IN EXCLUSIVE MODE`` held until commit: commit order
-equals global position order, so a reader that reads ``global_position > X`` never skips an event that
-commits later with a smaller position. Readers are not blocked (EXCLUSIVE allows ACCESS SHARE).
+Appends are serialised by a transaction-level advisory lock (:data:`APPEND_LOCK_KEY`) that every
+append takes before it writes and holds until commit: commit order equals global position order, so a
+reader that reads ``global_position > X`` never skips an event that commits later with a smaller
+position. Readers take no lock. An advisory lock (rather than ``LOCK TABLE events``, which needs UPDATE
+on ``events`` before PostgreSQL 17) lets the runtime role's grants keep the history insert-only.
 """
 
 from __future__ import annotations
@@ -46,9 +48,17 @@ def constraint_of(error: IntegrityError) -> str | None:
     return name if isinstance(name, str) else None
 
 
+APPEND_LOCK_KEY = 0x4C45444745520002
+"""Advisory lock key every append holds until commit ("LEDGER" + 2); see the module docstring."""
+
+
 def lock_appends(conn: Connection) -> None:
-    """Take the append lock for the current transaction (see the module docstring for why)."""
-    conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+    """Take the append lock for the current transaction (see the module docstring for why).
+
+    Invariant protected: no two transactions that insert into ``events`` are open at once, so identity
+    values (global positions) become visible in the order they were drawn.
+    """
+    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": APPEND_LOCK_KEY})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -81,9 +81,16 @@ def test_every_environment_variable_the_file_reads_is_documented_in_its_header()
 
 
 def test_the_commands_the_services_run_exist() -> None:
+    from ledger import cli
+
     app = typer.Typer()
-    for entry in importlib.metadata.entry_points(group="dra_ledger.commands"):
-        entry.load()(app)
+    followups = list(cli.DEMO_FOLLOWUPS)
+    try:
+        for entry in importlib.metadata.entry_points(group="dra_ledger.commands"):
+            entry.load()(app)
+    finally:
+        # api.cli.register makes the demo serve the API forever: a later in-process `demo` test would hang.
+        cli.DEMO_FOLLOWUPS[:] = followups
     plugin_commands = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
     services = compose()["services"]
     for name, wanted in (("workers", "watch"), ("jobs", "jobs"), ("api", "serve")):
