@@ -7,13 +7,16 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from ledger import services
 from ledger.config import load_config
@@ -24,7 +27,7 @@ from ledger.translator.translate import TranslatorSettings
 from workers.fake_apiserver import FakeApiServer, HttpClock
 from workers.health import HealthServer, WorkerMetrics
 from workers.jobs import build_scheduler
-from workers.k8s.client import Clock
+from workers.k8s.client import ApiError, Clock
 from workers.logs import configure_logging
 from workers.main import run_worker, system_clock
 from workers.record import RecordSink
@@ -38,7 +41,35 @@ KubeconfigOpt = Annotated[Path | None, typer.Option(
     help="kubeconfig file; unset: in-cluster config in a pod, else ~/.kube/config.")]
 ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context (default: current).")]
 ClockOpt = Annotated[str | None, typer.Option(
-    "--clock-url", hidden=True, help="Test only: take receive times from a fake API server's /fake/clock.")]
+    "--clock-url", help="Take receive times from a fake API server's /fake/clock (so a served recorded history "
+                        "is dated as recorded, not by this machine's clock).")]
+
+EXPECTED_FAILURES: tuple[type[BaseException], ...] = (
+    LedgerError, ApiError, k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError, ValidationError,
+    SettingsError,
+)
+"""Failures a user can cause (bad kubeconfig, unreachable or refusing API server, busy port, bad file or
+setting): reported as one ``error:`` line with exit code 2 instead of a traceback."""
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def run_command(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run an async command; turn the failures in :data:`EXPECTED_FAILURES` into one-line errors (exit 2)."""
+    try:
+        asyncio.run(main())
+    except BaseException as error:  # sorted below: only expected failures are reworded
+        leaves = _leaves(error)
+        if not leaves or not all(isinstance(leaf, EXPECTED_FAILURES) for leaf in leaves):
+            raise
+        for leaf in leaves:
+            text = str(leaf).strip().splitlines()[0] if str(leaf).strip() else type(leaf).__name__
+            typer.echo(f"error: {type(leaf).__name__}: {text}", err=True)
+        raise typer.Exit(2) from error
 
 
 async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.ApiClient:
@@ -47,6 +78,8 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
     Raises:
         kubernetes_asyncio.config.ConfigException: no usable configuration.
     """
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise k8s_config.ConfigException(f"kubeconfig {kubeconfig} does not exist or is not a file")
     configuration = k8s.Configuration()
     if kubeconfig is None and context is None:
         try:
@@ -113,12 +146,16 @@ def register(app: typer.Typer) -> None:
         when ``dra-ledger jobs`` runs them in a process of its own).
         """
         configure_logging()
-        settings = Settings()
+        try:
+            settings = Settings()
+            watch_settings = WatchSettings()
+        except (ValidationError, SettingsError) as e:
+            typer.echo(f"error: bad setting: {str(e).splitlines()[0]}", err=True)
+            raise typer.Exit(2) from e
         if database_url:
             settings = settings.model_copy(update={"database_url": database_url})
         if cluster:
             settings = settings.model_copy(update={"cluster": cluster})
-        watch_settings = WatchSettings()
         if health_port is not None:
             watch_settings = watch_settings.model_copy(update={"health_port": health_port})
         try:
@@ -161,7 +198,7 @@ def register(app: typer.Typer) -> None:
                 await health.stop()
                 await api_client.close()
 
-        asyncio.run(main())
+        run_command(main)
 
     @app.command()
     def record(
@@ -189,7 +226,7 @@ def register(app: typer.Typer) -> None:
                     await api_client.close()
                 typer.echo(f"recorded {sink.lines} lines to {output}", err=True)
 
-        asyncio.run(main())
+        run_command(main)
 
     @app.command("fake-apiserver")
     def fake_apiserver(
@@ -219,4 +256,4 @@ def register(app: typer.Typer) -> None:
             finally:
                 await server.stop()
 
-        asyncio.run(main())
+        run_command(main)

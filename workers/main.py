@@ -133,6 +133,13 @@ async def run_worker(*, api_client: k8s.ApiClient, sink: Sink, settings: WatchSe
                 await asyncio.gather(waiting, stopping, return_exceptions=True)
                 if stop.is_set():
                     break
+                # Never follow without the Lease: if acquiring failed (403 on the Lease, an API server
+                # that does not serve Leases, ...), this replica must not write; the error ends the run.
+                failure = waiting.exception() if waiting.done() and not waiting.cancelled() else None
+                if failure is not None:
+                    raise failure
+                if not waiting.done() or waiting.cancelled():
+                    continue
             sink.reset()  # a former leader may have written since this replica last did
             if metrics is not None:
                 metrics.set_leader(True)
