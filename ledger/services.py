@@ -286,8 +286,14 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
-    """Bring every read model up to the newest event; returns how many events were applied."""
-    return runner.catch_up(db.engine, progress=progress)
+    """Bring every read model up to the newest event; returns how many events were applied.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached (transient: projections resume from their
+            checkpoints on the next call).
+    """
+    with unavailable_as_error():
+        return runner.catch_up(db.engine, progress=progress)
 
 
 def rebuild(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
@@ -465,11 +471,9 @@ def ping(db: LedgerDatabase) -> None:
     """Run a trivial query.
 
     Raises:
-        Unavailable: the database cannot be reached.
+        StoreUnavailable: the database cannot be reached.
     """
-    with db.reading() as conn:
-        queries.ping(conn)
-
+    db.ping()
 
 def team_of(db: LedgerDatabase, *, namespace: str, cluster: str | None = None) -> str:
     """The team a namespace is billed to now (table ``namespace_teams``), else the namespace name."""
@@ -782,17 +786,3 @@ def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerCon
     with db.engine.begin() as conn:
         counts = snapshots.take_snapshots(conn, at=at, config=config, cluster=cluster)
     return {"idleClaims": counts.idle_claims, "quotaRows": counts.quota_rows, "pendingClasses": counts.pending_classes}
-
-
-def catch_up_projections(db: LedgerDatabase) -> int:
-    """:func:`catch_up` for a long-running process: an outage is a :class:`StoreUnavailable`, not a crash.
-
-    Returns:
-        Events applied (0 = every read model was current).
-
-    Raises:
-        StoreUnavailable: the database cannot be reached (transient; projections resume from their
-            checkpoints on the next call).
-    """
-    with unavailable_as_error():
-        return catch_up(db)

@@ -43,7 +43,7 @@ async def keep_projections_current(sink: LedgerSink, *, interval_s: float) -> No
             continue
         now = sink.appended
         try:
-            applied = await asyncio.to_thread(services.catch_up_projections, sink.db)
+            applied = await asyncio.to_thread(services.catch_up, sink.db)
         except Unavailable as e:
             log.warning("projection catch-up failed, retrying in %.1fs: %s", interval_s, e)
             continue

@@ -483,11 +483,6 @@ def claim_uids(conn: Connection, *, namespace: str, name: str, cluster: str | No
     return [(str(r.cluster), str(r.uid)) for r in rows]
 
 
-def ping(conn: Connection) -> None:
-    """``SELECT 1``: proves the database answers."""
-    conn.execute(text("SELECT 1")).scalar_one()
-
-
 def team_now(conn: Connection, *, namespace: str, cluster: str | None = None) -> str:
     """The team of ``namespace`` in its newest ``namespace_teams`` interval, else the namespace name."""
     team = conn.execute(text("SELECT team FROM namespace_teams WHERE namespace = :ns" + _cluster_filter(cluster)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
 
-from ledger.errors import Invalid, StoreUnavailable, Unavailable
+from ledger.errors import Invalid, StoreUnavailable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema
@@ -105,14 +105,12 @@ class LedgerDatabase:
         """A connection for read-model queries (one snapshot per statement).
 
         Raises:
-            Unavailable: the database cannot be reached (the driver's OperationalError, translated).
+            StoreUnavailable: the database cannot be reached (see :func:`unavailable_as_error`).
             Invalid: a query parameter PostgreSQL refuses (e.g. a NUL character in a name).
         """
         try:
-            with self.engine.connect() as conn:
+            with unavailable_as_error(), self.engine.connect() as conn:
                 yield conn
-        except OperationalError as e:
-            raise Unavailable(f"the ledger database is not reachable: {_first_line(e)}") from e
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
             raise Invalid(f"a parameter cannot be used: {_first_line(e)}") from e
@@ -146,8 +144,12 @@ class LedgerDatabase:
             return pg.load_watch_checkpoints(conn, cluster)
 
     def ping(self) -> None:
-        """Run ``SELECT 1``; raises what the driver raises when the server cannot be reached."""
-        with self.engine.connect() as conn:
+        """Run ``SELECT 1``.
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+        """
+        with self.reading() as conn:
             conn.execute(text("SELECT 1"))
 
 
