@@ -38,6 +38,7 @@ from ledger.errors import Invalid
 from ledger.types import JSONObject, JSONValue
 
 __all__ = [
+    "MAX_DEPTH",
     "MAX_TEXT_CHARS",
     "WATCH_TYPES",
     "BrokenLine",
@@ -57,6 +58,12 @@ WATCH_TYPES: Final[frozenset[str]] = frozenset(get_args(WatchType))
 
 MAX_TEXT_CHARS: Final = 4096
 """Longest ``BrokenLine.text`` kept, in characters: enough to see the problem, bounded in memory."""
+
+MAX_DEPTH: Final = 100
+"""Deepest nesting of objects and arrays accepted in a Kubernetes object (real ones stay under ~20).
+
+Deeper objects are rejected as broken lines: the ledger reads stored JSON back with recursive decoders,
+and an object nested near Python's recursion limit would be stored fine and then break every reader."""
 
 _PROBE_LINES: Final = 3
 """Non-blank lines looked at to recognise JSON Lines; more than one so a damaged first line is survived."""
@@ -87,6 +94,12 @@ class WatchLine:
 
     It depends on content only: the same event read from any file, in any format or formatting,
     has the same digest; any change of type, instant or object changes it.
+    """
+    holds_nul: bool = False
+    """Whether a key or string of ``object`` holds U+0000, which ``jsonb`` and ``text`` columns refuse.
+
+    Read off the digest's canonical JSON (a NUL is always written ``\\u0000`` there), so finding it
+    costs no second encoding of the object.
     """
 
 
@@ -678,13 +691,31 @@ def _watch_line(
         return _broken(source, line, "object nested too deeply", raw)
     except ValueError:  # NaN or Infinity: not JSON, and the database could not store the line
         return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", raw)
+    # Each level needs a '{' or '[', so few brackets in all prove the depth is fine without a walk.
+    if canonical.count("{") + canonical.count("[") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
+        return _broken(source, line, f"object: nested too deeply (more than {MAX_DEPTH} levels of objects "
+                       "and arrays)", raw)
     try:
         encoded = canonical.encode("utf-8")
     except UnicodeEncodeError as e:  # "\ud800" decodes to a lone surrogate: not Unicode text, not storable
         return _broken(source, line, f"object holds a lone UTF-16 surrogate {canonical[e.start]!r}, "
                        "which is not a Unicode character", raw)
     digest = hashlib.sha256(encoded).hexdigest()
-    return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest)
+    return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest,
+                     holds_nul="\\u0000" in canonical)
+
+
+def _deeper_than(obj: JSONObject, limit: int) -> bool:
+    """Whether ``obj`` nests objects and arrays more than ``limit`` levels deep (``obj`` is level 1)."""
+    stack: list[tuple[JSONValue, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        for item in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+    return False
 
 
 def _broken(source: str, line: int, reason: str, text: str) -> BrokenLine:

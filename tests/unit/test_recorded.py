@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ledger.errors import Invalid
-from ledger.recorded import MAX_TEXT_CHARS, BrokenLine, WatchLine, parse_time, read_history, read_text
+from ledger.recorded import MAX_DEPTH, MAX_TEXT_CHARS, BrokenLine, WatchLine, parse_time, read_history, read_text
 from tests.paths import HISTORIES, REAL
 
 SEED_LAB = HISTORIES / "seed-lab.jsonl"
@@ -610,3 +610,32 @@ def test_every_truncation_of_every_input_reads_without_raising(cut_every: int) -
 def test_hostile_input_never_raises(text: str) -> None:
     for result in read_text(text, source="hostile"):
         assert isinstance(result, WatchLine | BrokenLine)
+
+
+def _nested_claim_line(levels: int) -> str:
+    """A watch line whose object is ``levels`` deep: the object itself, its annotations, then arrays."""
+    arrays = levels - 3  # object -> metadata -> annotations -> "a": [[...]]
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": {"a": "["}}}
+    text = json.dumps({"observedAt": "2026-11-02T09:00:00Z", "type": "ADDED", "object": obj})
+    return text.replace('"a": "["', '"a": ' + "[" * arrays + "]" * arrays, 1)
+
+
+def test_an_object_nested_to_the_limit_is_read_and_one_level_more_is_a_broken_line() -> None:
+    at_limit = read_ok(_nested_claim_line(MAX_DEPTH))
+    watch, broken = split(read_text(_nested_claim_line(MAX_DEPTH + 1), source="test"))
+
+    assert len(at_limit) == 1 and at_limit[0].object["kind"] == "Pod"
+    assert watch == []
+    assert [b.reason for b in broken] == [f"object: nested too deeply (more than {MAX_DEPTH} levels of objects and "
+                                          "arrays)"]
+
+
+def test_a_nul_escape_in_any_string_is_flagged_and_a_plain_object_is_not() -> None:
+    plain = read_ok('{"observedAt": "2026-11-02T09:00:00Z", "type": "ADDED", "object": '
+                    '{"kind": "Pod", "metadata": {"name": "p"}}}')
+    in_key = read_ok('{"observedAt": "2026-11-02T09:00:00Z", "type": "ADDED", "object": '
+                     '{"kind": "Pod", "metadata": {"name": "p", "labels": {"a\\u0000": "x"}}}}')
+    in_value = read_ok('{"observedAt": "2026-11-02T09:00:00Z", "type": "ADDED", "object": '
+                       '{"kind": "Pod", "metadata": {"name": "p\\u0000"}}}')
+
+    assert [x.holds_nul for x in plain + in_key + in_value] == [False, True, True]

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
 from ledger import events as ev
 from ledger.errors import InvalidObject, UnsupportedObject
+from ledger.recorded import WatchLine, read_history
+from ledger.simulate import FleetSpec, write_history
+from ledger.translator.translate import Observation, TranslatorState, translate
 from tests.factories import Feed, at, claim, dig, gpu, namespace, pod, resource_slice, types, uid
+
+SEED_LAB = Path(__file__).parents[2] / "ledger" / "data" / "seed-lab.jsonl"
 
 
 def test_allocation_is_dated_by_allocation_timestamp_and_release_by_observation() -> None:
@@ -164,3 +170,27 @@ def test_a_claim_or_pod_manifest_without_a_namespace_is_recorded_in_default() ->
 
     assert isinstance(created.event, ev.ClaimCreated) and created.event.namespace == "default"
     assert isinstance(phase.event, ev.PodPhaseChanged) and phase.event.namespace == "default"
+
+
+def test_translating_a_whole_history_never_edits_an_object_it_was_given(tmp_path: Path) -> None:
+    # normalize() hands v1 objects to the handlers uncopied and the state keeps parts of them, so an
+    # edit of state in a later translation must never reach an earlier line's object.
+    history = tmp_path / "fleet.jsonl"
+    write_history(FleetSpec(nodes=3, gpus_per_node=4, hours=6.0, seed=7), history)
+    lines = [x for x in read_history(history) if isinstance(x, WatchLine)]
+    lines += [x for x in read_history(SEED_LAB) if isinstance(x, WatchLine)]
+    before = [copy.deepcopy(x.object) for x in lines]
+    state = TranslatorState()
+    produced = 0
+    for x in lines:
+        assert x.observed_at is not None
+        obs = Observation(type=x.type, object=x.object, observed_at=x.observed_at, recorded_at=x.observed_at,
+                          digest=x.digest)
+        try:
+            produced += len(translate(state, obs))
+        except (InvalidObject, UnsupportedObject):
+            continue
+
+    assert produced > len(lines) // 2  # the history did exercise the translator
+    changed = [x.line for x, b in zip(lines, before, strict=True) if x.object != b]
+    assert changed == []
