@@ -163,12 +163,15 @@ def load_state(conn: Connection, cluster: str) -> TranslatorState:
 
 def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:
     """Persist the keys in ``state.dirty`` (upsert, or delete when gone) and clear ``dirty``."""
-    upserts = [{"c": cluster, "k": k, "s": as_json(state.entries[k])} for k in state.dirty if k in state.entries]
+    keys = [k for k in state.dirty if k in state.entries]
     deletes = [k for k in state.dirty if k not in state.entries]
-    if upserts:
-        conn.execute(text("INSERT INTO translator_state (cluster, key, state) VALUES (:c, :k, :s) "
+    if keys:
+        # One statement over two arrays: an executemany of single-row upserts cost a statement execution
+        # per key on the server.
+        conn.execute(text("INSERT INTO translator_state (cluster, key, state) "
+                          "SELECT :c, k, s FROM unnest(CAST(:k AS text[]), CAST(:s AS jsonb[])) AS u(k, s) "
                           "ON CONFLICT ON CONSTRAINT translator_state_pkey DO UPDATE SET state = excluded.state"),
-                     upserts)
+                     {"c": cluster, "k": keys, "s": [as_json(state.entries[k]) for k in keys]})
     if deletes:
         conn.execute(text("DELETE FROM translator_state WHERE cluster = :c AND key = ANY(:k)"),
                      {"c": cluster, "k": deletes})

@@ -207,3 +207,40 @@ def test_concurrent_replays_of_one_file_both_succeed_and_add_it_once(ledger_fact
         th.join()
     assert failures == []
     assert shared.snapshot() == clean.snapshot()
+
+
+def test_concurrent_replays_of_many_batches_add_the_history_once(
+        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path) -> None:
+    # Three writers racing over the same 40-line batches keep losing races (digests recorded, streams
+    # moved): each lost batch is translated again from the reloaded state, and nothing is doubled.
+    import threading
+
+    from ledger import services
+    from ledger.simulate import FleetSpec, write_history
+
+    history = tmp_path / "fleet.jsonl"
+    summary = write_history(FleetSpec(nodes=3, gpus_per_node=4, hours=8.0, seed=3), history)
+    assert summary.lines > 200  # several batches of 40
+    shared, clean = ledger_factory(), ledger_factory()
+    alone = services.replay_files(clean.db, [history], cluster=clean.cluster, batch_size=40)
+    reports: list[services.IngestReport] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            reports.append(services.replay_files(LedgerHandle(engine=shared.engine).db, [history],
+                                                 cluster=shared.cluster, batch_size=40))
+        except Exception as e:  # noqa: BLE001  # the test reports any failure of any replay
+            failures.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+    assert failures == []
+    assert shared.snapshot() == clean.snapshot()
+    assert sum(r.recorded for r in reports) == alone.recorded == summary.lines - len(alone.rejected)
+    assert sum(r.events for r in reports) == alone.events
+    assert all(r.lines == summary.lines for r in reports)
