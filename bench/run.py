@@ -5,6 +5,7 @@ Run (needs a PostgreSQL the benchmark may create databases on; default the local
     .venv/bin/python -m bench.run                       # default size, a few minutes on 2 cores
     .venv/bin/python -m bench.run --full                # the DESIGN §10 scale (10 M events): hours
     .venv/bin/python -m bench.run --admin-url postgresql://postgres@127.0.0.1:5432/postgres -o out.json
+    .venv/bin/python -m bench.run --skip ingest,worker --query-url URL   # queries + API on an existing ledger
 
 Phases (each figure is printed next to its DESIGN §10 target):
 
@@ -28,7 +29,6 @@ Nothing here runs in the test suite; tests never assert wall-clock time.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform
@@ -136,33 +136,36 @@ def count(engine: Engine, table: str) -> int:
 # --- phase 1 and 2: ingest vs raw COPY, rebuild ------------------------------------------------
 
 
-def dump_rows(db: LedgerDatabase) -> dict[str, bytes]:
-    """The rows an ingest wrote, as COPY text, by table."""
+def dump_rows(db: LedgerDatabase, workdir: Path) -> dict[str, Path]:
+    """The rows an ingest wrote, as COPY text files in ``workdir``, by table (streamed: a 10 M-event
+    ledger's rows are larger than memory)."""
     raw = db.engine.raw_connection()
     try:
-        out: dict[str, bytes] = {}
+        out: dict[str, Path] = {}
         cur = raw.driver_connection.cursor()  # type: ignore[union-attr]  # psycopg 3 connection
         for table, cols in COPY_TABLES.items():
-            buf = io.BytesIO()
-            with cur.copy(f"COPY (SELECT {cols} FROM {table} ORDER BY 1) TO STDOUT") as copy:
+            path = workdir / f"{table}.copy"
+            with path.open("wb") as f, cur.copy(f"COPY (SELECT {cols} FROM {table} ORDER BY 1) TO STDOUT") as copy:
                 for chunk in copy:
-                    buf.write(chunk)
-            out[table] = buf.getvalue()
+                    f.write(chunk)
+            out[table] = path
         return out
     finally:
         raw.close()
 
 
-def copy_rows(db: LedgerDatabase, dump: dict[str, bytes]) -> float:
-    """Load ``dump`` with raw COPY into the (empty) ledger ``db`` in one transaction; seconds taken."""
+def copy_rows(db: LedgerDatabase, dump: dict[str, Path]) -> float:
+    """Load ``dump`` with raw COPY into the (empty) ledger ``db`` in one transaction; seconds taken
+    (reading the files included, as the ingest's reading of its history file is)."""
     raw = db.engine.raw_connection()
     try:
         conn = raw.driver_connection
         start = time.perf_counter()
         with conn.cursor() as cur:  # type: ignore[union-attr]  # psycopg 3 connection
             for table, cols in COPY_TABLES.items():
-                with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                    copy.write(dump[table])
+                with dump[table].open("rb") as f, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                    while block := f.read(1 << 20):
+                        copy.write(block)
         conn.commit()  # type: ignore[union-attr]
         return time.perf_counter() - start
     finally:
@@ -178,15 +181,18 @@ def phase_ingest(report: Report, admin_url: str, history: Path, summary: Simulat
         events = ingested.events
         report.sizes.update({"ingestLines": summary.lines, "ingestEvents": events})
         rate = summary.lines / seconds
-        dump = dump_rows(db)
+        dump = dump_rows(db, history.parent)
         with fresh_database(admin_url, "copy", keep=False) as target:
             copy_s = copy_rows(target, dump)
+        size = sum(p.stat().st_size for p in dump.values())
+        for path in dump.values():
+            path.unlink()
         copy_rate = summary.lines / copy_s
         ratio = copy_s / seconds
         report.add(Figure("ingest (translate + append)", rate, "watch events/s", "≥ 20,000/s", rate >= 20_000,
                           f"{events:,} ledger events, {events / seconds:,.0f} events/s"))
         report.add(Figure("raw COPY of the same rows", copy_rate, "watch events/s", None, None,
-                          f"{copy_s:.2f} s for {sum(len(v) for v in dump.values()) / 1e6:,.1f} MB"))
+                          f"{copy_s:.2f} s for {size / 1e6:,.1f} MB"))
         report.add(Figure("ingest / raw COPY", ratio, "x", "≥ 0.3", ratio >= 0.3))
         print("rebuild", flush=True)
         seconds, applied = timed(lambda: runner.rebuild(db.engine))
@@ -380,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-concurrency", type=int, default=8)
     parser.add_argument("--skip", default="", help="Comma-separated phases to skip: ingest,worker,queries,api.")
     parser.add_argument("--keep", action="store_true", help="Keep the benchmark databases.")
+    parser.add_argument("--query-url", default=None,
+                        help="Run the occupancy/usage/API phases on this existing ledger (for example a 10 M-event "
+                             "ledger kept by --full --keep) instead of the ledger built here.")
     parser.add_argument("-o", "--output", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args(argv)
     if args.full:
@@ -399,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             ingest_db = phase_ingest(report, args.admin_url, history, summary, keep=args.full or args.keep)
         query_db: LedgerDatabase | None = ingest_db if args.full else None
+        if args.query_url:
+            query_db = LedgerDatabase.from_url(args.query_url)
+            query_db.require_current()
         with fresh_database(args.admin_url, "fleet", keep=args.keep) as fleet_db:
             if "worker" not in skip:
                 fleet = workdir / "fleet.jsonl"
