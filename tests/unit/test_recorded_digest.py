@@ -1,0 +1,79 @@
+"""The digest of a line does not depend on which JSON decoder read it.
+
+JSON Lines are read by a fast decoder that refuses floats and other rarities; everything else (and
+every other format) goes through ``json``. Both must give the same object and the same digest, or a
+history replayed after an upgrade would be recorded a second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.recorded import WatchLine, read_text, watch_line
+from ledger.simulate import FleetSpec, write_history
+from ledger.types import JSONObject, JSONValue
+from tests.paths import HISTORIES
+
+AT = datetime(2026, 11, 2, 9, 30, tzinfo=UTC)
+
+
+def reference_digest(event_type: str, observed_at: datetime, obj: JSONValue) -> str:
+    """The digest as documented on ``WatchLine.digest``, computed with the standard library only."""
+    canonical = json.dumps([event_type, observed_at.isoformat(), obj], sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def only_line(text: str) -> WatchLine:
+    results = list(read_text(text, source="test"))
+    assert len(results) == 1 and isinstance(results[0], WatchLine), results
+    return results[0]
+
+
+texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                    st.floats(allow_nan=False, allow_infinity=False), texts)
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(texts, inner, max_size=4)), max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.dictionaries(texts, values, max_size=6), indent=st.booleans())
+def test_any_object_reads_to_the_same_object_and_reference_digest(body: JSONObject, indent: bool) -> None:
+    obj: JSONObject = {"kind": "Pod", "metadata": {"name": "p"}, "body": body}
+    line = json.dumps({"observedAt": "2026-11-02T09:30:00Z", "type": "MODIFIED", "object": obj},
+                      ensure_ascii=indent)  # both spellings of non-ASCII text
+
+    read = only_line(line)
+
+    assert read.object == obj
+    assert read.digest == reference_digest("MODIFIED", AT, obj)
+    assert read.holds_nul == ("\\u0000" in json.dumps(obj))  # as the WatchLine.holds_nul docstring says
+
+
+def test_every_recorded_line_has_the_digest_a_live_watch_event_gets(tmp_path: Path) -> None:
+    # watch_line() is what the workers use for live events: it always encodes with json.
+    fleet = tmp_path / "fleet.jsonl"
+    write_history(FleetSpec(nodes=3, gpus_per_node=4, hours=6.0, seed=11), fleet)
+    checked = 0
+    for path in [*sorted(HISTORIES.glob("*.jsonl")), fleet]:
+        for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                read = only_line(text)
+            except AssertionError:
+                continue  # the broken lines some fixtures hold on purpose
+            assert read.observed_at is not None
+            live = watch_line(source="watch", line=number, event_type=read.type, observed_at=read.observed_at,
+                              obj=json.loads(text)["object"])
+            assert isinstance(live, WatchLine)
+            assert (read.digest, read.object) == (live.digest, live.object), f"{path.name}:{number}"
+            checked += 1
+    assert checked > 300
