@@ -1,8 +1,9 @@
 """Opaque page tokens: ``limit`` rows a page, results stable across pages.
 
-A token encodes the offset into the ordered result, the instant ``at`` the first page was computed for
-(so later pages answer the same question even when ``at`` defaulted to "now"), and a digest of the
-other query parameters (a token cannot be replayed against another query).
+A token encodes where the next page starts — the offset into the ordered result, or, for results paged
+in SQL by a sort key (occupancy), the key of the last row returned — the instant ``at`` the first page
+was computed for (so later pages answer the same question even when ``at`` defaulted to "now"), and a
+digest of the other query parameters (a token cannot be replayed against another query).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ MAX_LIMIT = 1000
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """Where a page starts: ``offset`` rows in, for the query fingerprinted by ``query`` at ``at``."""
+    """Where a page starts: ``offset`` rows in, or after the row whose sort key is ``after``, for the
+    query fingerprinted by ``query`` at ``at``."""
 
     offset: int
     at: str | None
+    after: tuple[str, ...] | None = None
 
 
 def fingerprint(params: Mapping[str, object]) -> str:
@@ -35,9 +38,12 @@ def fingerprint(params: Mapping[str, object]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def encode(*, offset: int, at: str | None, query: str) -> str:
-    """Make the token for the page starting ``offset`` rows in."""
-    raw = json.dumps({"o": offset, "at": at, "q": query}, separators=(",", ":")).encode()
+def encode(*, offset: int, at: str | None, query: str, after: Sequence[str] | None = None) -> str:
+    """Make the token for the page starting ``offset`` rows in (or after the sort key ``after``)."""
+    body: dict[str, object] = {"o": offset, "at": at, "q": query}
+    if after is not None:
+        body["k"] = list(after)
+    raw = json.dumps(body, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -51,12 +57,14 @@ def decode(token: str | None, *, query: str) -> Page:
         return Page(offset=0, at=None)
     try:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        offset, at, q = data["o"], data["at"], data["q"]
-    except (ValueError, KeyError, TypeError) as e:
+        offset, at, q, after = data["o"], data["at"], data["q"], data.get("k")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise Invalid("pageToken is not a token this API issued") from e
     if not isinstance(offset, int) or offset < 0 or not (at is None or isinstance(at, str)) or q != query:
         raise Invalid("pageToken does not belong to this query (its parameters changed)")
-    return Page(offset=offset, at=at)
+    if after is not None and not (isinstance(after, list) and all(isinstance(k, str) for k in after)):
+        raise Invalid("pageToken is not a token this API issued")
+    return Page(offset=offset, at=at, after=tuple(after) if after is not None else None)
 
 
 def cut(rows: Sequence[T], *, page: Page, limit: int, at: str | None, query: str) -> tuple[list[T], str | None]:

@@ -379,7 +379,7 @@ def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="O
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.occupancy(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
+        return services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
 
     _emit(_query(settings_from(url, data_dir), run), output, render_occupancy)
 
@@ -682,11 +682,11 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
         busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
         out.rule(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
         c = DEMO_CLUSTER
-        render_occupancy(services.occupancy(db, at=busy, cluster=c))
+        render_occupancy(services.occupancy_all(db, at=busy, cluster=c))
         out.print("Pending claims (requested more devices than are free):")
         render_claims(services.claims(db, at=busy, state="pending", cluster=c))
         out.print("After train-0 finished and the shared claim's pods went away:")
-        render_occupancy(services.occupancy(db, at=end, cluster=c))
+        render_occupancy(services.occupancy_all(db, at=end, cluster=c))
         render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
                                     group_by="team", cluster=c))
         render_idle(services.idle_claims(db, at=end, cluster=c))

@@ -12,7 +12,7 @@ import gc
 import io
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,7 +25,7 @@ from ledger.projections import pending as pending_demand
 from ledger.projections import queries, rollups, runner, settled, snapshots
 from ledger.projections import quotas as quota_counting
 from ledger.projections import shared as sharing
-from ledger.projections.queries import IdleThresholds, rfc3339
+from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import schema
@@ -351,55 +351,91 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 
 
 def occupancy(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
-              driver: str | None = None, pool: str | None = None) -> JSONObject:
-    """Every device at ``at`` with its holders, and totals; see :func:`ledger.projections.queries.occupancy`."""
+              driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
+              after: DeviceSortKey | None = None,
+              limit: int = queries.OCCUPANCY_DEFAULT_LIMIT) -> queries.OccupancyPage:
+    """One page of devices at ``at`` with their holders, and totals over all pages.
+
+    Page and totals are read in one REPEATABLE READ snapshot, so they describe the same rows. See
+    :func:`ledger.projections.queries.occupancy` for the body, ``teams``, ``after`` and ``limit``.
+
+    Raises:
+        Invalid: ``limit`` outside 1..1000, or a parameter PostgreSQL refuses.
+        StoreUnavailable: the database cannot be reached.
+    """
     with db.reading() as conn:
-        return queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
+        conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            return queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
+                                     after=after, limit=limit)
+
+
+def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
+                  driver: str | None = None, pool: str | None = None) -> JSONObject:
+    """Every device at ``at`` with its holders, and totals: all pages in one body (CLI, demo).
+
+    One REPEATABLE READ snapshot; see :func:`ledger.projections.queries.occupancy_all`.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with db.reading() as conn:
+        conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
 
 
 @dataclass(slots=True)
 class _SettledOccupancy:
     checkpoints: tuple[tuple[str, int], ...]
     settled_at: datetime | None
-    body: JSONObject
+    page: queries.OccupancyPage
 
 
-_OCCUPANCY_CACHE: dict[tuple[str, str | None, str | None, str | None, str | None], _SettledOccupancy] = {}
+_OccupancyKey = tuple[str, str | None, str | None, str | None, str | None, tuple[str, ...] | None,
+                      DeviceSortKey | None, int]
+_OCCUPANCY_CACHE: dict[_OccupancyKey, _SettledOccupancy] = {}
 _OCCUPANCY_LOCK = threading.Lock()
-OCCUPANCY_CACHE_ENTRIES = 8
-"""Filter combinations whose settled occupancy is kept (one body each: ~1 KB per device)."""
+OCCUPANCY_CACHE_ENTRIES = 64
+"""Settled occupancy pages kept (per filters, teams, page start and limit): ~100 KB each at the
+default limit of 100 devices, so a few MB at most."""
 
 
 def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
-                      driver: str | None = None, pool: str | None = None) -> JSONObject:
+                      driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
+                      after: DeviceSortKey | None = None,
+                      limit: int = queries.OCCUPANCY_DEFAULT_LIMIT) -> queries.OccupancyPage:
     """:func:`occupancy`, answered from memory while the read models have not moved (the API's "now").
 
-    Exact, not approximate: see :mod:`ledger.projections.settled`. A cached body is used only when
-    every checkpoint is where it was when the body was computed and ``at`` is at or after every finite
-    interval bound; otherwise the body is computed (and kept when ``at`` qualifies). One checkpoint
-    read per hit.
+    Exact, not approximate: see :mod:`ledger.projections.settled`. A cached page is used only when
+    every checkpoint is where it was when the page was computed and ``at`` is at or after every finite
+    interval bound; otherwise the page is computed (and kept when ``at`` qualifies). One checkpoint
+    read per hit. Pages are cached one by one (key: filters, teams, ``after``, ``limit``), oldest out first.
 
     Raises:
-        Unavailable: the database cannot be reached.
+        Invalid: ``limit`` outside 1..1000.
+        StoreUnavailable: the database cannot be reached.
     """
-    key = (db.url, cluster, node, driver, pool)
+    key: _OccupancyKey = (db.url, cluster, node, driver, pool, tuple(sorted(teams)) if teams is not None else None,
+                          after, limit)
     with db.reading() as conn:
         checkpoints = settled.read_checkpoints(conn)
     hit = _OCCUPANCY_CACHE.get(key)
     if hit is not None and hit.checkpoints == checkpoints and (hit.settled_at is None or at >= hit.settled_at):
-        return {**hit.body, "at": rfc3339(at)}
+        return queries.OccupancyPage(body={**hit.page.body, "at": rfc3339(at)}, next_after=hit.page.next_after)
     with _OCCUPANCY_LOCK, db.reading() as conn:
-        # One snapshot for the version and the body, so the body is exactly the one of those checkpoints.
+        # One snapshot for the version and the page, so the page is exactly the one of those checkpoints.
         conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             version = settled.read_version(conn)
-            body = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
+            page = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
+                                     after=after, limit=limit)
     if version.settled_at is None or at >= version.settled_at:
         if len(_OCCUPANCY_CACHE) >= OCCUPANCY_CACHE_ENTRIES and key not in _OCCUPANCY_CACHE:
             _OCCUPANCY_CACHE.pop(next(iter(_OCCUPANCY_CACHE)))
         _OCCUPANCY_CACHE[key] = _SettledOccupancy(checkpoints=version.checkpoints, settled_at=version.settled_at,
-                                                  body=body)
-    return body
+                                                  page=page)
+    return page
 
 
 def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,

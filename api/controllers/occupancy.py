@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from litestar import Controller, get
 from litestar.di import NamedDependency
@@ -14,34 +14,11 @@ from api.deps import AppState, parse_instant
 from api.errors import V1_PROBLEMS
 from api.schemas import Occupancy, to_struct
 from ledger import services
+from ledger.errors import Invalid
 
 AT_DOC = "Instant T (RFC 3339 with a zone, e.g. 2026-11-02T09:30:00Z); default now."
 TOKEN_DOC = "Opaque token from the previous page's nextPageToken."
 LIMIT_DOC = "Rows per page (1..1000)."
-
-
-def scope_occupancy(body: Any, access: NamedDependency[Access]) -> Any:
-    """Keep only allocations the caller may see; drop devices left without any; recompute the totals.
-
-    A team-limited token sees the devices its teams hold, and totals over those devices only.
-    """
-    if access.teams is None:
-        return body
-    devices: list[Any] = []
-    shared = 0
-    for dev in body["devices"]:
-        mine = [a for a in dev["allocations"] if access.sees(a["team"])]
-        if mine:
-            devices.append({**dev, "allocations": mine})
-            holding = [a for a in mine if not a["adminAccess"]]
-            if len(holding) > 1 or sum(len(a["consumers"]) for a in holding) > 1:
-                shared += 1
-    allocated = sum(1 for d in devices if any(not a["adminAccess"] for a in d["allocations"]))
-    return {
-        **body,
-        "devices": devices,
-        "totals": {"devices": len(devices), "allocated": allocated, "free": len(devices) - allocated, "shared": shared},
-    }
 
 
 class OccupancyController(Controller):
@@ -72,20 +49,28 @@ class OccupancyController(Controller):
         leaving their ResourceSlice (``offSlice``), each with its allocations from
         ``ResourceClaim.status.allocation.devices.results[]`` and live consumers from ``reservedFor``.
         Totals count hardware that shares a counter set once; ``free`` is never negative; ``adminAccess``
-        allocations occupy nothing. Devices are ordered by driver, pool, device and paginated; totals
-        cover every page.
+        allocations occupy nothing. Devices are ordered by cluster, driver, pool, device and paginated in
+        SQL (the token holds the last device's key); totals cover every page. A team-limited token sees
+        only devices its teams hold, only their allocations, and totals over those devices.
         """
         query = pagination.fingerprint(
             {"cluster": cluster or ctx.cluster, "node": node, "driver": driver, "pool": pool, "at": at}
         )
         page = pagination.decode(page_token, query=query)
+        if page.after is not None and len(page.after) != 4:
+            raise Invalid("pageToken is not a token this API issued")
         when = parse_instant(page.at or at, "at")
-        body: Any = scope_occupancy(
-            services.occupancy_settled(ctx.db, at=when, cluster=cluster or ctx.cluster, node=node, driver=driver,
-                                       pool=pool),
-            access,
+        # A team-limited token sees the devices its teams hold, only their allocations, and totals over
+        # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy).
+        answer = services.occupancy_settled(
+            ctx.db, at=when, cluster=cluster or ctx.cluster, node=node, driver=driver, pool=pool, teams=access.teams,
+            after=(page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None,
+            limit=limit,
         )
-        devices = body["devices"]
-        assert isinstance(devices, list)
-        rows, token = pagination.cut(devices, page=page, limit=limit, at=str(body["at"]), query=query)
-        return to_struct({**body, "devices": rows, "nextPageToken": token}, Occupancy)
+        body = answer.body
+        token = (
+            pagination.encode(offset=0, at=str(body["at"]), query=query, after=answer.next_after)
+            if answer.next_after is not None
+            else None
+        )
+        return to_struct({**body, "nextPageToken": token}, Occupancy)

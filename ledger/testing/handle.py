@@ -51,10 +51,10 @@ class LedgerHandle:
                                      settings=TranslatorSettings(team_label=self.team_label))
 
     def occupancy(self, at: datetime, **filters: str) -> JSONObject:
-        """Occupancy body at ``at`` (filters: node, driver, pool)."""
+        """Occupancy body at ``at`` with every device (all pages; filters: node, driver, pool)."""
         runner.catch_up(self.engine)
         with self.engine.connect() as conn:
-            return queries.occupancy(conn, at=at, cluster=self.cluster, **filters)
+            return queries.occupancy_all(conn, at=at, cluster=self.cluster, **filters)
 
     def usage(self, start: datetime, end: datetime, group_by: str = "team") -> JSONObject:
         """Usage body: device-hours over ``[start, end)`` per ``group_by`` and DeviceClass."""

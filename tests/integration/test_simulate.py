@@ -11,9 +11,10 @@ from pathlib import Path
 from sqlalchemy import text
 
 from ledger import services
-from ledger.projections import runner
+from ledger.projections import queries, runner
 from ledger.simulate import FleetSpec, SimulationSummary, simulate, write_history
 from ledger.testing.handle import LedgerHandle
+from ledger.types import JSONObject
 from tests.paths import HISTORIES, REAL
 
 SMALL = FleetSpec(nodes=6, gpus_per_node=4, hours=6, seed=7, mig_node_fraction=0.5, restarts_per_node_day=6.0,
@@ -69,13 +70,29 @@ def test_set_based_projections_give_the_rows_of_one_event_at_a_time(ledger: Ledg
     assert ledger.snapshot() == live
 
 
-def _plan(ledger: LedgerHandle, sql: str, params: dict[str, object]) -> str:
+def _plan(ledger: LedgerHandle, sql: str, params: dict[str, object], *, ordered: bool = False,
+          by_condition: bool = False) -> str:
     with ledger.engine.begin() as conn:
         conn.execute(text("ANALYZE"))
         # A small table is cheapest to scan whole; forbid that so the plan shows whether the index
         # *can* serve the predicate (a query rewritten past the index would fall back to a seq scan).
         conn.execute(text("SET LOCAL enable_seqscan = off"))
+        if ordered:
+            # Likewise sorting a few rows is cheap; forbid it so the plan shows whether an index *can*
+            # deliver the rows in page order (a query it cannot serve keeps its Sort node).
+            conn.execute(text("SET LOCAL enable_sort = off"))
+            conn.execute(text("SET LOCAL enable_bitmapscan = off"))
+        if by_condition:
+            # Only bitmap scans, which need an index condition: a full walk of another index cannot stand
+            # in for the interval index, so the plan names the index that serves ``valid @> T``.
+            conn.execute(text("SET LOCAL enable_indexscan = off"))
+            conn.execute(text("SET LOCAL enable_indexonlyscan = off"))
         return "\n".join(str(r[0]) for r in conn.execute(text(f"EXPLAIN {sql}"), params))
+
+
+def _sorts_everything(plan: str) -> bool:
+    """Whether the plan has a full Sort node (an Incremental Sort of presorted index order is bounded)."""
+    return any(line.strip().removeprefix("->").strip().startswith("Sort  (") for line in plan.splitlines())
 
 
 def test_occupancy_and_usage_queries_use_the_interval_indexes(ledger: LedgerHandle, tmp_path: Path) -> None:
@@ -83,16 +100,30 @@ def test_occupancy_and_usage_queries_use_the_interval_indexes(ledger: LedgerHand
     write_history(SMALL, path)
     ledger.replay(path)
     at = SMALL.start + timedelta(hours=2)
-    # The statements of ledger.projections.queries.occupancy and .usage, with their parameters.
-    inventory = _plan(ledger, "SELECT cluster, driver, pool, device, node, model, counter_set FROM device_inventory "
-                              "WHERE valid @> :at AND cluster = :cluster", {"at": at, "cluster": "default"})
-    allocations = _plan(ledger, "SELECT driver, pool, device, claim_uid FROM device_allocations "
-                                "WHERE valid @> :at AND cluster = :cluster", {"at": at, "cluster": "default"})
+    # The very statements ledger.projections.queries.occupancy and .usage run, with their parameters.
+    scope = queries.OccupancyScope(cluster="default")
+    params: dict[str, object] = {"at": at, "n": 101, **scope.params()}
+    everywhere = queries.OccupancyScope()  # no cluster: no key-index condition competes with the interval
+    totals = _plan(ledger, queries.occupancy_totals_statement(everywhere), {"at": at, **everywhere.params()},
+                   by_condition=True)
+    teams = queries.OccupancyScope(teams=frozenset({"team-0"}))
+    team_totals = _plan(ledger, queries.occupancy_totals_statement(teams), {"at": at, **teams.params()},
+                        by_condition=True)
+    listed, off_slice = queries.occupancy_page_statements(scope, after=None)
+    first_page = _plan(ledger, listed, params, ordered=True)
+    off_page = _plan(ledger, off_slice, params, ordered=True)
     usage = _plan(ledger, "SELECT driver, pool, device FROM device_allocations WHERE NOT admin_access "
                           "AND NOT isempty(valid) AND valid && tstzrange(:start, :end, '[)') AND cluster = :cluster",
                   {"start": datetime(2026, 10, 2, tzinfo=UTC), "end": at, "cluster": "default"})
-    assert "device_inventory_valid_gist" in inventory, inventory
-    assert "device_allocations_valid_gist" in allocations, allocations
+    # Totals over every device at T: the GiST interval indexes find the rows containing T.
+    assert "device_inventory_valid_gist" in totals, totals
+    assert "device_allocations_valid_gist" in totals, totals
+    assert "claim_consumers_valid_gist" in totals, totals
+    assert "device_allocations_valid_gist" in team_totals, team_totals
+    # A page walks the device key order (btree) and stops after LIMIT rows: no sort of every device.
+    assert "device_inventory_key_idx" in first_page and not _sorts_everything(first_page), first_page
+    # Off-slice devices: allocations read through an index, each probed in the inventory by its key.
+    assert "Seq Scan" not in off_page and "device_inventory_key_idx" in off_page, off_page
     assert "device_allocations_valid_gist" in usage, usage
 
 
@@ -100,13 +131,17 @@ def test_settled_occupancy_answers_as_the_query_and_follows_the_checkpoints(ledg
                                                                              tmp_path: Path) -> None:
     ledger.replay(HISTORIES / "seed-lab.jsonl")
     later = datetime(2030, 1, 1, tzinfo=UTC)
-    first = services.occupancy_settled(ledger.db, at=later)
+
+    def settled_page(at: datetime) -> JSONObject:
+        return services.occupancy_settled(ledger.db, at=at, limit=queries.OCCUPANCY_MAX_LIMIT).body
+
+    first = settled_page(later)
     assert first == ledger.occupancy(later) | {"at": first["at"]}
-    again = services.occupancy_settled(ledger.db, at=later + timedelta(hours=1))  # from memory
+    again = settled_page(later + timedelta(hours=1))  # from memory
     assert again == first | {"at": "2030-01-01T01:00:00Z"}
     before = datetime(2026, 11, 2, 9, 30, tzinfo=UTC)  # inside the history: computed, never cached
-    assert services.occupancy_settled(ledger.db, at=before) == ledger.occupancy(before)
+    assert settled_page(before) == ledger.occupancy(before)
     path = tmp_path / "fleet.jsonl"
     write_history(SMALL, path)
-    ledger.replay(path)  # the checkpoints move: the cached body is stale and must not be served
-    assert services.occupancy_settled(ledger.db, at=later) == ledger.occupancy(later)
+    ledger.replay(path)  # the checkpoints move: the cached page is stale and must not be served
+    assert settled_page(later) == ledger.occupancy(later)
