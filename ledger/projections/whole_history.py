@@ -440,6 +440,7 @@ _FLUSH_ROWS = 50_000
 
 
 def _fold(conn: Connection, names: Collection[str], head: GlobalPosition) -> None:
+    """Fold the events of :data:`_FOLD_TYPES` up to ``head`` and COPY the tables of :data:`FOLDED` in ``names``."""
     raw = conn.connection.driver_connection
     assert isinstance(raw, psycopg.Connection)
     fold = _Fold()
@@ -452,11 +453,16 @@ def _fold(conn: Connection, names: Collection[str], head: GlobalPosition) -> Non
                     (head, list(_FOLD_TYPES)))
         while batch := cur.fetchmany(_FETCH_ROWS):
             for event_type, cluster, at, payload in batch:
+                assert isinstance(event_type, str) and isinstance(cluster, str) and isinstance(at, datetime)
+                assert isinstance(payload, str)
                 fold.apply(event_type, cluster, at, json.loads(payload))
             if len(fold.closed) >= _FLUSH_ROWS:
                 rows = fold.take_closed()
                 if allocations:
                     copy_rows(conn, "device_allocations", [*_ALLOCATION_COLUMNS, "valid"], _by_device(rows))
+    # namespace_teams and device_inventory keep creation order, not _KEY_ORDER: the batch path of later
+    # catch-ups breaks ties between intervals of one key with equal starts by row id (the one inserted
+    # last), as _latest_containing does here.
     if "namespace_teams" in names:
         copy_rows(conn, "namespace_teams", ["cluster", "namespace", "team", "valid"], _rows(fold.team_rows))
     if "device_inventory" in names:
@@ -466,8 +472,6 @@ def _fold(conn: Connection, names: Collection[str], head: GlobalPosition) -> Non
     if allocations:
         rows = [*fold.take_closed(), *(r.row() for r in fold.open_allocations.values())]
         copy_rows(conn, "device_allocations", [*_ALLOCATION_COLUMNS, "valid"], _by_device(rows))
-    # namespace_teams and device_inventory keep creation order: the batch path of later catch-ups breaks
-    # ties between intervals of one key with equal starts by row id (the one inserted last), as the fold does.
 
 
 def _by_device(rows: list[list[object]]) -> list[list[object]]:
