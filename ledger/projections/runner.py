@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection, Engine, text
 
 from ledger.events import RecordedEvent
+from ledger.projections import whole_history as whole
 from ledger.projections.base import Projection
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL
@@ -89,17 +90,35 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
 
 
 def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 5000,
-            progress: Progress | None = None, set_based: bool = True) -> int:
+            progress: Progress | None = None, set_based: bool = True, whole_history: bool = True) -> int:
     """Rebuild read models from global position 0 in one transaction and swap them in at commit.
 
     Readers keep seeing the old rows until the commit (PostgreSQL MVCC; TRUNCATE takes an ACCESS
     EXCLUSIVE lock, so readers wait for the commit rather than see a half-built model).
 
-    ``set_based=False`` applies events one at a time through each projection's ``apply_event`` (the
-    reference semantics; tests compare both paths row for row).
+    Three ways, one result (tests compare them row for row, and with live catch-up):
+
+    * default: each table is built once from the whole history (:mod:`ledger.projections.whole_history`),
+      the fast path, used whenever it supports ``projections``;
+    * ``whole_history=False``: batches of ``batch_size`` events through the set-based batch path
+      (:mod:`ledger.projections.batch`, what :func:`catch_up` runs);
+    * ``set_based=False``: one event at a time through each projection's ``apply_event`` (the
+      reference semantics).
+
+    Args:
+        engine: the ledger database (table ``events`` is read, the projections' tables are replaced).
+        projections: which read models (default: all).
+        batch_size: events per batch of the batch paths (> 0; unused by the whole-history path).
+        progress: called with the number of events applied, after each batch (once for the whole history).
+        set_based: ``False`` selects the reference path.
+        whole_history: ``False`` selects the batch path.
 
     Returns:
-        How many events were applied.
+        How many events were applied (every event up to the head read at the start; 1-based positions).
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: a statement failed; everything rolls back and the old read
+            models and checkpoints stay (a bad event stops the rebuild, never is skipped).
     """
     applied = 0
     with engine.begin() as conn:
@@ -112,6 +131,18 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         for name in names:
             positions[name] = 0
         conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})
+        if set_based and whole_history and whole.supports(names):
+            # One snapshot of the head for every statement of the build (see whole_history's docstring).
+            count, head = conn.execute(text(
+                "SELECT count(*), coalesce(max(global_position), 0) FROM events")).one()
+            if count:
+                whole.build(conn, names=names, head=GlobalPosition(int(head)))
+                conn.execute(text("UPDATE checkpoints SET position = :pos, updated_at = :now "
+                                  "WHERE projection = ANY(:names)"),
+                             {"pos": int(head), "now": datetime.now(UTC), "names": names})
+                if progress is not None:
+                    progress(int(count))
+            return int(count)
         after = GlobalPosition(0)
         while batch := read_all(conn, after=after, limit=batch_size, with_source=False):
             _apply_batch(conn, projections, positions, batch, set_based=set_based)

@@ -1,0 +1,515 @@
+"""Whole-history build of the core read models: the fast path of :func:`ledger.projections.runner.rebuild`.
+
+Why: a rebuild starts from empty tables inside one transaction, so it needs none of the "load the open
+intervals of the touched keys" reads of the batch path (:mod:`ledger.projections.batch`), and an
+interval's end is simply the time of the next event that closes it. Building each table once from the
+whole history, instead of folding batches of 5000 events and writing the same rows again and again,
+took a rebuild of a simulated 50-node day (47,557 events) from ~12,900 to over 50,000 events/s.
+
+Two techniques, each where it pays:
+
+* **SQL** for the big, independent tables (``pod_phases``, ``claims``, ``claim_states``,
+  ``claim_consumers``: about nine events in ten). One ``INSERT ... SELECT`` per table reads the
+  ``events`` payloads on the server and finds each interval's end with a window over the key
+  (``lead`` / ``min(...) FILTER`` over the following events), so no payload crosses the wire and no
+  Python object is made per event.
+* **Python** for ``namespace_teams``, ``device_inventory``, ``device_classes`` and
+  ``device_allocations``: conflicts, relabel splits and the team / inventory lookups of an allocation
+  are a fold, not a window. One pass over those event types (about one event in six), streamed in
+  global position order from a server-side cursor, then one ``COPY`` per table.
+
+Semantics are exactly those of ``apply_event`` in :mod:`ledger.projections.models` (the reference); a
+test compares this path with it, with live catch-up and with the batch path, row for row. The rules
+carried over, each stated where it is implemented: an event closes the open intervals of its key at
+``greatest(lower, occurred_at)`` (an empty interval, never an inverted one, when events arrive out of
+order); ``ClaimCreated`` opens a state interval without closing one and only its first occurrence makes
+the ``claims`` row; events of a claim before that row exists do not change it.
+
+Ordering invariant: ``device_allocations`` reads ``namespace_teams`` and ``device_inventory`` *as of the
+allocation's own global position* (intervals opened so far, closed only by earlier events). The fold
+applies every event type in one global-position-ordered pass, so at each ``ClaimAllocated`` its
+in-memory teams and inventory are exactly the tables the reference would read at that position.
+
+Snapshot invariant: every statement reads only ``global_position <= head``, the head read once after
+the checkpoints were locked, so the tables built by separate statements (each a new READ COMMITTED
+snapshot) see one and the same history even while appends go on; appends commit in position order
+(``ledger.store.postgres``), so no event at or below ``head`` can appear later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+import psycopg
+from sqlalchemy import Connection, text
+
+from ledger.projections.models import counter_set_of, model_of
+from ledger.store.postgres import copy_rows
+from ledger.types import GlobalPosition, JSONObject, JSONValue
+
+# _KEY_ORDER: rows are written in the order of their table's key index (cluster, then the key), not
+# in time order. Every row also goes into a B-tree on its key and a GiST on ``valid``; in key order
+# the B-tree insertions land on neighbouring pages. Measured on the h50 history (17,322 ``pod_phases``
+# rows, COPY into the empty table with its four indexes): key order 140-160 ms, random order
+# 185-285 ms, time order 190-330 ms. Row ids follow key order after a rebuild (they carry no meaning).
+
+_STR = "CASE WHEN jsonb_typeof({0}) = 'string' THEN {0} #>> '{{}}' END"
+"""SQL of ``opt_str_of``: the JSON value as text when it is a string, else NULL."""
+
+
+def _opt_str(path: str) -> str:
+    return _STR.format(path)
+
+
+# ``upper`` of an interval closed by an event at ``closer_at``: greatest(lower, closer_at), as
+# ledger.projections.base.close_intervals. The CASE matters: greatest() ignores NULLs, and an interval
+# nothing closes must stay open (upper NULL), not become empty.
+_UPPER = "CASE WHEN {closer} IS NOT NULL THEN greatest({lower}, {closer}) END"
+
+_POD_PHASES = f"""
+INSERT INTO pod_phases (cluster, pod_uid, namespace, name, phase, node, claims, valid)
+SELECT cluster, uid, namespace, name, phase, node, claims,
+       tstzrange(occurred_at, {_UPPER.format(closer="next_at", lower="occurred_at")}, '[)')
+FROM (SELECT global_position, type, cluster, uid, namespace, name, phase, node, claims, occurred_at,
+             -- every PodPhaseChanged / PodDeleted closes the pod's one open interval
+             lead(occurred_at) OVER (PARTITION BY cluster, uid ORDER BY global_position) AS next_at
+      FROM (SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
+                   payload ->> 'namespace' AS namespace, payload ->> 'name' AS name,
+                   payload ->> 'phase' AS phase, {_opt_str("payload -> 'node'")} AS node,
+                   payload -> 'claims' AS claims
+            FROM events
+            WHERE global_position <= :head AND type IN ('PodPhaseChanged', 'PodDeleted')) AS e) AS w
+WHERE type = 'PodPhaseChanged'
+ORDER BY cluster, uid, global_position  -- key order (_KEY_ORDER); the window's order: no extra sort
+"""
+"""``pod_phases`` (reference: ``models.PodPhases``): one interval per ``PodPhaseChanged``."""
+
+_CLAIM_STATES = f"""
+WITH e AS (
+    SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
+           CASE WHEN type = 'ClaimAllocated' THEN {_opt_str("payload -> 'node'")} END AS node
+    FROM events
+    WHERE global_position <= :head
+      AND type IN ('ClaimCreated', 'ClaimAllocated', 'ClaimDeallocated', 'ClaimDeleted')),
+w AS (
+    SELECT e.*,
+           -- the first later event of the claim that closes intervals (all but ClaimCreated)
+           min(global_position) FILTER (WHERE type <> 'ClaimCreated') OVER (
+               PARTITION BY cluster, uid ORDER BY global_position DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS closer
+    FROM e)
+INSERT INTO claim_states (cluster, claim_uid, state, node, valid)
+SELECT w.cluster, w.uid, CASE WHEN w.type = 'ClaimAllocated' THEN 'allocated' ELSE 'pending' END, w.node,
+       tstzrange(w.occurred_at, {_UPPER.format(closer="c.occurred_at", lower="w.occurred_at")}, '[)')
+FROM w LEFT JOIN e AS c ON c.global_position = w.closer
+WHERE w.type <> 'ClaimDeleted'
+ORDER BY w.cluster, w.uid, w.global_position  -- key order (_KEY_ORDER)
+"""
+"""``claim_states`` (reference: ``models.Claims``): ``ClaimCreated`` opens (closing nothing);
+``ClaimAllocated`` / ``ClaimDeallocated`` close and open; ``ClaimDeleted`` closes."""
+
+_CLAIMS = f"""
+WITH e AS (
+    SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
+           CASE WHEN type = 'ClaimCreated' THEN payload END AS payload  -- only ClaimCreated's is read
+    FROM events
+    WHERE global_position <= :head
+      AND type IN ('ClaimCreated', 'ClaimAllocated', 'ClaimDeallocated', 'ClaimDeletionRequested',
+                   'ClaimDeleted')),
+created AS (  -- the first ClaimCreated makes the row (the reference's ON CONFLICT DO NOTHING)
+    SELECT DISTINCT ON (cluster, uid) * FROM e WHERE type = 'ClaimCreated' ORDER BY cluster, uid, global_position),
+later AS (  -- what the events after it changed: the last of each kind wins
+    SELECT e.cluster, e.uid,
+           (array_agg(CASE e.type WHEN 'ClaimAllocated' THEN 'allocated' WHEN 'ClaimDeallocated' THEN 'pending'
+                                  ELSE 'deleted' END ORDER BY e.global_position DESC)
+                FILTER (WHERE e.type IN ('ClaimAllocated', 'ClaimDeallocated', 'ClaimDeleted')))[1] AS state,
+           (array_agg(e.occurred_at ORDER BY e.global_position DESC)
+                FILTER (WHERE e.type = 'ClaimDeletionRequested'))[1] AS deletion_requested_at,
+           (array_agg(e.occurred_at ORDER BY e.global_position DESC)
+                FILTER (WHERE e.type = 'ClaimDeleted'))[1] AS deleted_at
+    FROM e JOIN created AS c ON c.cluster = e.cluster AND c.uid = e.uid AND e.global_position > c.global_position
+    WHERE e.type <> 'ClaimCreated'
+    GROUP BY e.cluster, e.uid)
+INSERT INTO claims (cluster, uid, namespace, name, origin, owner_pod, owner_pod_uid, requests, state, created_at,
+                    deletion_requested_at, deleted_at)
+SELECT c.cluster, c.uid, c.payload ->> 'namespace', c.payload ->> 'name', c.payload ->> 'origin',
+       {_opt_str("c.payload -> 'ownerPod'")}, {_opt_str("c.payload -> 'ownerPodUID'")}, c.payload -> 'requests',
+       coalesce(l.state, 'pending'), c.occurred_at, l.deletion_requested_at, l.deleted_at
+FROM created AS c LEFT JOIN later AS l ON l.cluster = c.cluster AND l.uid = c.uid
+ORDER BY c.cluster, c.uid  -- key order (_KEY_ORDER)
+"""
+"""``claims`` (reference: ``models.Claims``): the current state of each claim."""
+
+_CLAIM_CONSUMERS = f"""
+WITH e AS (
+    SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
+           payload -> 'consumer' ->> 'resource' AS resource, payload -> 'consumer' ->> 'name' AS name,
+           {_opt_str("payload -> 'consumer' -> 'apiGroup'")} AS api_group,
+           {_opt_str("payload -> 'consumer' -> 'uid'")} AS consumer_uid
+    FROM events
+    WHERE global_position <= :head AND type IN ('ClaimReserved', 'ClaimUnreserved', 'ClaimDeleted')),
+w AS (
+    SELECT e.*,
+           -- closed by the first later event that is a ClaimReserved / ClaimUnreserved of the same
+           -- consumer (resource, name) or a ClaimDeleted of the claim; least() ignores NULLs
+           least(lead(global_position) OVER (PARTITION BY cluster, uid, type = 'ClaimDeleted', resource, name
+                                             ORDER BY global_position),
+                 min(global_position) FILTER (WHERE type = 'ClaimDeleted') OVER (
+                     PARTITION BY cluster, uid ORDER BY global_position DESC
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) AS closer
+    FROM e)
+INSERT INTO claim_consumers (cluster, claim_uid, resource, api_group, name, uid, valid)
+SELECT w.cluster, w.uid, w.resource, w.api_group, w.name, w.consumer_uid,
+       tstzrange(w.occurred_at, {_UPPER.format(closer="c.occurred_at", lower="w.occurred_at")}, '[)')
+FROM w LEFT JOIN e AS c ON c.global_position = w.closer
+WHERE w.type = 'ClaimReserved'
+ORDER BY w.cluster, w.uid, w.global_position  -- key order (_KEY_ORDER)
+"""
+"""``claim_consumers`` (reference: ``models.ClaimConsumers``): one interval per ``ClaimReserved``."""
+
+SQL_BUILT: dict[str, tuple[str, ...]] = {
+    "pod_phases": (_POD_PHASES,),
+    "claims": (_CLAIMS, _CLAIM_STATES),
+    "claim_consumers": (_CLAIM_CONSUMERS,),
+}
+"""Projection name -> the statements that fill its tables from ``events`` (parameter ``head``)."""
+
+FOLDED = frozenset({"namespace_teams", "device_inventory", "device_classes", "device_allocations"})
+"""Projections built by the Python fold (:class:`_Fold`)."""
+
+_FOLD_TYPES = ("TeamAssigned", "DevicePublished", "DeviceUpdated", "DeviceWithdrawn", "DeviceClassDefined",
+               "DeviceClassChanged", "DeviceClassDeleted", "ClaimAllocated", "ClaimDeallocated")
+"""Every event type the folded projections read (``device_allocations`` reads the first four too)."""
+
+
+def supports(names: Collection[str]) -> bool:
+    """Whether :func:`build` can rebuild exactly the projections ``names``.
+
+    ``device_allocations`` needs ``namespace_teams`` and ``device_inventory`` rebuilt with it: the
+    reference reads those tables as of each allocation's position, which only holds when they are rebuilt
+    in the same pass (rebuilt alone, it would read their current rows instead).
+    """
+    known = set(SQL_BUILT) | FOLDED
+    if not set(names) <= known:
+        return False
+    return "device_allocations" not in names or {"namespace_teams", "device_inventory"} <= set(names)
+
+
+# --- the Python fold ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Interval:
+    """One row of an interval table in memory: its columns (without ``row_id`` and ``valid``) and bounds."""
+
+    values: list[object]
+    lower: datetime
+    upper: datetime | None = None
+
+    def close(self, end: datetime) -> None:
+        """``valid = [lower, greatest(lower, end))``, as :func:`ledger.projections.base.close_intervals`."""
+        self.upper = max(self.lower, end)
+
+    @property
+    def open(self) -> bool:
+        return self.upper is None
+
+    def contains(self, at: datetime) -> bool:
+        """``valid @> at`` (an empty interval contains nothing)."""
+        return self.lower <= at and (self.upper is None or at < self.upper)
+
+    def row(self) -> list[object]:
+        """The row for ``COPY``: the values, then ``valid`` as range text (PostgreSQL parses it)."""
+        lower = self.lower.isoformat()
+        if self.upper is None:
+            valid = f"[{lower},)"
+        elif self.upper == self.lower:
+            valid = "empty"  # what tstzrange(x, x, '[)') is
+        else:
+            valid = f"[{lower},{self.upper.isoformat()})"
+        return [*self.values, valid]
+
+
+_I = TypeVar("_I", bound=_Interval)
+
+
+def _latest_containing(rows: Sequence[_I], at: datetime) -> _I | None:
+    """The row with the greatest lower bound containing ``at``; among equal bounds the one opened last.
+
+    Reference: ``... WHERE valid @> :at ORDER BY lower(valid) DESC LIMIT 1``; the batch path breaks ties
+    by ``row_id`` (the one inserted last), and so does this.
+    """
+    best: _I | None = None
+    for row in rows:
+        if row.contains(at) and (best is None or row.lower >= best.lower):
+            best = row
+    return best
+
+
+def _j(value: JSONValue) -> str:
+    return json.dumps(value)  # jsonb normalises key order and spacing: no need for sort_keys here
+
+
+def _str(payload: JSONObject, key: str) -> str:
+    value = payload[key]
+    assert isinstance(value, str), f"payload field {key!r} is not a string"
+    return value
+
+
+def _opt(payload: JSONObject, key: str) -> str | None:
+    value = payload.get(key)
+    return value if isinstance(value, str) else None
+
+
+_K = TypeVar("_K", bound=tuple[str, ...])
+
+_TEAM, _ALLOC_TEAM = 2, 4
+"""Indexes of ``team`` in a ``namespace_teams`` row and in a ``device_allocations`` row."""
+
+_ALLOCATION_COLUMNS = ("cluster", "claim_uid", "namespace", "claim", "team", "request", "device_class", "driver",
+                       "pool", "device", "share_id", "consumed_capacity", "admin_access", "node", "model",
+                       "conflict")
+_INVENTORY_COLUMNS = ("cluster", "driver", "pool", "device", "node", "slice_name", "model", "counter_set",
+                      "allow_multiple_allocations", "attributes", "capacity", "consumes_counters", "taints")
+
+
+@dataclass(slots=True, eq=False)
+class _Allocation(_Interval):
+    """A ``device_allocations`` row, with the lookups the fold makes on it."""
+
+    admin_access: bool = False
+    conflict: bool = False
+
+    def row(self) -> list[object]:
+        self.values[15] = self.conflict
+        return _Interval.row(self)
+
+
+@dataclass(slots=True, eq=False)
+class _Inventory(_Interval):
+    node: str | None = None
+    model: str | None = None
+    allow_multiple_allocations: bool = False
+
+
+class _Fold:
+    """The four folded projections over events in global position order (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.teams: dict[tuple[str, str], list[_Interval]] = {}
+        self.team_rows: list[_Interval] = []
+        self.inventory: dict[tuple[str, str, str, str], list[_Inventory]] = {}
+        self.inventory_rows: list[_Inventory] = []
+        self.classes: dict[tuple[str, str], _Interval] = {}
+        self.class_rows: list[_Interval] = []
+        # Open allocations, reached three ways (as the reference's UPDATEs select them): by device for
+        # conflicts, by claim for ClaimDeallocated, by namespace for a relabel. Lists keep closed rows
+        # until next visited (pruned then); closed rows are final and go to ``closed``.
+        self.by_device: dict[tuple[str, str, str, str], list[_Allocation]] = {}
+        self.by_claim: dict[tuple[str, str], list[_Allocation]] = {}
+        self.by_namespace: dict[tuple[str, str], list[_Allocation]] = {}
+        self.open_allocations: dict[int, _Allocation] = {}
+        self.closed: list[_Allocation] = []
+
+    def apply(self, event_type: str, cluster: str, at: datetime, p: JSONObject) -> None:
+        """Apply one event to every folded projection, in the order of ``models.ALL``."""
+        if event_type == "TeamAssigned":
+            self._assign_team(cluster, at, p)
+            self._relabel(cluster, at, p)
+        elif event_type == "ClaimAllocated":
+            self._allocate(cluster, at, p)
+        elif event_type == "ClaimDeallocated":
+            for held in self._open(self.by_claim, (cluster, _str(p, "uid"))):
+                self._close_allocation(held, at)
+        elif event_type.startswith("DeviceClass"):
+            key = (cluster, _str(p, "name"))
+            if (old := self.classes.pop(key, None)) is not None:
+                old.close(at)
+            if event_type != "DeviceClassDeleted":
+                self.classes[key] = spec = _Interval([cluster, key[1], _j(p["spec"])], at)
+                self.class_rows.append(spec)
+        else:
+            self._device(event_type, cluster, at, p)
+
+    # namespace_teams (reference: models.NamespaceTeams)
+    def _assign_team(self, cluster: str, at: datetime, p: JSONObject) -> None:
+        key = (cluster, _str(p, "namespace"))
+        rows = self.teams.setdefault(key, [])
+        for row in rows:
+            if row.open:
+                row.close(at)
+        row = _Interval([cluster, key[1], _str(p, "team")], at)
+        rows.append(row)
+        self.team_rows.append(row)
+
+    # device_inventory (reference: models.DeviceInventory)
+    def _device(self, event_type: str, cluster: str, at: datetime, p: JSONObject) -> None:
+        key = (cluster, _str(p, "driver"), _str(p, "pool"), _str(p, "device"))
+        rows = self.inventory.setdefault(key, [])
+        for old in rows:
+            if old.open:
+                old.close(at)
+        if event_type == "DeviceWithdrawn":
+            return
+        attributes, counters = p["attributes"], p["consumesCounters"]
+        assert isinstance(attributes, dict) and isinstance(counters, list)
+        node, model, shareable = _opt(p, "node"), model_of(attributes), bool(p["allowMultipleAllocations"])
+        row = _Inventory([*key, node, _str(p, "sliceName"), model, counter_set_of(counters), shareable,
+                          _j(attributes), _j(p["capacity"]), _j(counters), _j(p["taints"])], at,
+                         node=node, model=model, allow_multiple_allocations=shareable)
+        rows.append(row)
+        self.inventory_rows.append(row)
+
+    # device_allocations (reference: models.DeviceAllocations)
+    @staticmethod
+    def _open(index: dict[_K, list[_Allocation]], key: _K) -> list[_Allocation]:
+        rows = index.get(key)
+        if not rows:
+            return []
+        live = [r for r in rows if r.upper is None]
+        if len(live) != len(rows):
+            index[key] = live
+        return live
+
+    def _close_allocation(self, row: _Allocation, end: datetime) -> None:
+        row.close(end)
+        del self.open_allocations[id(row)]
+        self.closed.append(row)
+
+    def _add_allocation(self, row: _Allocation) -> None:
+        v = row.values
+        cluster, namespace = str(v[0]), str(v[2])
+        self.by_device.setdefault((cluster, str(v[7]), str(v[8]), str(v[9])), []).append(row)
+        self.by_claim.setdefault((cluster, str(v[1])), []).append(row)
+        self.by_namespace.setdefault((cluster, namespace), []).append(row)
+        self.open_allocations[id(row)] = row
+
+    def _allocate(self, cluster: str, at: datetime, p: JSONObject) -> None:
+        namespace, uid, claim = _str(p, "namespace"), _str(p, "uid"), _str(p, "name")
+        held = _latest_containing(self.teams.get((cluster, namespace), ()), at)
+        team = str(held.values[_TEAM]) if held is not None else namespace
+        results = p["results"]
+        assert isinstance(results, list)
+        for result in results:
+            assert isinstance(result, dict)
+            key = (cluster, _str(result, "driver"), _str(result, "pool"), _str(result, "device"))
+            inv = _latest_containing(self.inventory.get(key, ()), at)
+            admin = bool(result.get("adminAccess"))
+            conflict = False
+            if not admin and not (inv is not None and inv.allow_multiple_allocations):
+                # Reference: UPDATE ... SET conflict = true WHERE <device> AND upper_inf(valid)
+                # AND NOT admin_access AND claim_uid <> :uid
+                for other in self._open(self.by_device, key):
+                    if not other.admin_access and other.values[1] != uid:
+                        other.conflict = conflict = True
+            node = (inv.node if inv is not None else None) or _opt(p, "node")
+            self._add_allocation(_Allocation(
+                [cluster, uid, namespace, claim, team, _str(result, "request"), _opt(result, "deviceClassName"),
+                 key[1], key[2], key[3], _opt(result, "shareID"), _j(result.get("consumedCapacity") or {}), admin,
+                 node, inv.model if inv is not None else None, False], at, admin_access=admin, conflict=conflict))
+
+    def _relabel(self, cluster: str, at: datetime, p: JSONObject) -> None:
+        """Split the namespace's open intervals whose team differs (``DeviceAllocations._relabel``)."""
+        team = _str(p, "team")
+        for row in list(self._open(self.by_namespace, (cluster, _str(p, "namespace")))):
+            if row.values[_ALLOC_TEAM] == team:
+                continue
+            if row.lower < at:  # close at `at` and reopen with the new team from `at`
+                copy = _Allocation(list(row.values), at, admin_access=row.admin_access, conflict=row.conflict)
+                copy.values[_ALLOC_TEAM] = team
+                self._close_allocation(row, at)
+                self._add_allocation(copy)
+            else:  # it starts at or after `at` (out of order): it just takes the new team
+                row.values[_ALLOC_TEAM] = team
+
+    def take_closed(self) -> list[list[object]]:
+        """Rows of the allocations closed so far (final: nothing changes a closed interval); forgets them."""
+        rows = [r.row() for r in self.closed]
+        self.closed.clear()
+        return rows
+
+
+_FETCH_ROWS = 5000
+"""Events fetched per round trip from the server-side cursor (bounds the fold's input in memory)."""
+_FLUSH_ROWS = 50_000
+"""Closed ``device_allocations`` rows kept before they are written (bounds the fold's output in memory)."""
+
+
+def _fold(conn: Connection, names: Collection[str], head: GlobalPosition) -> None:
+    """Fold the events of :data:`_FOLD_TYPES` up to ``head`` and COPY the tables of :data:`FOLDED` in ``names``."""
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    fold = _Fold()
+    allocations = "device_allocations" in names
+    # A server-side cursor streams the events (a client-side one would hold the whole history in
+    # memory); COPY of closed allocations runs between its fetches on the same connection.
+    with raw.cursor(name="ledger_rebuild_fold") as cur:
+        cur.execute("SELECT type, cluster, occurred_at, payload::text FROM events "
+                    "WHERE global_position <= %s AND type = ANY(%s) ORDER BY global_position",
+                    (head, list(_FOLD_TYPES)))
+        while batch := cur.fetchmany(_FETCH_ROWS):
+            for event_type, cluster, at, payload in batch:
+                assert isinstance(event_type, str) and isinstance(cluster, str) and isinstance(at, datetime)
+                assert isinstance(payload, str)
+                fold.apply(event_type, cluster, at, json.loads(payload))
+            if len(fold.closed) >= _FLUSH_ROWS:
+                rows = fold.take_closed()
+                if allocations:
+                    copy_rows(conn, "device_allocations", [*_ALLOCATION_COLUMNS, "valid"], _by_device(rows))
+    # namespace_teams and device_inventory keep creation order, not _KEY_ORDER: the batch path of later
+    # catch-ups breaks ties between intervals of one key with equal starts by row id (the one inserted
+    # last), as _latest_containing does here.
+    if "namespace_teams" in names:
+        copy_rows(conn, "namespace_teams", ["cluster", "namespace", "team", "valid"], _rows(fold.team_rows))
+    if "device_inventory" in names:
+        copy_rows(conn, "device_inventory", [*_INVENTORY_COLUMNS, "valid"], _rows(fold.inventory_rows))
+    if "device_classes" in names:
+        copy_rows(conn, "device_classes", ["cluster", "name", "spec", "valid"], _rows(fold.class_rows))
+    if allocations:
+        rows = [*fold.take_closed(), *(r.row() for r in fold.open_allocations.values())]
+        copy_rows(conn, "device_allocations", [*_ALLOCATION_COLUMNS, "valid"], _by_device(rows))
+
+
+def _by_device(rows: list[list[object]]) -> list[list[object]]:
+    """``device_allocations`` rows in the order of its key index (cluster, driver, pool, device): _KEY_ORDER."""
+    rows.sort(key=lambda r: (str(r[0]), str(r[7]), str(r[8]), str(r[9])))
+    return rows
+
+
+def _rows(intervals: Iterable[_Interval]) -> Iterable[list[object]]:
+    return (i.row() for i in intervals)
+
+
+def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> None:
+    """Fill the (empty) tables of the projections ``names`` from the events up to ``head``.
+
+    The caller has emptied those tables and holds their checkpoints in the same transaction; this
+    writes rows only (no checkpoint). Row ids follow no particular order (they carry no meaning).
+
+    Args:
+        conn: the rebuild's transaction.
+        names: projection names; :func:`supports` must accept them.
+        head: the last global position to apply (1-based; events above it are left for catch-up).
+
+    Raises:
+        ValueError: :func:`supports` refuses ``names``.
+        AssertionError: a payload lacks a field the translator always writes (a corrupt event stops the
+            rebuild, which rolls back whole).
+        sqlalchemy.exc.SQLAlchemyError: a statement failed (e.g. a NOT NULL column got no value from a
+            payload); the transaction rolls back and the old read models stay.
+    """
+    if not supports(names):
+        raise ValueError(f"cannot rebuild {sorted(names)} from the whole history at once")
+    # Sorts of the window statements stay in memory at this size (the default 4 MB spills them to disk);
+    # SET LOCAL ends with the transaction.
+    conn.execute(text("SET LOCAL work_mem = '64MB'"))
+    for name, statements in SQL_BUILT.items():
+        if name in names:
+            for statement in statements:
+                conn.execute(text(statement), {"head": head})
+    if FOLDED & set(names):
+        _fold(conn, names, head)
