@@ -47,6 +47,11 @@ def encode(*, offset: int, at: str | None, query: str, after: Sequence[str] | No
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+MAX_TOKEN_CHARS = 4096
+"""Longest page token read: tokens this API issues hold an offset, an instant, a digest and at most one
+device key (well under 1 KB); anything longer is refused before it is decoded."""
+
+
 def decode(token: str | None, *, query: str) -> Page:
     """Read a token (``None`` = the first page).
 
@@ -55,10 +60,12 @@ def decode(token: str | None, *, query: str) -> Page:
     """
     if token is None:
         return Page(offset=0, at=None)
+    if len(token) > MAX_TOKEN_CHARS:
+        raise Invalid("pageToken is not a token this API issued (too long)")
     try:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         offset, at, q, after = data["o"], data["at"], data["q"], data.get("k")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise Invalid("pageToken is not a token this API issued") from e
     if not isinstance(offset, int) or offset < 0 or not (at is None or isinstance(at, str)) or q != query:
         raise Invalid("pageToken does not belong to this query (its parameters changed)")

@@ -270,7 +270,11 @@ def simulate(
     spec = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, hours=hours, seed=seed, utilisation=utilisation,
                      job_minutes=job_minutes, mig_node_fraction=mig_node_fraction, teams=teams,
                      start=_time(start, "--start"))
-    summary = write_history(spec, output_file)
+    try:
+        summary = write_history(spec, output_file)
+    except OSError as e:
+        typer.echo(f"error: cannot write {output_file}: {e.strerror or e}", err=True)
+        raise typer.Exit(2) from e
     err.print(f"wrote {summary.lines} lines to {output_file}: {summary.devices} devices, {summary.claims} claims, "
               f"{summary.allocations} allocations")
     out.print(services.dumps(summary.to_json()))

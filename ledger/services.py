@@ -55,8 +55,11 @@ class IngestReport:
     lines: int = 0
     recorded: int = 0
     duplicates: int = 0
+    """Lines already stored (an earlier run, or earlier in this one): nothing is written for them."""
     events: int = 0
     rejected: list[Rejection] = field(default_factory=list)
+    """Bad lines: stored as rejected now, or found stored as rejected by an earlier run (then they also
+    count in ``duplicates``, and the reason ends with "(already recorded as rejected)")."""
 
     def merge(self, other: IngestReport) -> None:
         """Add ``other``'s counts to this report."""
@@ -196,10 +199,18 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
     chunk_report = IngestReport(lines=len(chunk))
     with db.append(cluster, state) as batch:
         seen = batch.known([x.digest for x in chunk])
+        # A line rejected by an earlier replay is still a bad line: report it again (a re-run of a bad file
+        # must not look clean), with the reason stored then.
+        rejected_before = batch.rejection_reasons(list(seen)) if seen else {}
+        rejected_earlier = 0
         for item in chunk:
             origin = f"{item.source}:{item.line}"
             if item.digest in seen:
                 chunk_report.duplicates += 1
+                if (reason := rejected_before.pop(item.digest, None)) is not None:
+                    chunk_report.rejected.append(Rejection(origin=origin, reason=f"{reason} (already recorded "
+                                                           "as rejected)"))
+                    rejected_earlier += 1
                 continue
             seen.add(item.digest)
             if isinstance(item, BrokenLine):
@@ -235,7 +246,7 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
                 continue
             batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=None))
             batch.events.extend(produced)
-        chunk_report.recorded = len(batch.observations) - len(chunk_report.rejected)
+        chunk_report.recorded = len(batch.observations) - (len(chunk_report.rejected) - rejected_earlier)
         chunk_report.events = len(batch.events)
         if on_batch is not None:
             on_batch(batch)

@@ -43,6 +43,10 @@ class AppendBatch:
         """Return which observation digests are already stored for this cluster."""
         return pg.known_digests(self.conn, self.cluster, digests)
 
+    def rejection_reasons(self, digests: Sequence[str]) -> dict[str, str]:
+        """Return the stored reason of each of ``digests`` that was recorded as a rejected observation."""
+        return pg.rejection_reasons(self.conn, self.cluster, digests)
+
     def save_watch_checkpoints(self, rows: Sequence[pg.WatchCheckpointRow]) -> None:
         """Upsert watch checkpoints in this transaction, so they commit with the batch's observations."""
         pg.upsert_watch_checkpoints(self.conn, self.cluster, rows)

@@ -91,6 +91,15 @@ def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> set
     return {str(r) for r in rows}
 
 
+def rejection_reasons(conn: Connection, cluster: str, digests: Sequence[str]) -> dict[str, str]:
+    """Return the stored ``error`` of those ``digests`` that were recorded as rejected for ``cluster``."""
+    if not digests:
+        return {}
+    rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d) "
+                             "AND status = 'rejected'"), {"c": cluster, "d": list(digests)}).all()
+    return {str(r.digest): str(r.error) for r in rows}
+
+
 def copy_rows(conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     """``COPY table (columns) FROM STDIN`` in the caller's transaction (psycopg 3, text format).
 

@@ -603,6 +603,9 @@ def _on_namespace(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -
         return  # the last team stays the attribution of anything still recorded in the namespace
     labels = opt_map(obj, "metadata.labels")
     value = labels.get(settings.team_label)
+    if value is not None and not isinstance(value, str):
+        # Label values are strings in Kubernetes; a number or boolean here is a broken object, not "no team".
+        raise InvalidObject(f"metadata.labels.{settings.team_label}", f"expected a string, got {value!r}")
     team, label = (value, settings.team_label) if isinstance(value, str) and value else (name, None)
     state = _owned(em.state, key)
     first = state is None

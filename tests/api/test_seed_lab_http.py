@@ -158,6 +158,20 @@ def test_a_page_token_keeps_answering_the_first_pages_question(client: TestClien
     assert foreign.status_code == 422
 
 
+@pytest.mark.parametrize("path", ["/v1/occupancy", "/v1/claims", "/v1/events", "/v1/pending"])
+@pytest.mark.parametrize("payload", [b"[" * 1000, b"{}" * 3000])
+def test_a_forged_page_token_nested_deep_or_too_long_is_a_422_problem(client: TestClient[Litestar], path: str,
+                                                                       payload: bytes) -> None:
+    import base64
+
+    token = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    response = client.get(path, params={"pageToken": token})
+
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert "pageToken" in response.json()["detail"]
+
+
 @pytest.mark.parametrize(("path", "params", "status"), [
     ("/v1/occupancy", {"at": "yesterday"}, 422),
     ("/v1/occupancy", {"at": "2026-11-02T09:30:00"}, 422),

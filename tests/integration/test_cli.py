@@ -95,3 +95,13 @@ def test_usage_with_prices_shows_cost_on_the_cli(ledger_engine: Engine, tmp_path
 
     rows = {r["team"]: r for r in json.loads(result.stdout)["rows"]}
     assert rows["nlp"]["cost"] == pytest.approx(11.0)  # 5.5 device-hours x 2.0
+
+
+def test_simulate_into_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "fleet.jsonl"
+    result = CliRunner().invoke(app, ["simulate", "--nodes", "2", "--hours", "1", "--output", str(target)])
+
+    assert result.exit_code == 2
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"error: cannot write {target}: No such file or directory" in result.output
+    assert "Traceback" not in result.output

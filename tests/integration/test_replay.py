@@ -121,6 +121,11 @@ def test_a_bad_line_is_reported_stored_and_does_not_stop_the_lines_after_it(ledg
     held = sorted(d["device"] for d in occupancy["devices"] if d["allocations"])
     # train-0 never got its allocation (the line was rejected, and line 6 was its pod) ...
     assert held == ["gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-7"]
+    # A second run of the same bad file adds nothing but still reports its bad lines and fails.
+    again = CliRunner().invoke(app, ["replay", str(bad_file), "--database-url", url])
+    assert again.exit_code == 1
+    assert f"{bad_file}:6: invalid JSON" in again.output and "(already recorded as rejected)" in again.output
+    assert f"{len(lines)} lines: 0 recorded, {len(lines)} already recorded, 2 rejected" in again.output
 
 
 def _t(value: str) -> Any:

@@ -341,9 +341,11 @@ def test_a_bad_line_is_rejected_with_its_location_or_recorded_correctly_and_its_
     if case.check is not None:
         case.check(ledger, sandwich)
     assert_api_answers(ledger)
-    # Replaying the same file again adds nothing, bad lines included.
+    # Replaying the same file again adds nothing, bad lines included, and reports the same bad lines again.
     again = ledger.replay(path)
-    assert (again.recorded, again.events, again.rejected) == (0, 0, [])
+    assert (again.recorded, again.events) == (0, 0)
+    assert {r.origin: r.reason for r in again.rejected} == {
+        origin: f"{reason} (already recorded as rejected)" for origin, reason in rejected.items()}
 
 
 def test_a_file_cut_in_the_middle_of_its_last_line_keeps_every_line_before_it(ledger: LedgerHandle,

@@ -12,6 +12,7 @@ from ledger.errors import InvalidObject, UnsupportedObject
 from ledger.recorded import WatchLine, read_history
 from ledger.simulate import FleetSpec, write_history
 from ledger.translator.translate import Observation, TranslatorState, translate
+from ledger.types import JSONValue
 from tests.factories import Feed, at, claim, dig, gpu, namespace, pod, resource_slice, types, uid
 
 SEED_LAB = Path(__file__).parents[2] / "ledger" / "data" / "seed-lab.jsonl"
@@ -142,6 +143,21 @@ def test_pod_links_come_from_spec_and_status_and_deletion_is_recorded() -> None:
     assert types(first) == ["PodPhaseChanged"]
     assert first[0].event.claims == ["manual-claim", "p-ext-1", "p-gpu-x"]  # type: ignore[attr-defined]
     assert types(feed("DELETED", obj, 9)) == ["PodDeleted"]
+
+
+@pytest.mark.parametrize("value", [7, 1.5, True])
+def test_a_team_label_that_is_not_a_string_is_a_located_error_not_the_namespace_name(value: JSONValue) -> None:
+    feed = Feed()
+    broken = namespace("ml", None)
+    metadata = broken["metadata"]
+    assert isinstance(metadata, dict) and isinstance(metadata["labels"], dict)
+    metadata["labels"]["team"] = value
+
+    with pytest.raises(InvalidObject) as raised:
+        feed("ADDED", broken, 0)
+
+    assert raised.value.path == "metadata.labels.team"
+    assert feed.state.entries == {}
 
 
 def test_bad_objects_raise_located_errors_and_leave_state_untouched() -> None:
