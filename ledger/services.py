@@ -30,7 +30,7 @@ from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watc
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import AppendBatch, LedgerDatabase, unavailable_as_error
-from ledger.store.postgres import ObservationRow, WatchCheckpointRow
+from ledger.store.postgres import EVICTED_PREFIXES, ObservationRow, WatchCheckpointRow
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
@@ -203,6 +203,9 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
         # must not look clean), with the reason stored then.
         rejected_before = batch.rejection_reasons(list(seen)) if seen else {}
         rejected_earlier = 0
+        # Tombstones of claims and pods live in the database only: fetch those this chunk's lines touch.
+        fetched = batch.load_entries(_absent_keys(chunk, seen, state))
+        state.entries.update(fetched)
         for item in chunk:
             origin = f"{item.source}:{item.line}"
             if item.digest in seen:
@@ -250,7 +253,27 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
         chunk_report.events = len(batch.events)
         if on_batch is not None:
             on_batch(batch)
+        touched = set(state.dirty) | set(fetched)
+    # Committed: drop the tombstones this chunk loaded or wrote from memory (they are in the database).
+    for key in touched:
+        entry = state.entries.get(key)
+        if entry is not None and entry.get("deleted") and key.startswith(EVICTED_PREFIXES):
+            del state.entries[key]
     return chunk_report
+
+
+def _absent_keys(chunk: Sequence[WatchLine | BrokenLine], seen: set[str], state: TranslatorState) -> list[str]:
+    """State keys of the claims and pods in ``chunk`` that the in-memory state does not hold."""
+    keys: set[str] = set()
+    for item in chunk:
+        if isinstance(item, WatchLine) and item.digest not in seen and not item.holds_nul:
+            try:
+                key = relist.state_key(item.object)
+            except (LedgerError, ValueError, TypeError, AttributeError):
+                continue  # a malformed object: the translator rejects it with the reason
+            if key is not None and key.startswith(EVICTED_PREFIXES) and key not in state.entries:
+                keys.add(key)
+    return sorted(keys)
 
 
 def _no_nul(text: str) -> str:

@@ -19,7 +19,7 @@ from ledger.store import postgres as pg
 from ledger.store import schema
 from ledger.store.postgres import ObservationRow
 from ledger.translator.translate import TranslatorState
-from ledger.types import GlobalPosition
+from ledger.types import GlobalPosition, JSONObject
 
 
 def _first_line(error: OperationalError | DataError) -> str:
@@ -42,6 +42,10 @@ class AppendBatch:
     def known(self, digests: Sequence[str]) -> set[str]:
         """Return which observation digests are already stored for this cluster."""
         return pg.known_digests(self.conn, self.cluster, digests)
+
+    def load_entries(self, keys: Sequence[str]) -> dict[str, JSONObject]:
+        """Return the stored translator state entries of ``keys`` (tombstones kept out of memory)."""
+        return pg.load_entries(self.conn, self.cluster, keys)
 
     def rejection_reasons(self, digests: Sequence[str]) -> dict[str, str]:
         """Return the stored reason of each of ``digests`` that was recorded as a rejected observation."""

@@ -21,7 +21,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from ledger.errors import Invalid, StreamConflict
 from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent, to_payload
 from ledger.translator.translate import TranslatorState
-from ledger.types import GlobalPosition, StreamId, StreamPosition
+from ledger.types import GlobalPosition, JSONObject, StreamId, StreamPosition
 
 
 def make_engine(url: str) -> Engine:
@@ -164,10 +164,55 @@ def insert_events(conn: Connection, cluster: str, events: Sequence[NewEvent]) ->
         raise StreamConflict(stream=first.stream, expected=first.stream_position - 1) from e
 
 
+EVICTED_PREFIXES = ("claim:", "pod:")
+"""State keys whose deleted entries (tombstones) stay in the database only.
+
+Why: a deleted claim or pod keeps a tombstone so that a late or repeated event for its uid is ignored,
+and there is one per claim and pod ever seen. Held in memory they grew without bound: a worker starting
+on a ledger of 10 M events (911,620 claims, 1,039,972 pods) loaded 1.97 M entries, 1.82 M of them
+tombstones, into 2.2 GB. They are loaded when a line needs them (:func:`load_entries`) and dropped again
+once written."""
+
+
 def load_state(conn: Connection, cluster: str) -> TranslatorState:
-    """Load the translator's memory for ``cluster`` from table ``translator_state``."""
-    rows = conn.execute(text("SELECT key, state FROM translator_state WHERE cluster = :c"), {"c": cluster}).all()
-    return TranslatorState(entries={str(r.key): dict(r.state) for r in rows})
+    """Load the translator's memory for ``cluster`` from ``translator_state``, without the tombstones of
+    claims and pods (see :data:`EVICTED_PREFIXES`; :func:`load_entries` fetches one when a line needs it).
+
+    A pool's published device views are loaded as the objects of its slices' views (:func:`_shared_views`).
+    """
+    rows = conn.execute(text("SELECT key, state FROM translator_state WHERE cluster = :c "
+                             "AND NOT ((key LIKE 'claim:%' OR key LIKE 'pod:%') AND state ? 'deleted')"),
+                        {"c": cluster}).all()
+    return TranslatorState(entries={str(r.key): _shared_views(dict(r.state)) if str(r.key).startswith("pool:")
+                                    else dict(r.state) for r in rows})
+
+
+def _shared_views(pool: JSONObject) -> JSONObject:
+    """Make each published device view of a pool entry the very object of its slice's view when equal.
+
+    Why: in the translator's memory a published view *is* its slice's view; decoded from ``jsonb`` it is
+    a second copy, and the views are most of a pool's state: 10,000 pools of a 61,000-device fleet
+    loaded as 310 MiB of Python objects. Sharing is safe because the translator never edits an entry in
+    place: it edits a private copy (``translate._owned``) and stores that.
+    """
+    published, slices = pool.get("published"), pool.get("slices")
+    if not isinstance(published, dict) or not isinstance(slices, dict):
+        return pool
+    for view in slices.values():
+        devices = view.get("devices") if isinstance(view, dict) else None
+        for name, device in devices.items() if isinstance(devices, dict) else ():
+            if published.get(name) == device:
+                published[name] = device
+    return pool
+
+
+def load_entries(conn: Connection, cluster: str, keys: Sequence[str]) -> dict[str, JSONObject]:
+    """Return the stored translator state entries of ``keys`` (those that exist) for ``cluster``."""
+    if not keys:
+        return {}
+    rows = conn.execute(text("SELECT key, state FROM translator_state WHERE cluster = :c AND key = ANY(:k)"),
+                        {"c": cluster, "k": list(keys)}).all()
+    return {str(r.key): dict(r.state) for r in rows}
 
 
 def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:

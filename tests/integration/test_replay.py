@@ -249,3 +249,38 @@ def test_concurrent_replays_of_many_batches_add_the_history_once(
     assert sum(r.recorded for r in reports) == alone.recorded == summary.lines - len(alone.rejected)
     assert sum(r.events for r in reports) == alone.events
     assert all(r.lines == summary.lines for r in reports)
+
+
+def test_tombstones_stay_in_the_database_and_still_stop_late_events_after_a_restart(ledger: LedgerHandle,
+                                                                                   tmp_path: Path) -> None:
+    from ledger import services
+    from ledger.recorded import read_history
+    from ledger.translator.translate import TranslatorSettings
+
+    lines = _lines(SEED)
+    ledger.replay(SEED)
+    db = ledger.db
+    deleted_claim = json.loads(lines[32])  # line 33: the DELETED train-0 claim
+    deleted_pod = json.loads(lines[33])  # line 34: the DELETED train-0 pod
+    claim_key = f"claim:{deleted_claim['object']['metadata']['uid']}"
+    pod_key = f"pod:{deleted_pod['object']['metadata']['uid']}"
+    with ledger.engine.connect() as conn:
+        stored = {str(k): dict(v) for k, v in conn.execute(text("SELECT key, state FROM translator_state")).all()}
+    assert stored[claim_key]["deleted"] is True and stored[pod_key]["deleted"] is True
+
+    # A restarted worker loads live objects only ...
+    state = db.load_state(ledger.cluster)
+    assert claim_key not in state.entries and pod_key not in state.entries
+    live = {k: v for k, v in stored.items() if not (k.startswith(("claim:", "pod:")) and v.get("deleted"))}
+    assert state.entries == live  # equal parts are shared on load, values unchanged
+    # ... and a late re-delivery of each (new receive time, so a new line) is recorded and ignored.
+    late = tmp_path / "late.jsonl"
+    late.write_text("\n".join(json.dumps({**x, "type": "MODIFIED", "observedAt": "2026-11-02T13:00:00Z"})
+                              for x in (deleted_claim, deleted_pod)) + "\n")
+    before = ledger.snapshot()
+    report = services.ingest(db, read_history(late), cluster=ledger.cluster, state=state,
+                             settings=TranslatorSettings(team_label=ledger.team_label))
+
+    assert (report.recorded, report.events, report.rejected) == (2, 0, [])
+    assert ledger.snapshot() == before
+    assert claim_key not in state.entries and pod_key not in state.entries  # dropped again once written
