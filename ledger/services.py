@@ -100,7 +100,7 @@ def _row_for(line: WatchLine, *, recorded_at: datetime, origin: str, error: str 
 
 def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, cluster: str,
            settings: TranslatorSettings = TranslatorSettings(), at: datetime | None = None,
-           batch_size: int = 1000, progress: Progress | None = None,
+           batch_size: int = 5000, progress: Progress | None = None,
            state: TranslatorState | None = None,
            on_batch: Callable[[AppendBatch], None] | None = None) -> IngestReport:
     """Record watch lines as observations and translate them into events, idempotently.
@@ -293,7 +293,7 @@ def _describe(item: WatchLine) -> str:
 
 
 def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at: datetime | None = None,
-                 settings: TranslatorSettings = TranslatorSettings(), batch_size: int = 1000,
+                 settings: TranslatorSettings = TranslatorSettings(), batch_size: int = 5000,
                  progress: Progress | None = None) -> IngestReport:
     """Replay recorded histories (DESIGN §9), kubectl watch output or kubectl Lists, then catch up.
 
