@@ -3,7 +3,7 @@
 Run (needs a PostgreSQL the benchmark may create databases on; default the local one)::
 
     .venv/bin/python -m bench.run                       # default size, a few minutes on 2 cores
-    .venv/bin/python -m bench.run --full                # the DESIGN §10 scale (10 M events): hours
+    .venv/bin/python -m bench.run --full                # the DESIGN §10 scale in one run (hours; see bench.full)
     .venv/bin/python -m bench.run --admin-url postgresql://postgres@127.0.0.1:5432/postgres -o out.json
     .venv/bin/python -m bench.run --skip ingest,worker --query-url URL   # queries + API on an existing ledger
 
