@@ -347,14 +347,18 @@ def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int
                 f"{queries.OCCUPANCY_DEFAULT_LIMIT} devices + totals over all, as the API serves it")
         report.add(Figure("occupancy at random T, p50", p50, "ms", "≤ 20 ms", p50 <= 20, size))
         report.add(Figure("occupancy at random T, p99", p99, "ms", "≤ 100 ms", p99 <= 100, size))
-        start_t = hi - timedelta(days=30)
-        took = []
-        for _ in range(5):
-            start = time.perf_counter()
-            queries.usage(conn, start=start_t, end=hi, group_by="team", cluster=CLUSTER)
-            took.append((time.perf_counter() - start) * 1000)
-        report.add(Figure("device-hours per team, 30 days", statistics.median(took), "ms", "≤ 200 ms",
-                          statistics.median(took) <= 200, f"median of 5, {devices:,} devices"))
+    start_t = hi - timedelta(days=30)
+    # As in production, where the worker's hourly job keeps usage_rollups: roll the history up first (timed
+    # apart), then ask services.usage, the path GET /v1/usage takes (whole hours from the rollups).
+    roll_s, hours = timed(lambda: services.rollup_usage(db, end=hi))
+    took = []
+    for _ in range(5):
+        start = time.perf_counter()
+        services.usage(db, start=start_t, end=hi, group_by="team", cluster=CLUSTER)
+        took.append((time.perf_counter() - start) * 1000)
+    report.add(Figure("device-hours per team, 30 days", statistics.median(took), "ms", "≤ 200 ms",
+                      statistics.median(took) <= 200,
+                      f"median of 5, {devices:,} devices; {hours} hours rolled up first in {roll_s:.1f} s"))
 
 
 def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: float, concurrency: int) -> None:

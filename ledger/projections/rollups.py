@@ -113,6 +113,24 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     return int((h1 - h0) / HOUR)
 
 
+USAGE_EVENTS = frozenset({"ClaimAllocated", "ClaimDeallocated", "ClaimDeleted", "DevicePublished", "DeviceUpdated",
+                          "DeviceWithdrawn", "TeamAssigned"})
+"""Event types that can change ``device_allocations`` (intervals, team, model or node): the input of rollups."""
+
+
+def forget_rolled_hours(conn: Connection, earliest: dict[str, datetime]) -> None:
+    """Delete the rolled hours a batch of events may have changed: per cluster, from the hour of its
+    earliest ``occurred_at`` on (an event changes the read models only at or after its own time).
+
+    The usage queries then take those hours from the live intervals, and the next hourly run rolls them
+    up again (it restarts from the last rolled hour left). Live events land in the current hour, which is
+    never rolled; a late or back-filled event forgets exactly the hours it may have changed.
+    """
+    for cluster, at in earliest.items():
+        conn.execute(text("DELETE FROM usage_rollups WHERE cluster = :c AND hour >= :h"),
+                     {"c": cluster, "h": floor_hour(at)})
+
+
 def last_rolled_hour(conn: Connection, *, cluster: str | None = None) -> datetime | None:
     """The latest hour present in ``usage_rollups`` (``None`` when nothing was rolled up)."""
     value = conn.execute(text("SELECT max(hour) FROM usage_rollups WHERE true" + _cluster_filter(cluster)),
@@ -155,19 +173,31 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
     else:
         add(live_seconds(conn, start=start, end=h0, cluster=cluster, by_hour=False) if start < h0 else {})
         add(live_seconds(conn, start=h1, end=end, cluster=cluster, by_hour=False) if h1 < end else {})
-        rolled: set[datetime] = set()
+        params = {"h0": h0, "h1": h1, "cluster": cluster}
+        # Summed in SQL: a month of a large fleet is hundreds of thousands of rolled rows (one per hour,
+        # team, namespace, class, model, node and driver), which cost seconds to add up in Python.
+        column = KEY_COLUMNS[col]
         for r in conn.execute(text(
-                "SELECT cluster, hour, team, namespace, device_class, model, node, driver, device_seconds "
-                "FROM usage_rollups WHERE hour >= :h0 AND hour < :h1" + _cluster_filter(cluster)),
-                {"h0": h0, "h1": h1, "cluster": cluster}):
-            rolled.add(r.hour)
-            key: Key = (r.team or "", r.namespace or "", r.device_class or "", r.model or "", r.node or "", r.driver)
-            seconds[(key[col], key[2], key[5])] += float(r.device_seconds)
+                f"SELECT coalesce({column}, '') AS grp, coalesce(device_class, '') AS cls, driver, "
+                " sum(device_seconds) AS s FROM usage_rollups WHERE hour >= :h0 AND hour < :h1"
+                + _cluster_filter(cluster) + f" GROUP BY coalesce({column}, ''), coalesce(device_class, ''), driver"),
+                params):
+            seconds[(str(r.grp), str(r.cls), str(r.driver))] += float(r.s)
+        rolled = {r[0] for r in conn.execute(text(
+            "SELECT DISTINCT hour FROM usage_rollups WHERE hour >= :h0 AND hour < :h1" + _cluster_filter(cluster)),
+            params)}
+        # Whole hours with no rollup rows (not rolled yet, or forgotten after a late event) come from the
+        # live intervals, one query per run of consecutive hours.
         h = h0
         while h < h1:
-            if h not in rolled:
-                add(live_seconds(conn, start=h, end=h + HOUR, cluster=cluster, by_hour=False))
-            h += HOUR
+            if h in rolled:
+                h += HOUR
+                continue
+            gap_end = h
+            while gap_end < h1 and gap_end not in rolled:
+                gap_end += HOUR
+            add(live_seconds(conn, start=h, end=gap_end, cluster=cluster, by_hour=False))
+            h = gap_end
     out: list[JSONValue] = [
         {group_by: grp or None, "deviceClass": cls or None, "driver": drv, "deviceHours": round(s / 3600, 6)}
         for (grp, cls, drv), s in sorted(seconds.items()) if s > 0]

@@ -238,3 +238,30 @@ def test_the_scheduler_runs_inside_an_event_loop(ledger: LedgerHandle) -> None:
             scheduler.shutdown(wait=False)
 
     asyncio.run(main())
+
+
+def test_a_late_event_in_rolled_hours_forgets_them_and_usage_stays_the_live_answer(reported: LedgerHandle,
+                                                                                     tmp_path: Path) -> None:
+    # pick-seven holds its GPU from 09:05 on; a DELETED of it recorded late, observed at 10:15, releases it
+    # inside the rolled hours 10:00 and 11:00.
+    line = (HISTORIES / "seed-lab.jsonl").read_text().splitlines()[11]  # line 12: pick-seven allocated
+    late = json.loads(line)
+    late.update(type="DELETED", observedAt="2026-11-02T10:15:00Z")
+    path = tmp_path / "late.jsonl"
+    path.write_text(json.dumps(late) + "\n")
+    before: Any = services.usage(reported.db, start=FROM, end=TO, group_by="team")
+
+    assert reported.replay(path).events > 0
+    with reported.engine.connect() as conn:
+        hours = [r[0] for r in conn.execute(text("SELECT DISTINCT hour FROM usage_rollups WHERE cluster = 'default' "
+                                                 "ORDER BY hour")).all()]
+    after: Any = services.usage(reported.db, start=FROM, end=TO, group_by="team")
+    live = reported.usage(FROM, TO, group_by="team")
+
+    assert hours == [FROM]  # 10:00 and 11:00 were forgotten, 09:00 is untouched
+    assert after == live
+    ml_train = {r["team"]: r["deviceHours"] for r in before["rows"] if r["driver"] == "gpu.example.com"}
+    ml_after = {r["team"]: r["deviceHours"] for r in after["rows"] if r["driver"] == "gpu.example.com"}
+    team = next(t for t in ml_train if ml_train[t] != ml_after.get(t))
+    # One GPU released 1 h 45 min before the window's end: exactly that many device-hours fewer.
+    assert ml_train[team] - ml_after[team] == pytest.approx(1.75, abs=1e-6)
