@@ -64,6 +64,7 @@ def state_rss(url: str, cluster: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Simulate, ingest, rebuild, measure the state; write ``--output``; exit status 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="A server the script may create databases on.")
     parser.add_argument("--database", default="bench_full", help="Database to create and keep.")

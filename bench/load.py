@@ -46,6 +46,7 @@ async def _run(url: str, duration_s: float, concurrency: int) -> dict[str, float
 
 
 def main() -> None:
+    """Load one URL over several concurrent connections for a fixed time; print counts and latency as JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--duration", type=float, default=10.0, help="Seconds of load.")

@@ -83,6 +83,7 @@ class Figure:
     note: str = ""
 
     def row(self) -> list[str]:
+        """The figure as table cells: name, value with unit, target, verdict, note."""
         verdict = "" if self.met is None else ("met" if self.met else "MISSED")
         return [self.name, f"{self.value:,.{2 if self.value < 10 else 1}f} {self.unit}", self.target or "", verdict,
                 self.note]
@@ -96,12 +97,14 @@ class Report:
     sizes: dict[str, object] = field(default_factory=dict)
 
     def add(self, figure: Figure) -> None:
+        """Record ``figure`` and print it with its verdict at once (long runs show progress)."""
         self.figures.append(figure)
         print(f"  {figure.name}: {figure.value:,.1f} {figure.unit}"
               + (f" (target {figure.target}: {'met' if figure.met else 'MISSED'})" if figure.target else ""),
               flush=True)
 
     def table(self) -> str:
+        """Every figure as an aligned text table."""
         rows = [["figure", "measured", "target", "", "note"], *[f.row() for f in self.figures]]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -124,12 +127,14 @@ def fresh_database(admin_url: str, label: str, *, keep: bool) -> Iterator[Ledger
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    """Run ``fn``; return (wall seconds, its result)."""
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
 
 
 def count(engine: Engine, table: str) -> int:
+    """Rows in ``table`` (``count(*)``)."""
     with engine.connect() as conn:
         return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
@@ -175,6 +180,7 @@ def copy_rows(db: LedgerDatabase, dump: dict[str, Path]) -> float:
 
 def phase_ingest(report: Report, admin_url: str, history: Path, summary: SimulationSummary, *,
                  keep: bool) -> LedgerDatabase | None:
+    """Phases 1 and 2: ingest vs raw COPY of the same rows, then rebuild (see the module docstring)."""
     with fresh_database(admin_url, "ingest", keep=True) as db:
         print(f"ingest: {summary.lines:,} lines", flush=True)
         seconds, ingested = timed(lambda: services.ingest(db, read_history(history), cluster=CLUSTER))
@@ -212,6 +218,7 @@ def phase_ingest(report: Report, admin_url: str, history: Path, summary: Simulat
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -229,6 +236,11 @@ def peak_rss_bytes(pid: int) -> int:
 
 
 def wait_port(port: int, timeout_s: float) -> None:
+    """Wait until 127.0.0.1:``port`` accepts connections.
+
+    Raises:
+        TimeoutError: nothing listened within ``timeout_s`` seconds.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -239,6 +251,7 @@ def wait_port(port: int, timeout_s: float) -> None:
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL if it has not exited within 15 s."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -249,11 +262,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def cli(*args: str) -> list[str]:
+    """The command line running ``dra-ledger`` with ``args`` under this interpreter."""
     return [sys.executable, "-c", "from ledger.cli import main; main()", *args]
 
 
 def phase_worker(report: Report, db: LedgerDatabase, history: Path, summary: SimulationSummary, workdir: Path,
                  *, timeout_s: float) -> None:
+    """Phase 3: peak RSS of a ``dra-ledger watch`` following ``history`` through the fake API server."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     kubeconfig = workdir / "fake.kubeconfig"
@@ -315,6 +330,7 @@ def bounds(db: LedgerDatabase) -> tuple[datetime | None, datetime | None]:
 
 
 def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int) -> None:
+    """Phase 4: occupancy at random instants (p50/p99) and device-hours per team over 30 days."""
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:
         conn.execute(text("ANALYZE"))  # what autovacuum does after a bulk load; the planner needs the statistics
@@ -362,6 +378,7 @@ def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int
 
 
 def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: float, concurrency: int) -> None:
+    """Phase 5: ``GET /v1/occupancy`` requests/s from a separate load process against ``dra-ledger serve``."""
     port = free_port()
     log = (workdir / "api.log").open("ab")
     server = subprocess.Popen(cli("serve", "--port", str(port), "--database-url", db.url, "--cluster", CLUSTER),
@@ -383,6 +400,7 @@ def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the phases not skipped, print the table, write the JSON; exit status 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--admin-url", default=os.environ.get("LEDGER_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
                         help="PostgreSQL URL of a role that may create databases.")
