@@ -187,17 +187,15 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
             "SELECT DISTINCT hour FROM usage_rollups WHERE hour >= :h0 AND hour < :h1" + _cluster_filter(cluster)),
             params)}
         # Whole hours with no rollup rows (not rolled yet, or forgotten after a late event) come from the
-        # live intervals, one query per run of consecutive hours.
-        h = h0
-        while h < h1:
-            if h in rolled:
-                h += HOUR
-                continue
-            gap_end = h
-            while gap_end < h1 and gap_end not in rolled:
-                gap_end += HOUR
-            add(live_seconds(conn, start=h, end=gap_end, cluster=cluster, by_hour=False))
-            h = gap_end
+        # live intervals, one query per gap between rolled hours. Walking the gaps, not the hours, keeps a
+        # window of centuries (from=0001-01-01) as cheap as its rolled hours.
+        cursor = h0
+        for hour in sorted(rolled):
+            if hour > cursor:
+                add(live_seconds(conn, start=cursor, end=hour, cluster=cluster, by_hour=False))
+            cursor = hour + HOUR
+        if cursor < h1:
+            add(live_seconds(conn, start=cursor, end=h1, cluster=cluster, by_hour=False))
     out: list[JSONValue] = [
         {group_by: grp or None, "deviceClass": cls or None, "driver": drv, "deviceHours": round(s / 3600, 6)}
         for (grp, cls, drv), s in sorted(seconds.items()) if s > 0]

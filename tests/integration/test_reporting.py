@@ -183,6 +183,9 @@ def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, gr
     inside = (parse_time("2026-11-02T10:10:00Z"), parse_time("2026-11-02T10:50:00Z"))
     assert services.usage_from_rollups(reported.db, start=inside[0], end=inside[1], group_by=group_by) == \
         reported.usage(*inside, group_by=group_by)
+    centuries = (parse_time("0001-01-01T00:00:00Z"), parse_time("2026-11-02T10:30:00Z"))  # gaps around rolled hours
+    assert services.usage_from_rollups(reported.db, start=centuries[0], end=centuries[1], group_by=group_by) == \
+        reported.usage(*centuries, group_by=group_by)
     later = (parse_time("2026-11-02T11:30:00Z"), parse_time("2026-11-02T14:15:00Z"))
     assert services.usage_from_rollups(reported.db, start=later[0], end=later[1], group_by=group_by) == \
         reported.usage(*later, group_by=group_by)
