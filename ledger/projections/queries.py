@@ -503,10 +503,11 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
           prices: PriceTable | None = None) -> JSONObject:
     """Device-hours over ``[start, end)`` grouped by ``group_by`` and always by DeviceClass and driver.
 
-    Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours).
-    ``adminAccess`` allocations are not billed. When several allocations hold one device at once
-    (shares, or a double booking), each device-second is split equally among them, so the rows add up
-    to the device's own hours (DESIGN §11.5).
+    Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours); an
+    allocation still open counts until the database's ``now()``, never into the future (a window that
+    ends later bills only the hours that have happened). ``adminAccess`` allocations are not billed.
+    When several allocations hold one device at once (shares, or a double booking), each device-second
+    is split equally among them, so the rows add up to the device's own hours (DESIGN §11.5).
 
     Args:
         teams: only allocations billed to these teams (a team-limited API token).
@@ -531,7 +532,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
-        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), :end), :end) AS e "
+        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), now()), :end) AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
         {"start": start, "end": end, "cluster": cluster}).all()

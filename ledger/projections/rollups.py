@@ -46,12 +46,13 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
                  by_hour: bool) -> dict[tuple[str, datetime | None, Key], float]:
     """Device-seconds in ``[start, end)`` from the live intervals, per (cluster, hour or None, key).
 
-    Source: ``device_allocations`` (not ``adminAccess``), clipped exactly to the window; concurrent
-    allocations of one device share each second equally.
+    Source: ``device_allocations`` (not ``adminAccess``), clipped exactly to the window, an open one at
+    ``now()`` as in :func:`ledger.projections.queries.usage`; concurrent allocations of one device share
+    each second equally.
     """
     rows = conn.execute(text(
         "SELECT cluster, driver, pool, device, team, namespace, device_class, model, node, "
-        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), :end), :end) AS e "
+        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), now()), :end) AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
         {"start": start, "end": end, "cluster": cluster}).all()

@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +268,17 @@ def test_a_late_event_in_rolled_hours_forgets_them_and_usage_stays_the_live_answ
     team = next(t for t in ml_train if ml_train[t] != ml_after.get(t))
     # One GPU released 1 h 45 min before the window's end: exactly that many device-hours fewer.
     assert ml_train[team] - ml_after[team] == pytest.approx(1.75, abs=1e-6)
+
+
+def test_usage_never_bills_hours_that_have_not_happened(reported: LedgerHandle) -> None:
+    # shared-gpu and other claims are still held at the end of the seed lab: open intervals.
+    future = (parse_time("2030-01-01T00:00:00Z"), parse_time("2030-01-02T00:00:00Z"))
+    assert services.usage(reported.db, start=future[0], end=future[1], group_by="team")["rows"] == []
+    assert reported.usage(*future, group_by="team")["rows"] == []
+    # A window reaching into the future bills the same as one ending now: only the hours that happened.
+    start = parse_time("2026-11-02T09:00:00Z")
+    far: Any = services.usage(reported.db, start=start, end=future[1], group_by="team")
+    held = {r["team"]: r["deviceHours"] for r in far["rows"]}
+    assert held and all(hours > 0 for hours in held.values())
+    elapsed_h = (datetime.now(UTC) - start).total_seconds() / 3600
+    assert max(held.values()) <= 8 * elapsed_h  # 8 GPUs at most, for the hours elapsed
