@@ -198,10 +198,11 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
     recorded_at = datetime.now(UTC)
     chunk_report = IngestReport(lines=len(chunk))
     with db.append(cluster, state) as batch:
-        seen = batch.known([x.digest for x in chunk])
+        known = batch.known([x.digest for x in chunk])
+        seen = set(known)
         # A line rejected by an earlier replay is still a bad line: report it again (a re-run of a bad file
         # must not look clean), with the reason stored then.
-        rejected_before = batch.rejection_reasons(list(seen)) if seen else {}
+        rejected_before = {digest: reason for digest, reason in known.items() if reason is not None}
         rejected_earlier = 0
         # Tombstones of claims and pods live in the database only: fetch those this chunk's lines touch.
         fetched = batch.load_entries(_absent_keys(chunk, seen, state))

@@ -39,17 +39,14 @@ class AppendBatch:
     observations: list[ObservationRow] = field(default_factory=list)
     events: list[NewEvent] = field(default_factory=list)
 
-    def known(self, digests: Sequence[str]) -> set[str]:
-        """Return which observation digests are already stored for this cluster."""
+    def known(self, digests: Sequence[str]) -> dict[str, str | None]:
+        """Return which observation digests are already stored for this cluster, each with its rejection
+        reason (``None`` when it was recorded)."""
         return pg.known_digests(self.conn, self.cluster, digests)
 
     def load_entries(self, keys: Sequence[str]) -> dict[str, JSONObject]:
         """Return the stored translator state entries of ``keys`` (tombstones kept out of memory)."""
         return pg.load_entries(self.conn, self.cluster, keys)
-
-    def rejection_reasons(self, digests: Sequence[str]) -> dict[str, str]:
-        """Return the stored reason of each of ``digests`` that was recorded as a rejected observation."""
-        return pg.rejection_reasons(self.conn, self.cluster, digests)
 
     def save_watch_checkpoints(self, rows: Sequence[pg.WatchCheckpointRow]) -> None:
         """Upsert watch checkpoints in this transaction, so they commit with the batch's observations."""

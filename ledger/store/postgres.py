@@ -82,22 +82,14 @@ class ObservationRow:
     body: object
 
 
-def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> set[str]:
-    """Return which of ``digests`` are already in ``observations`` for ``cluster``."""
-    if not digests:
-        return set()
-    rows = conn.execute(text("SELECT digest FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
-                        {"c": cluster, "d": list(digests)}).scalars()
-    return {str(r) for r in rows}
-
-
-def rejection_reasons(conn: Connection, cluster: str, digests: Sequence[str]) -> dict[str, str]:
-    """Return the stored ``error`` of those ``digests`` that were recorded as rejected for ``cluster``."""
+def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> dict[str, str | None]:
+    """Return which of ``digests`` are already in ``observations`` for ``cluster``, each with its stored
+    ``error`` (the rejection reason; ``None`` for a recorded observation)."""
     if not digests:
         return {}
-    rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d) "
-                             "AND status = 'rejected'"), {"c": cluster, "d": list(digests)}).all()
-    return {str(r.digest): str(r.error) for r in rows}
+    rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
+                        {"c": cluster, "d": list(digests)}).all()
+    return {str(r.digest): None if r.error is None else str(r.error) for r in rows}
 
 
 def copy_rows(conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
