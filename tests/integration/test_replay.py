@@ -28,6 +28,26 @@ def _count(ledger: LedgerHandle, table: str) -> int:
         return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
 
+def _in_threads(count: int, work: Callable[[], object]) -> list[BaseException]:
+    """Run ``work`` in ``count`` threads at once; return what any of them raised."""
+    import threading
+
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001  # the caller asserts on every failure
+            failures.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return failures
+
+
 def test_replaying_the_same_file_twice_adds_no_rows(ledger: LedgerHandle) -> None:
     first = ledger.replay(SEED)
     before = ledger.snapshot()
@@ -193,23 +213,11 @@ def test_times_outside_years_1_to_9999_are_rejected_not_crashed(ledger: LedgerHa
 
 def test_concurrent_replays_of_one_file_both_succeed_and_add_it_once(ledger_factory: Callable[[], LedgerHandle]
                                                                      ) -> None:
-    import threading
-
     shared, clean = ledger_factory(), ledger_factory()
     clean.replay(SEED)
-    failures: list[BaseException] = []
 
-    def run() -> None:
-        try:
-            LedgerHandle(engine=shared.engine).replay(SEED)
-        except Exception as e:  # noqa: BLE001  # the test reports any failure of either replay
-            failures.append(e)
+    failures = _in_threads(3, lambda: LedgerHandle(engine=shared.engine).replay(SEED))
 
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
     assert failures == []
     assert shared.snapshot() == clean.snapshot()
 
@@ -218,8 +226,6 @@ def test_concurrent_replays_of_many_batches_add_the_history_once(
         ledger_factory: Callable[[], LedgerHandle], tmp_path: Path) -> None:
     # Three writers racing over the same 40-line batches keep losing races (digests recorded, streams
     # moved): each lost batch is translated again from the reloaded state, and nothing is doubled.
-    import threading
-
     from ledger import services
     from ledger.simulate import FleetSpec, write_history
 
@@ -229,20 +235,9 @@ def test_concurrent_replays_of_many_batches_add_the_history_once(
     shared, clean = ledger_factory(), ledger_factory()
     alone = services.replay_files(clean.db, [history], cluster=clean.cluster, batch_size=40)
     reports: list[services.IngestReport] = []
-    failures: list[BaseException] = []
 
-    def run() -> None:
-        try:
-            reports.append(services.replay_files(LedgerHandle(engine=shared.engine).db, [history],
-                                                 cluster=shared.cluster, batch_size=40))
-        except Exception as e:  # noqa: BLE001  # the test reports any failure of any replay
-            failures.append(e)
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    failures = _in_threads(3, lambda: reports.append(services.replay_files(
+        LedgerHandle(engine=shared.engine).db, [history], cluster=shared.cluster, batch_size=40)))
 
     assert failures == []
     assert shared.snapshot() == clean.snapshot()
