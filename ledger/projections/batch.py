@@ -38,7 +38,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from ledger.events import RecordedEvent
 from ledger.projections.base import opt_str_of, str_of
-from ledger.projections.models import counter_set_of, model_of
+from ledger.projections.models import ALLOCATION_EVENTS, counter_set_of, model_of
 from ledger.store import tables as t
 from ledger.store.postgres import copy_rows
 from ledger.types import JSONValue
@@ -361,7 +361,7 @@ def apply_device_allocations(conn: Connection, events: Sequence[RecordedEvent]) 
     Reads ``namespace_teams`` and ``device_inventory`` after their own segment was written (see the
     module docstring for why that equals reading them at each event's position).
     """
-    mine = _mine(events, ("ClaimAllocated", "ClaimDeallocated", "TeamAssigned"))
+    mine = _mine(events, ALLOCATION_EVENTS)
     if not mine:
         return
     allocated = [e for e in mine if e.type == "ClaimAllocated"]

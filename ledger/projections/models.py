@@ -200,6 +200,11 @@ class ClaimConsumers:
                           event.occurred_at)
 
 
+ALLOCATION_EVENTS = frozenset({"ClaimAllocated", "ClaimDeallocated", "TeamAssigned"})
+"""The event types that change ``device_allocations`` (:class:`DeviceAllocations`); the batch form and the
+forgetting of rolled usage hours (:mod:`ledger.projections.runner`) read the same set."""
+
+
 class DeviceAllocations:
     """Which claim held which device (or share of it), for which team, over time.
 

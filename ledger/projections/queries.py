@@ -141,7 +141,7 @@ _LIVE_CONSUMER = (
     "(c.resource <> 'pods' "
     " OR NOT EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid) "
     " OR EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid "
-    "  AND p.valid @> :at AND p.phase NOT IN ('Succeeded', 'Failed')))")
+    f"  AND p.valid @> :at AND p.phase NOT IN ({', '.join(repr(phase) for phase in TERMINAL)})))")
 """SQL of :func:`consumers_at`'s liveness: a pod is live unless seen terminal at T or gone; others are live."""
 
 
@@ -151,11 +151,10 @@ def _multi_consumer_claims(scope: OccupancyScope) -> str:
     Claims with fewer than two ``reservedFor`` rows at T cannot qualify, so liveness (two ``pod_phases``
     probes per consumer) is checked only for the others.
     """
-    cluster = " AND c.cluster = :cluster" if scope.cluster is not None else ""
     return (
         "SELECT c.cluster, c.claim_uid FROM claim_consumers c "
         " JOIN (SELECT m.cluster, m.claim_uid FROM claim_consumers m WHERE m.valid @> :at"
-        + cluster.replace("c.", "m.") + " GROUP BY m.cluster, m.claim_uid HAVING count(*) > 1) AS several "
+        + _cluster_filter(scope.cluster, "m") + " GROUP BY m.cluster, m.claim_uid HAVING count(*) > 1) AS several "
         " ON several.cluster = c.cluster AND several.claim_uid = c.claim_uid "
         f"WHERE c.valid @> :at AND {_LIVE_CONSUMER} GROUP BY c.cluster, c.claim_uid HAVING count(*) > 1")
 

@@ -114,11 +114,6 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     return int((h1 - h0) / HOUR)
 
 
-USAGE_EVENTS = frozenset({"ClaimAllocated", "ClaimDeallocated", "ClaimDeleted", "DevicePublished", "DeviceUpdated",
-                          "DeviceWithdrawn", "TeamAssigned"})
-"""Event types that can change ``device_allocations`` (intervals, team, model or node): the input of rollups."""
-
-
 def forget_rolled_hours(conn: Connection, earliest: dict[str, datetime]) -> None:
     """Delete the rolled hours a batch of events may have changed: per cluster, from the hour of its
     earliest ``occurred_at`` on (an event changes the read models only at or after its own time).

@@ -17,12 +17,14 @@ from ledger.events import RecordedEvent
 from ledger.projections import whole_history as whole
 from ledger.projections.base import Projection
 from ledger.projections.batch import BATCH_APPLIERS, segments
-from ledger.projections.models import ALL
-from ledger.projections.rollups import USAGE_EVENTS, forget_rolled_hours
+from ledger.projections.models import ALL, ALLOCATION_EVENTS
+from ledger.projections.rollups import forget_rolled_hours
 from ledger.store.postgres import read_all
 from ledger.types import GlobalPosition
 
 Progress = Callable[[int], None]
+ALLOCATIONS = "device_allocations"
+"""The projection whose rows the hourly usage rollups sum."""
 
 
 def _lock_checkpoints(conn: Connection, names: Sequence[str]) -> dict[str, int]:
@@ -50,13 +52,15 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
             for projection in projections:
                 if event.global_position > positions[projection.name]:
                     projection.apply_event(conn, event)
-    earliest: dict[str, datetime] = {}
-    for event in batch:
-        if event.type in USAGE_EVENTS:
-            first = earliest.get(event.cluster)
-            if first is None or event.occurred_at < first:
-                earliest[event.cluster] = event.occurred_at
-    forget_rolled_hours(conn, earliest)
+    if ALLOCATIONS in positions:
+        # Rolled usage hours are sums of device_allocations: forget those this batch may have changed.
+        earliest: dict[str, datetime] = {}
+        for event in batch:
+            if event.type in ALLOCATION_EVENTS and event.global_position > positions[ALLOCATIONS]:
+                first = earliest.get(event.cluster)
+                if first is None or event.occurred_at < first:
+                    earliest[event.cluster] = event.occurred_at
+        forget_rolled_hours(conn, earliest)
     last = batch[-1].global_position
     now = datetime.now(UTC)
     for projection in projections:
@@ -136,9 +140,10 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
         # DDL rights (SECURITY.md); row ids carry no meaning.
         conn.execute(text(f"TRUNCATE {tables}"))
-        # Hourly rollups are computed from these read models: forget them all (the hourly job rolls them up
-        # again; until then usage reads the live intervals).
-        conn.execute(text("DELETE FROM usage_rollups"))
+        if ALLOCATIONS in names:
+            # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
+            # again; until then usage reads the live intervals).
+            conn.execute(text("DELETE FROM usage_rollups"))
         for name in names:
             positions[name] = 0
         conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})

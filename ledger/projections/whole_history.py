@@ -47,6 +47,7 @@ from typing import TypeVar
 import psycopg
 from sqlalchemy import Connection, text
 
+from ledger.projections.base import opt_str_of, str_of
 from ledger.projections.models import counter_set_of, model_of
 from ledger.store.postgres import copy_rows
 from ledger.types import GlobalPosition, JSONObject, JSONValue
@@ -254,17 +255,6 @@ def _j(value: JSONValue) -> str:
     return json.dumps(value)  # jsonb normalises key order and spacing: no need for sort_keys here
 
 
-def _str(payload: JSONObject, key: str) -> str:
-    value = payload[key]
-    assert isinstance(value, str), f"payload field {key!r} is not a string"
-    return value
-
-
-def _opt(payload: JSONObject, key: str) -> str | None:
-    value = payload.get(key)
-    return value if isinstance(value, str) else None
-
-
 _K = TypeVar("_K", bound=tuple[str, ...])
 
 _TEAM, _ALLOC_TEAM = 2, 4
@@ -323,10 +313,10 @@ class _Fold:
         elif event_type == "ClaimAllocated":
             self._allocate(cluster, at, p)
         elif event_type == "ClaimDeallocated":
-            for held in self._open(self.by_claim, (cluster, _str(p, "uid"))):
+            for held in self._open(self.by_claim, (cluster, str_of(p, "uid"))):
                 self._close_allocation(held, at)
         elif event_type.startswith("DeviceClass"):
-            key = (cluster, _str(p, "name"))
+            key = (cluster, str_of(p, "name"))
             if (old := self.classes.pop(key, None)) is not None:
                 old.close(at)
             if event_type != "DeviceClassDeleted":
@@ -337,18 +327,18 @@ class _Fold:
 
     # namespace_teams (reference: models.NamespaceTeams)
     def _assign_team(self, cluster: str, at: datetime, p: JSONObject) -> None:
-        key = (cluster, _str(p, "namespace"))
+        key = (cluster, str_of(p, "namespace"))
         rows = self.teams.setdefault(key, [])
         for row in rows:
             if row.open:
                 row.close(at)
-        row = _Interval([cluster, key[1], _str(p, "team")], at)
+        row = _Interval([cluster, key[1], str_of(p, "team")], at)
         rows.append(row)
         self.team_rows.append(row)
 
     # device_inventory (reference: models.DeviceInventory)
     def _device(self, event_type: str, cluster: str, at: datetime, p: JSONObject) -> None:
-        key = (cluster, _str(p, "driver"), _str(p, "pool"), _str(p, "device"))
+        key = (cluster, str_of(p, "driver"), str_of(p, "pool"), str_of(p, "device"))
         rows = self.inventory.setdefault(key, [])
         for old in rows:
             if old.open:
@@ -357,8 +347,8 @@ class _Fold:
             return
         attributes, counters = p["attributes"], p["consumesCounters"]
         assert isinstance(attributes, dict) and isinstance(counters, list)
-        node, model, shareable = _opt(p, "node"), model_of(attributes), bool(p["allowMultipleAllocations"])
-        row = _Inventory([*key, node, _str(p, "sliceName"), model, counter_set_of(counters), shareable,
+        node, model, shareable = opt_str_of(p, "node"), model_of(attributes), bool(p["allowMultipleAllocations"])
+        row = _Inventory([*key, node, str_of(p, "sliceName"), model, counter_set_of(counters), shareable,
                           _j(attributes), _j(p["capacity"]), _j(counters), _j(p["taints"])], at,
                          node=node, model=model, allow_multiple_allocations=shareable)
         rows.append(row)
@@ -389,14 +379,14 @@ class _Fold:
         self.open_allocations[id(row)] = row
 
     def _allocate(self, cluster: str, at: datetime, p: JSONObject) -> None:
-        namespace, uid, claim = _str(p, "namespace"), _str(p, "uid"), _str(p, "name")
+        namespace, uid, claim = str_of(p, "namespace"), str_of(p, "uid"), str_of(p, "name")
         held = _latest_containing(self.teams.get((cluster, namespace), ()), at)
         team = str(held.values[_TEAM]) if held is not None else namespace
         results = p["results"]
         assert isinstance(results, list)
         for result in results:
             assert isinstance(result, dict)
-            key = (cluster, _str(result, "driver"), _str(result, "pool"), _str(result, "device"))
+            key = (cluster, str_of(result, "driver"), str_of(result, "pool"), str_of(result, "device"))
             inv = _latest_containing(self.inventory.get(key, ()), at)
             admin = bool(result.get("adminAccess"))
             conflict = False
@@ -406,16 +396,16 @@ class _Fold:
                 for other in self._open(self.by_device, key):
                     if not other.admin_access and other.values[1] != uid:
                         other.conflict = conflict = True
-            node = (inv.node if inv is not None else None) or _opt(p, "node")
+            node = (inv.node if inv is not None else None) or opt_str_of(p, "node")
             self._add_allocation(_Allocation(
-                [cluster, uid, namespace, claim, team, _str(result, "request"), _opt(result, "deviceClassName"),
-                 key[1], key[2], key[3], _opt(result, "shareID"), _j(result.get("consumedCapacity") or {}), admin,
+                [cluster, uid, namespace, claim, team, str_of(result, "request"), opt_str_of(result, "deviceClassName"),
+                 key[1], key[2], key[3], opt_str_of(result, "shareID"), _j(result.get("consumedCapacity") or {}), admin,
                  node, inv.model if inv is not None else None, False], at, admin_access=admin, conflict=conflict))
 
     def _relabel(self, cluster: str, at: datetime, p: JSONObject) -> None:
         """Split the namespace's open intervals whose team differs (``DeviceAllocations._relabel``)."""
-        team = _str(p, "team")
-        for row in list(self._open(self.by_namespace, (cluster, _str(p, "namespace")))):
+        team = str_of(p, "team")
+        for row in list(self._open(self.by_namespace, (cluster, str_of(p, "namespace")))):
             if row.values[_ALLOC_TEAM] == team:
                 continue
             if row.lower < at:  # close at `at` and reopen with the new team from `at`

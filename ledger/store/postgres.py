@@ -173,8 +173,8 @@ def load_state(conn: Connection, cluster: str) -> TranslatorState:
     A pool's published device views are loaded as the objects of its slices' views (:func:`_shared_views`).
     """
     rows = conn.execute(text("SELECT key, state FROM translator_state WHERE cluster = :c "
-                             "AND NOT ((key LIKE 'claim:%' OR key LIKE 'pod:%') AND state ? 'deleted')"),
-                        {"c": cluster}).all()
+                             "AND NOT (key LIKE ANY(:evicted) AND state ? 'deleted')"),
+                        {"c": cluster, "evicted": [f"{prefix}%" for prefix in EVICTED_PREFIXES]}).all()
     return TranslatorState(entries={str(r.key): _shared_views(dict(r.state)) if str(r.key).startswith("pool:")
                                     else dict(r.state) for r in rows})
 
