@@ -203,7 +203,6 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
         # A line rejected by an earlier replay is still a bad line: report it again (a re-run of a bad file
         # must not look clean), with the reason stored then.
         rejected_before = {digest: reason for digest, reason in known.items() if reason is not None}
-        rejected_earlier = 0
         # Tombstones of claims and pods live in the database only: fetch those this chunk's lines touch.
         fetched = batch.load_entries(_absent_keys(chunk, seen, state))
         state.entries.update(fetched)
@@ -214,7 +213,6 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
                 if (reason := rejected_before.pop(item.digest, None)) is not None:
                     chunk_report.rejected.append(Rejection(origin=origin, reason=f"{reason} (already recorded "
                                                            "as rejected)"))
-                    rejected_earlier += 1
                 continue
             seen.add(item.digest)
             if isinstance(item, BrokenLine):
@@ -250,7 +248,7 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
                 continue
             batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=None))
             batch.events.extend(produced)
-        chunk_report.recorded = len(batch.observations) - (len(chunk_report.rejected) - rejected_earlier)
+            chunk_report.recorded += 1
         chunk_report.events = len(batch.events)
         if on_batch is not None:
             on_batch(batch)
