@@ -134,6 +134,8 @@ class _Node:
     """GPU indexes with nothing allocated (neither whole nor any partition)."""
     partitions: dict[int, set[int]] = field(default_factory=dict)
     """MIG nodes: GPU index -> partitions in use (the GPU is then not whole-free)."""
+    published: JSONObject = field(default_factory=dict)
+    """The GPU ResourceSlice last published for the node (what a driver restart deletes)."""
     nic_used_g: int = 0
 
 
@@ -268,7 +270,8 @@ class _Simulation:
             node.slice_name = f"{node.name}-{GPU_DRIVER}-{self.suffix()}"
             node.free = set(range(spec.gpus_per_node))
             self.nodes.append(node)
-            self.line(t0, "ADDED", self.gpu_slice(node, t0))
+            node.published = self.gpu_slice(node, t0)
+            self.line(t0, "ADDED", node.published)
             self.line(t0, "ADDED", self.nic_slice(node, t0))
             per_node = spec.gpus_per_node * (1 + (MIG_PARTITIONS if node.mig else 0))
             self.summary.devices += per_node + 1
@@ -304,11 +307,12 @@ class _Simulation:
     def restart(self, index: int) -> Callable[[datetime], None]:
         def run(at: datetime) -> None:
             node = self.nodes[index]
-            old = self.gpu_slice(node, at)
+            old = node.published  # the very slice published before: same uid, so the DELETED removes it
             node.generation += 1
             node.slice_name = f"{node.name}-{GPU_DRIVER}-{self.suffix()}"
             self.summary.restarts += 1
-            self.line(at, "ADDED", self.gpu_slice(node, at))
+            node.published = self.gpu_slice(node, at)
+            self.line(at, "ADDED", node.published)
             self.line(at + timedelta(seconds=2), "DELETED", old)
         return run
 

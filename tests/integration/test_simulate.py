@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -37,6 +38,18 @@ def test_the_small_fleet_exercises_every_behaviour() -> None:
         pass
     assert summary.restarts >= 1 and summary.idle_claims >= 1 and summary.pending_claims >= 1
     assert {"deployment", "job", "shared", "extended", "mig", "nic", "multi"} <= set(summary.kinds)
+
+
+def test_a_driver_restart_deletes_the_very_slice_it_published_before() -> None:
+    added: set[str] = set()
+    deleted: list[str] = []
+    for text_line in simulate(SMALL):
+        line = json.loads(text_line)
+        obj = line["object"]
+        if obj["kind"] == "ResourceSlice":
+            (added.add if line["type"] == "ADDED" else deleted.append)(obj["metadata"]["uid"])
+    assert deleted  # SMALL restarts drivers
+    assert [uid for uid in deleted if uid not in added] == []
 
 
 def test_a_simulated_history_replays_to_the_devices_and_allocations_it_reports(ledger: LedgerHandle,
