@@ -416,9 +416,7 @@ def _watch_event(
             return _broken(source, line, f"observedAt: {e}", raw)
     elif observed_at is None and time_required:
         return _broken(source, line, "missing field 'observedAt' (and no default time given)", raw)
-    if fast:
-        return _watch_line_fast(source, line, cast(WatchType, event_type), observed_at, cast(JSONObject, obj), raw)
-    return _watch_line(source, line, cast(WatchType, event_type), observed_at, cast(JSONObject, obj), raw)
+    return _watch_line(source, line, cast(WatchType, event_type), observed_at, cast(JSONObject, obj), raw, fast=fast)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -713,40 +711,35 @@ accept ``NaN`` / ``Infinity`` (JSON) and ``.nan`` / ``.inf`` (YAML), which Postg
 
 
 def _watch_line(
-    source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject, raw: str
+    source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject, raw: str,
+    *, fast: bool = False
 ) -> ReadResult:
-    """Build a WatchLine; ``raw`` is only used if the object is too deep to encode."""
-    try:
-        canonical = _CANONICAL.encode([event_type, observed_at.isoformat() if observed_at else "", obj])
-    except RecursionError:
-        return _broken(source, line, "object nested too deeply", raw)
-    except ValueError:  # NaN or Infinity: not JSON, and the database could not store the line
-        return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", raw)
+    """Build a WatchLine; ``raw`` is only used if the object cannot be stored.
+
+    ``fast``: ``obj`` came from :data:`_FAST_DECODER` (no floats, lone surrogates or NaN), so
+    :data:`_FAST_CANONICAL` gives the digest input, byte for byte what :data:`_CANONICAL` gives.
+    """
+    envelope = [event_type, observed_at.isoformat() if observed_at else "", obj]
+    if fast:
+        encoded = _FAST_CANONICAL.encode(envelope)
+    else:
+        try:
+            canonical = _CANONICAL.encode(envelope)
+        except RecursionError:
+            return _broken(source, line, "object nested too deeply", raw)
+        except ValueError:  # NaN or Infinity: not JSON, and the database could not store the line
+            return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", raw)
+        try:
+            encoded = canonical.encode("utf-8")
+        except UnicodeEncodeError as e:  # "\ud800" decodes to a lone surrogate: not Unicode text, not storable
+            return _broken(source, line, f"object holds a lone UTF-16 surrogate {canonical[e.start]!r}, "
+                           "which is not a Unicode character", raw)
     # Each level needs a '{' or '[', so few brackets in all prove the depth is fine without a walk.
-    if canonical.count("{") + canonical.count("[") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
-        return _broken(source, line, f"object: nested too deeply (more than {MAX_DEPTH} levels of objects "
-                       "and arrays)", raw)
-    try:
-        encoded = canonical.encode("utf-8")
-    except UnicodeEncodeError as e:  # "\ud800" decodes to a lone surrogate: not Unicode text, not storable
-        return _broken(source, line, f"object holds a lone UTF-16 surrogate {canonical[e.start]!r}, "
-                       "which is not a Unicode character", raw)
-    digest = hashlib.sha256(encoded).hexdigest()
-    return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj, digest=digest,
-                     holds_nul="\\u0000" in canonical)
-
-
-def _watch_line_fast(
-    source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject, raw: str
-) -> ReadResult:
-    """:func:`_watch_line` for an object from :data:`_FAST_DECODER` (no floats, no lone surrogates, no
-    NaN): the same digest, encoded by :data:`_FAST_CANONICAL`."""
-    canonical = _FAST_CANONICAL.encode([event_type, observed_at.isoformat() if observed_at else "", obj])
-    if canonical.count(b"{") + canonical.count(b"[") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
+    if encoded.count(b"{") + encoded.count(b"[") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
         return _broken(source, line, f"object: nested too deeply (more than {MAX_DEPTH} levels of objects "
                        "and arrays)", raw)
     return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj,
-                     digest=hashlib.sha256(canonical).hexdigest(), holds_nul=b"\\u0000" in canonical)
+                     digest=hashlib.sha256(encoded).hexdigest(), holds_nul=b"\\u0000" in encoded)
 
 
 def _deeper_than(obj: JSONObject, limit: int) -> bool:
