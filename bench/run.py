@@ -347,7 +347,7 @@ def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int
         report.sizes.update({"queryDevices": devices, "queryEvents": events})
         times = [lo + timedelta(seconds=rng.uniform(0, span)) for _ in range(samples)]
         # What the API serves for a first request: one page (default limit) plus totals over all devices,
-        # each instant in its own transaction as services.occupancy runs it.
+        # each instant in its own transaction as services.occupancy_settled runs it.
         conn.commit()
         queries.occupancy(conn, at=times[0], cluster=CLUSTER)  # warm the buffer cache
         conn.commit()

@@ -383,26 +383,6 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 # --- queries (read models only; the bodies the CLI prints and the API returns) --------------------
 
 
-def occupancy(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
-              driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
-              after: DeviceSortKey | None = None,
-              limit: int = queries.OCCUPANCY_DEFAULT_LIMIT) -> queries.OccupancyPage:
-    """One page of devices at ``at`` with their holders, and totals over all pages.
-
-    Page and totals are read in one REPEATABLE READ snapshot, so they describe the same rows. See
-    :func:`ledger.projections.queries.occupancy` for the body, ``teams``, ``after`` and ``limit``.
-
-    Raises:
-        Invalid: ``limit`` outside 1..1000, or a parameter PostgreSQL refuses.
-        StoreUnavailable: the database cannot be reached.
-    """
-    with db.reading() as conn:
-        conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            return queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
-                                     after=after, limit=limit)
-
-
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
                   driver: str | None = None, pool: str | None = None) -> JSONObject:
     """Every device at ``at`` with its holders, and totals: all pages in one body (CLI, demo).
@@ -412,10 +392,8 @@ def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = Non
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    with db.reading() as conn:
-        conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
+    with db.snapshot() as conn:
+        return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
 
 
 @dataclass(slots=True)
@@ -438,7 +416,9 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
                       driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
                       after: DeviceSortKey | None = None,
                       limit: int = queries.OCCUPANCY_DEFAULT_LIMIT) -> queries.OccupancyPage:
-    """:func:`occupancy`, answered from memory while the read models have not moved (the API's "now").
+    """One page of devices at ``at`` with their holders, and totals over all pages, read in one snapshot
+    (see :func:`ledger.projections.queries.occupancy` for the body, ``teams``, ``after`` and ``limit``);
+    answered from memory while the read models have not moved (the API's "now").
 
     Exact, not approximate: see :mod:`ledger.projections.settled`. A cached page is used only when
     every checkpoint is where it was when the page was computed and ``at`` is at or after every finite
@@ -456,13 +436,11 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
     hit = _OCCUPANCY_CACHE.get(key)
     if hit is not None and hit.checkpoints == checkpoints and (hit.settled_at is None or at >= hit.settled_at):
         return queries.OccupancyPage(body={**hit.page.body, "at": rfc3339(at)}, next_after=hit.page.next_after)
-    with _OCCUPANCY_LOCK, db.reading() as conn:
+    with _OCCUPANCY_LOCK, db.snapshot() as conn:
         # One snapshot for the version and the page, so the page is exactly the one of those checkpoints.
-        conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            version = settled.read_version(conn)
-            page = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
-                                     after=after, limit=limit)
+        version = settled.read_version(conn)
+        page = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
+                                 after=after, limit=limit)
     if version.settled_at is None or at >= version.settled_at:
         if len(_OCCUPANCY_CACHE) >= OCCUPANCY_CACHE_ENTRIES and key not in _OCCUPANCY_CACHE:
             _OCCUPANCY_CACHE.pop(next(iter(_OCCUPANCY_CACHE)))
@@ -585,12 +563,6 @@ def ping(db: LedgerDatabase) -> None:
         StoreUnavailable: the database cannot be reached.
     """
     db.ping()
-
-def team_of(db: LedgerDatabase, *, namespace: str, cluster: str | None = None) -> str:
-    """The team a namespace is billed to now (table ``namespace_teams``), else the namespace name."""
-    with db.reading() as conn:
-        return queries.team_now(conn, namespace=namespace, cluster=cluster)
-
 
 # --- watch workers: live batches with their resourceVersion checkpoint ----------------------------
 

@@ -819,10 +819,3 @@ def claim_uids(conn: Connection, *, namespace: str, name: str, cluster: str | No
     if not rows:
         raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")
     return [(str(r.cluster), str(r.uid)) for r in rows]
-
-
-def team_now(conn: Connection, *, namespace: str, cluster: str | None = None) -> str:
-    """The team of ``namespace`` in its newest ``namespace_teams`` interval, else the namespace name."""
-    team = conn.execute(text("SELECT team FROM namespace_teams WHERE namespace = :ns" + _cluster_filter(cluster)
-                             + " ORDER BY lower(valid) DESC LIMIT 1"), {"ns": namespace, "cluster": cluster}).scalar()
-    return str(team) if team is not None else namespace

@@ -120,6 +120,20 @@ class LedgerDatabase:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
             raise Invalid(f"a parameter cannot be used: {_first_line(e)}") from e
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """A connection inside one REPEATABLE READ transaction: every statement sees the same snapshot
+        (a page and its totals, or a cached body and the version it was computed at, agree).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+            Invalid: a query parameter PostgreSQL refuses.
+        """
+        with self.reading() as conn:
+            conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
                  stream: str | None = None) -> list[RecordedEvent]:
         """Events after global position ``after`` (see :func:`ledger.store.postgres.read_all`).
