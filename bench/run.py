@@ -3,7 +3,6 @@
 Run (needs a PostgreSQL the benchmark may create databases on; default the local one)::
 
     .venv/bin/python -m bench.run                       # default size, a few minutes on 2 cores
-    .venv/bin/python -m bench.run --full                # the DESIGN §10 scale in one run (hours; see bench.full)
     .venv/bin/python -m bench.run --admin-url postgresql://postgres@127.0.0.1:5432/postgres -o out.json
     .venv/bin/python -m bench.run --skip ingest,worker --query-url URL   # queries + API on an existing ledger
 
@@ -17,10 +16,11 @@ Phases (each figure is printed next to its DESIGN §10 target):
 3. ``worker``: a ``dra-ledger fake-apiserver`` plays a 40,000-device fleet (5,000 nodes x 8 GPUs by
    default) and a ``dra-ledger watch`` process follows it into a fresh ledger; peak RSS (VmHWM) of
    the worker process, sampled from ``/proc``.
-4. ``occupancy`` / ``usage``: on the fleet ledger of phase 3 (40,000 devices; with ``--full``, on the
-   10 M-event ledger of phase 1), ``occupancy`` at random instants (p50/p99 of what ``GET /v1/occupancy``
-   serves without a page token: the first page at the default limit plus the totals over every device,
-   computed in SQL) and device-hours per team over a 30-day window.
+4. ``occupancy`` / ``usage``: on the fleet ledger of phase 3 (40,000 devices; with ``--query-url``, on
+   another ledger, e.g. the 10 M-event one of :mod:`bench.full`), ``occupancy`` at random instants
+   (p50/p99 of what ``GET /v1/occupancy`` serves without a page token: the first page at the default
+   limit plus the totals over every device, computed in SQL) and device-hours per team over a 30-day
+   window.
 5. ``api``: ``dra-ledger serve`` on loopback against the fleet ledger, loaded by a separate process
    (``bench.load``) asking ``GET /v1/occupancy`` (first page, default limit) for a fixed time.
 
@@ -178,10 +178,9 @@ def copy_rows(db: LedgerDatabase, dump: dict[str, Path]) -> float:
         raw.close()
 
 
-def phase_ingest(report: Report, admin_url: str, history: Path, summary: SimulationSummary, *,
-                 keep: bool) -> LedgerDatabase | None:
+def phase_ingest(report: Report, admin_url: str, history: Path, summary: SimulationSummary, *, keep: bool) -> None:
     """Phases 1 and 2: ingest vs raw COPY of the same rows, then rebuild (see the module docstring)."""
-    with fresh_database(admin_url, "ingest", keep=True) as db:
+    with fresh_database(admin_url, "ingest", keep=keep) as db:
         print(f"ingest: {summary.lines:,} lines", flush=True)
         seconds, ingested = timed(lambda: services.ingest(db, read_history(history), cluster=CLUSTER))
         assert isinstance(ingested, services.IngestReport)
@@ -207,11 +206,6 @@ def phase_ingest(report: Report, admin_url: str, history: Path, summary: Simulat
         rate = applied / seconds
         report.add(Figure("projection rebuild", rate, "events/s", "≥ 50,000/s", rate >= 50_000,
                           f"{applied:,} events in {seconds:.1f} s"))
-        if not keep:
-            db.dispose()
-            drop_database(admin_url, str(db.engine.url.database))
-            return None
-        return db
 
 
 # --- phase 3: the worker following a fleet -----------------------------------------------------
@@ -404,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--admin-url", default=os.environ.get("LEDGER_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
                         help="PostgreSQL URL of a role that may create databases.")
-    parser.add_argument("--full", action="store_true", help="DESIGN §10 scale: ≥ 10 M events, 40,000 devices.")
     parser.add_argument("--nodes", type=int, default=50, help="Nodes of the ingest/rebuild history.")
     parser.add_argument("--hours", type=float, default=24.0, help="Hours of the ingest/rebuild history.")
     parser.add_argument("--fleet-nodes", type=int, default=5000, help="Nodes of the fleet the worker follows.")
@@ -417,17 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="Keep the benchmark databases.")
     parser.add_argument("--query-url", default=None,
                         help="Run the occupancy/usage/API phases on this existing ledger (for example a 10 M-event "
-                             "ledger kept by --full --keep) instead of the ledger built here.")
+                             "ledger kept by bench.full) instead of the fleet ledger built here.")
     parser.add_argument("-o", "--output", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args(argv)
-    if args.full:
-        # 5,000 nodes x 8 GPUs with hour-long jobs write ~4 M events a day: 60 hours pass 10 M.
-        args.nodes, args.hours = 5000, 60.0
     skip = {s for s in args.skip.split(",") if s}
     report = Report()
     with tempfile.TemporaryDirectory(prefix="dra-ledger-bench-") as tmp:
         workdir = Path(tmp)
-        ingest_db: LedgerDatabase | None = None
         if "ingest" not in skip:
             history = workdir / "history.jsonl"
             spec = FleetSpec(nodes=args.nodes, gpus_per_node=8, hours=args.hours, seed=args.seed)
@@ -435,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             assert isinstance(summary, SimulationSummary)
             print(f"simulated {args.nodes} nodes x {args.hours} h: {summary.lines:,} lines in {seconds:.1f} s",
                   flush=True)
-            ingest_db = phase_ingest(report, args.admin_url, history, summary, keep=args.full or args.keep)
-        query_db: LedgerDatabase | None = ingest_db if args.full else None
+            phase_ingest(report, args.admin_url, history, summary, keep=args.keep)
+        query_db: LedgerDatabase | None = None
         if args.query_url:
             query_db = LedgerDatabase.from_url(args.query_url)
             query_db.require_current()
@@ -451,9 +440,6 @@ def main(argv: list[str] | None = None) -> int:
                 phase_queries(report, query_db, samples=args.samples, seed=args.seed)
             if query_db is not None and "api" not in skip:
                 phase_api(report, query_db, workdir, duration_s=args.api_seconds, concurrency=args.api_concurrency)
-        if ingest_db is not None and not args.keep:
-            ingest_db.dispose()
-            drop_database(args.admin_url, str(ingest_db.engine.url.database))
     print()
     print(report.table())
     body = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
