@@ -21,8 +21,8 @@ from pathlib import Path
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid, LedgerError, StoreUnavailable, StreamConflict
 from ledger.events import RecordedEvent
+from ledger.projections import counts, queries, rollups, runner, settled, snapshots
 from ledger.projections import pending as pending_demand
-from ledger.projections import queries, rollups, runner, settled, snapshots
 from ledger.projections import quotas as quota_counting
 from ledger.projections import shared as sharing
 from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
@@ -366,8 +366,34 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
 
 
 def rebuild(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
-    """Rebuild every read model from global position 0, swapped in at commit; returns events applied."""
-    return runner.rebuild(db.engine, progress=progress)
+    """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
+
+    Then computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per
+    cluster); until that commits, occupancy totals are aggregated from the intervals.
+    """
+    applied = runner.rebuild(db.engine, progress=progress)
+    refresh_occupancy_counts(db)
+    return applied
+
+
+def refresh_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) -> dict[str, int]:
+    """Catch the projections up, then recompute the occupancy counts each cluster has not covered.
+
+    One transaction per cluster (:func:`ledger.projections.counts.refresh`): table ``occupancy_counts``
+    from the cluster's ``occupancy_count_coverage.valid_before`` on, computed from the
+    ``device_inventory``, ``device_allocations``, ``claim_consumers`` and ``pod_phases`` intervals.
+
+    Returns:
+        Rows written per cluster (0 for a cluster already covered).
+    """
+    runner.catch_up(db.engine)
+    with db.engine.connect() as conn:
+        names = [cluster] if cluster is not None else list(rollups.clusters(conn))
+    written: dict[str, int] = {}
+    for name in names:
+        with db.engine.begin() as conn:
+            written[name] = counts.refresh(conn, name)
+    return written
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:

@@ -5,7 +5,8 @@ Two jobs, each ``max_instances=1`` (a slow run is never overlapped by the next) 
 
 - ``usage-rollups``, every hour at minute ``rollup_minute``: :func:`ledger.services.rollup_usage`
   recomputes the last rolled hour and every whole hour after it (table ``usage_rollups``, view
-  ``reporting.team_usage_hourly``);
+  ``reporting.team_usage_hourly``), then :func:`ledger.services.refresh_occupancy_counts` computes the
+  occupancy totals from where events last changed them (table ``occupancy_counts``);
 - ``report-snapshots``, every ``snapshot_interval_s``: :func:`ledger.services.take_report_snapshots`
   stores the idle-claim report, quota usage and pending demand (views ``reporting.idle_claims``,
   ``reporting.quota_usage``, ``reporting.pending_demand``).
@@ -61,12 +62,15 @@ class JobSettings(BaseSettings):
 
 async def run_rollups(db: LedgerDatabase, *, cluster: str | None = None, clock: Clock = utc_now,
                       start: datetime | None = None) -> int:
-    """Recompute the hourly usage rollups up to the current hour; returns the hours recomputed.
+    """Recompute the hourly usage rollups up to the current hour, then the occupancy counts; returns the
+    hours recomputed.
 
     ``start`` (default: the last rolled hour) recomputes from an earlier hour, e.g. after a rebuild.
     """
     hours = await asyncio.to_thread(services.rollup_usage, db, end=clock(), start=start, cluster=cluster)
     log.info("usage rollups: %d hour(s) recomputed", hours)
+    written = await asyncio.to_thread(services.refresh_occupancy_counts, db, cluster=cluster)
+    log.info("occupancy counts: %s row(s) written per cluster", written)
     return hours
 
 

@@ -18,6 +18,9 @@ from sqlalchemy import Connection, Table, text
 from ledger.events import RecordedEvent
 from ledger.types import JSONValue
 
+TERMINAL = ("Succeeded", "Failed")
+"""Pod phases (``status.phase``) in which a pod no longer uses its claims: its consumer rows are not live."""
+
 
 class Projection(Protocol):
     """A read model named for the question it answers; applies events in global position order."""

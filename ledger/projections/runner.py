@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection, Engine, text
 
 from ledger.events import RecordedEvent
+from ledger.projections import counts
 from ledger.projections import whole_history as whole
 from ledger.projections.base import Projection
 from ledger.projections.batch import BATCH_APPLIERS, segments
@@ -25,6 +26,8 @@ from ledger.types import GlobalPosition
 Progress = Callable[[int], None]
 ALLOCATIONS = "device_allocations"
 """The projection whose rows the hourly usage rollups sum."""
+COUNTED = frozenset({"device_inventory", ALLOCATIONS, "claim_consumers", "pod_phases"})
+"""The projections whose intervals the occupancy counts are computed from (``ledger.projections.counts``)."""
 
 
 def _lock_checkpoints(conn: Connection, names: Sequence[str]) -> dict[str, int]:
@@ -61,6 +64,9 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
                 if first is None or event.occurred_at < first:
                     earliest[event.cluster] = event.occurred_at
         forget_rolled_hours(conn, earliest)
+    if COUNTED & positions.keys():
+        # Occupancy counts are a step function of four tables' intervals: forget what this batch may change.
+        counts.forget_for_batch(conn, [e for e in batch if e.global_position > min(positions.values())])
     last = batch[-1].global_position
     now = datetime.now(UTC)
     for projection in projections:
@@ -144,6 +150,8 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
             # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
             # again; until then usage reads the live intervals).
             conn.execute(text("DELETE FROM usage_rollups"))
+        if COUNTED & set(names):
+            counts.forget_all(conn)  # the hourly job (or `dra-ledger rebuild`) computes them again
         for name in names:
             positions[name] = 0
         conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})

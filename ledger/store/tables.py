@@ -161,6 +161,9 @@ claim_consumers = Table(
     Column("uid", Text),
     Column("valid", TSTZRANGE, nullable=False),
     *_interval_indexes("claim_consumers", "cluster", "claim_uid"),
+    # A pod's first recorded phase changes whether its consumer rows were live before it; the occupancy
+    # counts find those rows by pod uid (ledger.projections.counts.forget_for_batch).
+    Index("claim_consumers_consumer_idx", "cluster", "uid"),
 )
 
 claims = Table(
@@ -293,6 +296,28 @@ pending_demand_snapshots = Table(
     Column("free", Integer, nullable=False, comment="devices of the class free and untainted at taken_at"),
     Index("pending_demand_snapshots_taken_idx", "cluster", "taken_at"),
 )
+
+# --- occupancy counts (migration 0004): the step function of occupancy totals (ledger.projections.counts) ---
+
+occupancy_counts = Table(
+    "occupancy_counts", metadata,
+    Column("cluster", Text, nullable=False),
+    Column("at", TS, nullable=False, comment="the totals hold from here until the cluster's next row"),
+    Column("devices", Integer, nullable=False, comment="units present (a device, or the devices of one counter set)"),
+    Column("allocated", Integer, nullable=False, comment="units held by a non-adminAccess allocation"),
+    Column("shared", Integer, nullable=False, comment="units held twice, or by a claim with several live consumers"),
+    PrimaryKeyConstraint("cluster", "at", name="occupancy_counts_pkey"),
+)
+"""Occupancy totals per cluster from ``at`` on; answers instants before the cluster's coverage."""
+
+occupancy_count_coverage = Table(
+    "occupancy_count_coverage", metadata,
+    Column("cluster", Text, nullable=False),
+    Column("valid_before", TS, nullable=False,
+           comment="occupancy_counts answers instants before this (-infinity: none yet, infinity: all)"),
+    PrimaryKeyConstraint("cluster", name="occupancy_count_coverage_pkey"),
+)
+"""How far each cluster's ``occupancy_counts`` rows are exact; lowered by late events, raised by a refresh."""
 
 REPORTS = (usage_rollups, idle_claim_snapshots, quota_usage_snapshots, pending_demand_snapshots)
 """Tables the report jobs write (not read models: a rebuild keeps them; re-running a job replaces rows)."""

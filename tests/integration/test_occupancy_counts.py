@@ -1,0 +1,151 @@
+"""The occupancy counts (``ledger.projections.counts``) equal the totals aggregated from the intervals at
+every instant where they change, on the seed lab and on a simulated fleet; late events and a pod's first
+phase forget what they change; a refresh covers again; the lookup reads one index entry."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import Connection, text
+
+from ledger import services
+from ledger.projections import counts, queries
+from ledger.simulate import write_history
+from ledger.testing.handle import LedgerHandle
+from tests.factories import claim, gpu, history, pod, resource_slice, stamp, uid
+from tests.integration.test_simulate import SMALL
+from tests.paths import HISTORIES
+
+Totals = dict[str, int]
+
+
+def aggregated(conn: Connection, at: datetime, cluster: str | None) -> Totals:
+    """The totals at ``at`` from the intervals (the statement ``queries.occupancy_totals`` falls back to)."""
+    scope = queries.OccupancyScope(cluster=cluster)
+    row = conn.execute(text(queries.occupancy_totals_statement(scope)), {"at": at, **scope.params()}).one()
+    return {"devices": row.devices, "allocated": row.allocated, "shared": row.shared}
+
+
+def steps(conn: Connection, cluster: str) -> list[tuple[datetime, Totals]]:
+    """The stored step function of ``cluster`` (the row at ``-infinity`` left out)."""
+    return [(r.at, {"devices": r.devices, "allocated": r.allocated, "shared": r.shared}) for r in conn.execute(text(
+        "SELECT at, devices, allocated, shared FROM occupancy_counts WHERE cluster = :c AND isfinite(at) "
+        "ORDER BY at"), {"c": cluster})]
+
+
+def probes(rows: list[tuple[datetime, Totals]]) -> list[datetime]:
+    """Each change instant, the microsecond before it, and the middle of each step."""
+    out: list[datetime] = []
+    for i, (at, _) in enumerate(rows):
+        out += [at, at - timedelta(microseconds=1)]
+        if i + 1 < len(rows):
+            out.append(at + (rows[i + 1][0] - at) / 2)
+    return out
+
+
+def assert_counts_equal_the_aggregate(ledger: LedgerHandle, *, minimum_steps: int) -> int:
+    """Refresh, then compare the counts with the aggregate at every probe; returns the probes checked."""
+    services.refresh_occupancy_counts(ledger.db)
+    checked = 0
+    with ledger.engine.connect() as conn:
+        rows = steps(conn, ledger.cluster)
+        assert len(rows) >= minimum_steps
+        for at in probes(rows):
+            want = aggregated(conn, at, ledger.cluster)
+            assert counts.totals_at(conn, at, ledger.cluster) == want, at
+            assert counts.totals_at(conn, at, None) == want, at  # one cluster: the sum over all is the same
+            checked += 1
+    return checked
+
+
+def test_the_counts_equal_the_aggregate_at_every_change_of_the_seed_lab(ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    # The seed lab shares a GPU between claims, has a claim with two consumers and MIG partitions.
+    assert assert_counts_equal_the_aggregate(ledger, minimum_steps=8) > 20
+    with ledger.engine.connect() as conn:
+        kinds = conn.execute(text("SELECT max(devices), max(allocated), max(shared) FROM occupancy_counts")).one()
+    assert all(k > 0 for k in kinds)  # every total moved at least once, so every kind was compared
+
+
+def test_the_counts_equal_the_aggregate_on_a_simulated_fleet(ledger: LedgerHandle, tmp_path: Path) -> None:
+    # MIG counter sets, driver restarts, shared and multi-consumer claims, extended resources, idle claims.
+    write_history(SMALL, tmp_path / "fleet.jsonl")
+    ledger.replay(tmp_path / "fleet.jsonl")
+    assert assert_counts_equal_the_aggregate(ledger, minimum_steps=100) > 300
+
+
+def test_a_late_event_forgets_the_counts_from_its_time_and_a_refresh_covers_again(ledger: LedgerHandle,
+                                                                                  tmp_path: Path) -> None:
+    seed = HISTORIES / "seed-lab.jsonl"
+    ledger.replay(seed)
+    services.refresh_occupancy_counts(ledger.db)
+    # pick-seven holds its GPU from 09:05 on; a DELETED of it recorded late, observed at 10:15.
+    late = json.loads(seed.read_text().splitlines()[11])
+    late.update(type="DELETED", observedAt="2026-11-02T10:15:00Z")
+    (tmp_path / "late.jsonl").write_text(json.dumps(late) + "\n")
+    ledger.replay(tmp_path / "late.jsonl")
+    released = datetime.fromisoformat("2026-11-02T10:15:00+00:00")
+    with ledger.engine.connect() as conn:
+        valid_before = conn.execute(text("SELECT valid_before FROM occupancy_count_coverage WHERE cluster = :c"),
+                                    {"c": ledger.cluster}).scalar_one()
+        assert valid_before == released
+        assert conn.execute(text("SELECT count(*) FROM occupancy_counts WHERE at >= :t"), {"t": released}).scalar() == 0
+        before, after = released - timedelta(minutes=5), released + timedelta(minutes=5)
+        assert counts.totals_at(conn, before, ledger.cluster) == aggregated(conn, before, ledger.cluster)
+        assert counts.totals_at(conn, after, ledger.cluster) is None  # not covered: the aggregate answers
+        held_after = aggregated(conn, after, ledger.cluster)
+        assert held_after["allocated"] == aggregated(conn, before, ledger.cluster)["allocated"] - 1
+    assert services.refresh_occupancy_counts(ledger.db)[ledger.cluster] > 0
+    with ledger.engine.connect() as conn:
+        assert counts.totals_at(conn, after, ledger.cluster) == held_after
+    assert_counts_equal_the_aggregate(ledger, minimum_steps=8)
+
+
+def test_a_pods_first_phase_recorded_late_forgets_its_consumers_whole_reservation(ledger: LedgerHandle,
+                                                                                  tmp_path: Path) -> None:
+    # One GPU held by a claim reserved for two pods from minute 10. Neither pod is known at first, so both
+    # consumers are live and the GPU is shared. At minute 40 the first pod's phase arrives (created at
+    # minute 30): a pod known to the ledger is live only in a recorded phase, so before minute 30 it was
+    # not, and the GPU was not shared from minute 10 on: earlier than the pod event itself.
+    claim_uid, first, second = uid("claim"), uid("pod"), uid("pod")
+    held = claim(name="pair", claim_uid=claim_uid, results=["gpu-0"])
+    reserved = claim(name="pair", claim_uid=claim_uid, results=["gpu-0"], reserved=[("a", first), ("b", second)])
+    ledger.replay(history(tmp_path / "first.jsonl", [
+        ("ADDED", resource_slice(name="s", devices=[gpu("gpu-0")]), 0), ("ADDED", held, 5),
+        ("MODIFIED", reserved, 10)]))
+    services.refresh_occupancy_counts(ledger.db)
+    at = datetime.fromisoformat(stamp(20).replace("Z", "+00:00"))
+    with ledger.engine.connect() as conn:
+        assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 1}
+    late_pod = pod(name="a", pod_uid=first, claim_name="pair")
+    late_pod["metadata"]["creationTimestamp"] = stamp(30)  # type: ignore[index]
+    ledger.replay(history(tmp_path / "pod.jsonl", [("ADDED", late_pod, 40)]))
+    with ledger.engine.connect() as conn:
+        assert aggregated(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0}
+        assert counts.totals_at(conn, at, ledger.cluster) is None  # forgotten from minute 10, not 30
+    services.refresh_occupancy_counts(ledger.db)
+    with ledger.engine.connect() as conn:
+        assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0}
+
+
+def test_a_rebuild_forgets_the_counts_and_computes_them_again(ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    services.refresh_occupancy_counts(ledger.db)
+    with ledger.engine.connect() as conn:
+        before = steps(conn, ledger.cluster)
+    services.rebuild(ledger.db)
+    with ledger.engine.connect() as conn:
+        assert steps(conn, ledger.cluster) == before
+        assert conn.execute(text("SELECT valid_before = 'infinity' FROM occupancy_count_coverage")).scalar_one()
+
+
+def test_totals_at_any_instant_read_one_entry_of_the_counts_index(ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    services.refresh_occupancy_counts(ledger.db)
+    with ledger.engine.begin() as conn:
+        conn.execute(text("SET LOCAL enable_seqscan = off"))  # a tiny table: make the plan show the index
+        plan = "\n".join(str(r[0]) for r in conn.execute(text("EXPLAIN " + counts.TOTALS_AT_SQL),
+                                                          {"at": datetime.now(UTC), "cluster": ledger.cluster}))
+    assert "Index Scan Backward using occupancy_counts_pkey" in plan, plan
