@@ -14,7 +14,7 @@ from ledger import services
 from ledger.projections import counts, queries
 from ledger.simulate import write_history
 from ledger.testing.handle import LedgerHandle
-from tests.factories import claim, gpu, history, pod, resource_slice, stamp, uid
+from tests.factories import claim, dig, gpu, history, pod, resource_slice, stamp, uid
 from tests.integration.test_simulate import SMALL
 from tests.paths import HISTORIES
 
@@ -120,7 +120,7 @@ def test_a_pods_first_phase_recorded_late_forgets_its_consumers_whole_reservatio
     with ledger.engine.connect() as conn:
         assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 1}
     late_pod = pod(name="a", pod_uid=first, claim_name="pair")
-    late_pod["metadata"]["creationTimestamp"] = stamp(30)  # type: ignore[index]
+    dig(late_pod, "metadata")["creationTimestamp"] = stamp(30)
     ledger.replay(history(tmp_path / "pod.jsonl", [("ADDED", late_pod, 40)]))
     with ledger.engine.connect() as conn:
         assert aggregated(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0}
