@@ -9,12 +9,12 @@ Times in results are RFC 3339 strings in UTC; device-hours are floats (hours).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from typing import Literal
+from typing import Literal, TypeVar
 
 from sqlalchemy import Connection, text
 
@@ -28,6 +28,8 @@ GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
 GROUP_BY: Mapping[str, str] = {"team": "team", "namespace": "namespace", "deviceClass": "device_class",
                                "model": "model", "node": "node"}
 IDLE_CATEGORIES = ("unreserved", "inactive-consumers", "unreferenced")
+G = TypeVar("G", bound=Hashable)
+"""A group the equal split bills device-seconds to (a usage row's key)."""
 
 
 def rfc3339(value: datetime) -> str:
@@ -564,7 +566,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         seconds: dict[tuple[str, str, str, str], float] = defaultdict(float)
         for intervals in per_device.values():
             clipped = [(max(s, lo), min(e, hi), g) for s, e, g in intervals if s < hi and e > lo]
-            _split_equally(clipped, seconds)
+            split_equally(clipped, seconds)
         merged: dict[tuple[str, str, str], tuple[float, float | None]] = {}
         for (grp, cls, drv, model), secs in seconds.items():
             if (grp, cls, drv, model) == hidden:
@@ -586,9 +588,15 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             "step": step.total_seconds() if step is not None else None, "rows": out}
 
 
-def _split_equally(intervals: Sequence[tuple[datetime, datetime, tuple[str, str, str, str]]],
-                   seconds: dict[tuple[str, str, str, str], float]) -> None:
-    """Sweep one device's intervals; each elementary span is divided among the intervals covering it."""
+def split_equally(intervals: Sequence[tuple[datetime, datetime, G]], seconds: dict[G, float]) -> None:
+    """Sweep one device's intervals; each elementary span is divided among the intervals covering it.
+
+    Args:
+        intervals: ``(start, end, group)`` of one device, ``start < end``, in any order; touching
+            intervals (one ends where the next starts) do not share a second.
+        seconds: device-seconds added per group (float seconds, so each share of a span is exact up to
+            float rounding).
+    """
     cuts = sorted({t for s, e, _ in intervals for t in (s, e)})
     for lo, hi in pairwise(cuts):
         covering = [g for s, e, g in intervals if s <= lo and e >= hi]

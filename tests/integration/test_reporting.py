@@ -25,7 +25,7 @@ from ledger import services
 from ledger.projections.rollups import floor_hour
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
-from tests.factories import history
+from tests.factories import at, claim, gpu, history, namespace, resource_slice, uid
 from tests.integration.test_quotas import SEED_CONFIG
 from tests.integration.test_shared import early_namespace, real, share_of
 from tests.paths import HISTORIES
@@ -59,18 +59,18 @@ def panel_queries() -> list[tuple[str, str]]:
 def reported(ledger: LedgerHandle, tmp_path: Path) -> LedgerHandle:
     """Seed lab + two shares of the DeviceNetwork NIC, rolled up and snapshotted as the jobs do."""
     ledger.replay(HISTORIES / "seed-lab.jsonl")
-    claim = real("devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml")
-    second = share_of(claim, name="demo-macvlan-2", ns="netops", share_id="0b6a5c1e-2f5d-4d0e-9a43-5d1e1f5f0001",
+    macvlan = real("devicenetwork_resourceclaim_macvlan-shareid-consumedcapacity-networkdata_v1.yaml")
+    second = share_of(macvlan, name="demo-macvlan-2", ns="netops", share_id="0b6a5c1e-2f5d-4d0e-9a43-5d1e1f5f0001",
                       consumed={"devicenetwork.io/maxVirtualInterfaces": "1"})
     path = history(tmp_path / "devicenetwork.jsonl", [
         ("ADDED", early_namespace("default", None), 0), ("ADDED", early_namespace("netops", "net"), 0),
         ("ADDED", real("devicenetwork_resourceslice_worker-slice1-sharedcounters-only_v1.yaml"), 1),
         ("ADDED", real("devicenetwork_resourceslice_worker-slice0-consumescounters-multialloc_v1.yaml"), 1),
-        ("ADDED", claim, 2), ("ADDED", second, 3)])
+        ("ADDED", macvlan, 2), ("ADDED", second, 3)])
     assert not ledger.replay(path).rejected
     assert services.rollup_usage(ledger.db, start=FROM, end=TO) == 3
-    for at in SNAPSHOTS:
-        services.take_report_snapshots(ledger.db, at=at, config=SEED_CONFIG)
+    for taken in SNAPSHOTS:
+        services.take_report_snapshots(ledger.db, at=taken, config=SEED_CONFIG)
     return ledger
 
 
@@ -189,6 +189,74 @@ def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, gr
     later = (parse_time("2026-11-02T11:30:00Z"), parse_time("2026-11-02T14:15:00Z"))
     assert services.usage_from_rollups(reported.db, start=later[0], end=later[1], group_by=group_by) == \
         reported.usage(*later, group_by=group_by)
+
+
+def by_group(body: Any, group_by: str = "team") -> dict[tuple[str, str], float]:
+    """(group value, deviceClass) -> device-hours of a usage body."""
+    return {(r[group_by], r["deviceClass"]): r["deviceHours"] for r in body["rows"]}
+
+
+@pytest.mark.parametrize(("window", "expected"), [
+    # [09:30, 11:30): a rolled hour between two partial ones. ml-train (team vision) holds gpu-0 until
+    # 10:00:01 (train-0 released) and gpu-2, gpu-3 and gpu-7 throughout; ml-serve (nlp) holds gpu-1 and
+    # gpu-4. The NIC's two shares (allocated 2026-08-26, still held) overlap: each second is split, 1 h each.
+    (("2026-11-02T09:30:00Z", "2026-11-02T11:30:00Z"),
+     {("vision", "gpu.example.com"): round(0.5 + 1 / 3600 + 3 * 2, 6), ("nlp", "gpu.example.com"): 2 * 2.0,
+      ("default", "devicenetwork"): 1.0, ("net", "devicenetwork"): 1.0}),
+    # [11:15, 11:45): inside one hour, all live: 3 and 2 GPUs for half an hour, the NIC split in two.
+    (("2026-11-02T11:15:00Z", "2026-11-02T11:45:00Z"),
+     {("vision", "gpu.example.com"): 1.5, ("nlp", "gpu.example.com"): 1.0,
+      ("default", "devicenetwork"): 0.25, ("net", "devicenetwork"): 0.25}),
+])
+def test_edge_hours_bill_lone_holders_whole_and_split_a_shared_device(reported: LedgerHandle,
+                                                                       window: tuple[str, str],
+                                                                       expected: dict[tuple[str, str], float]) -> None:
+    start, end = parse_time(window[0]), parse_time(window[1])
+    assert by_group(services.usage(reported.db, start=start, end=end, group_by="team")) == expected
+    assert by_group(reported.usage(start, end, group_by="team")) == expected
+
+
+@pytest.fixture()
+def two_nodes(ledger: LedgerHandle, tmp_path: Path) -> LedgerHandle:
+    """One GPU per node; gpu-0 (node-a) is held alone, then by two allocations at once. Rolled 09:00-12:00.
+
+    Minutes after 09:00: claim a (team alpha) holds gpu-0 over [35, 45); b (beta) [50, 100) and c (gamma)
+    [55, 70) hold it together (a double booking: both are billed, each second split between them);
+    d (alpha) holds gpu-1 on node-b over [20, 140). Every claim is deleted, so nothing runs until now().
+    """
+    ids = {name: uid("claim") for name in "abcd"}
+
+    def held(name: str, ns: str, device: str, node: str, start: float, end: float) -> list[tuple[str, Any, float]]:
+        obj = claim(name=name, namespace=ns, claim_uid=ids[name], results=[device], allocated_at=start, pool=node)
+        return [("ADDED", obj, start), ("DELETED", obj, end)]
+
+    lines = [("ADDED", namespace(ns, team), 0.0) for ns, team in (("ns-a", "alpha"), ("ns-b", "beta"),
+                                                                  ("ns-c", "gamma"))]
+    lines += [("ADDED", resource_slice(name=f"{node}-gpus", pool=node, node=node, devices=[gpu(device)]), 0.0)
+              for node, device in (("node-a", "gpu-0"), ("node-b", "gpu-1"))]
+    events = [*held("a", "ns-a", "gpu-0", "node-a", 35, 45), *held("b", "ns-b", "gpu-0", "node-a", 50, 100),
+              *held("c", "ns-c", "gpu-0", "node-a", 55, 70), *held("d", "ns-a", "gpu-1", "node-b", 20, 140)]
+    lines += sorted(events, key=lambda line: line[2])
+    assert not ledger.replay(history(tmp_path / "two-nodes.jsonl", lines)).rejected
+    assert services.rollup_usage(ledger.db, start=at(0), end=at(180)) == 3
+    return ledger
+
+
+# [09:30, 11:30) by hand, in minutes. Start edge [09:30, 10:00): a 10 alone; b 5 alone, then b and c
+# share 5 (2.5 each); d 30. Rolled hour 10:00: b and c share 10 (5 each), b 30 alone; d 60. End edge
+# [11:00, 11:30): d 20.
+TWO_NODES_WINDOW = (at(30), at(150))
+TWO_NODES_BY_TEAM = {("alpha", "gpu.example.com"): round((10 + 30 + 60 + 20) / 60, 6),
+                     ("beta", "gpu.example.com"): round((5 + 2.5 + 5 + 30) / 60, 6),
+                     ("gamma", "gpu.example.com"): round((2.5 + 5) / 60, 6)}
+TWO_NODES_BY_NODE = {("node-a", "gpu.example.com"): 1.0, ("node-b", "gpu.example.com"): round(110 / 60, 6)}
+
+
+def test_one_device_with_lone_and_overlapping_allocations_in_the_edge_hours(two_nodes: LedgerHandle) -> None:
+    for group_by, expected in (("team", TWO_NODES_BY_TEAM), ("node", TWO_NODES_BY_NODE)):
+        assert by_group(services.usage(two_nodes.db, start=TWO_NODES_WINDOW[0], end=TWO_NODES_WINDOW[1],
+                                       group_by=group_by), group_by) == expected
+        assert by_group(two_nodes.usage(*TWO_NODES_WINDOW, group_by=group_by), group_by) == expected
 
 
 def test_rolling_up_again_replaces_the_hours(reported: LedgerHandle) -> None:
