@@ -481,8 +481,9 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
     """Device-hours over ``[start, end)``; see :func:`ledger.projections.queries.usage`.
 
     ``config.prices`` (when given and not empty) adds a ``cost`` to priced rows. Without prices, ``teams``
-    or ``step`` the whole hours come from ``usage_rollups`` (:func:`usage_from_rollups`); rolled hours that
-    a late event may have changed are forgotten by the projection runner, so both paths agree.
+    or ``step`` the whole hours come from the hourly rollups (:func:`usage_from_rollups`: table
+    ``usage_rollups_by_team``, or ``usage_rollups`` for ``group_by="node"``); rolled hours that a late
+    event may have changed are forgotten by the projection runner, so both paths agree.
 
     Raises:
         Invalid: unknown ``group_by``, an empty window, or a bad ``step``.
@@ -857,7 +858,7 @@ def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = 
         cluster: only this cluster.
 
     Returns:
-        How many hours were recomputed (table ``usage_rollups``; idempotent).
+        How many hours were recomputed (tables ``usage_rollups`` and ``usage_rollups_by_team``; idempotent).
     """
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:

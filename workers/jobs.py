@@ -4,9 +4,10 @@ Two jobs, each ``max_instances=1`` (a slow run is never overlapped by the next) 
 (runs missed while the process was busy or down collapse into one):
 
 - ``usage-rollups``, every hour at minute ``rollup_minute``: :func:`ledger.services.rollup_usage`
-  recomputes the last rolled hour and every whole hour after it (table ``usage_rollups``, view
-  ``reporting.team_usage_hourly``), then :func:`ledger.services.refresh_occupancy_counts` computes the
-  occupancy totals from where events last changed them (table ``occupancy_counts``);
+  recomputes the last rolled hour and every whole hour after it (tables ``usage_rollups``, view
+  ``reporting.team_usage_hourly``, and ``usage_rollups_by_team``, which ``GET /v1/usage`` reads), then
+  :func:`ledger.services.refresh_occupancy_counts` computes the occupancy totals from where events last
+  changed them (table ``occupancy_counts``);
 - ``report-snapshots``, every ``snapshot_interval_s``: :func:`ledger.services.take_report_snapshots`
   stores the idle-claim report, quota usage and pending demand (views ``reporting.idle_claims``,
   ``reporting.quota_usage``, ``reporting.pending_demand``).

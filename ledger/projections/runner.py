@@ -19,7 +19,7 @@ from ledger.projections import whole_history as whole
 from ledger.projections.base import Projection
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
-from ledger.projections.rollups import forget_rolled_hours
+from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
 from ledger.store.postgres import read_all
 from ledger.types import GlobalPosition
 
@@ -149,7 +149,7 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         if ALLOCATIONS in names:
             # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
             # again; until then usage reads the live intervals).
-            conn.execute(text("DELETE FROM usage_rollups"))
+            forget_all_rolled_hours(conn)
         if COUNTED & set(names):
             counts.forget_all(conn)  # the hourly job (or `dra-ledger rebuild`) computes them again
         for name in names:

@@ -235,26 +235,40 @@ READ_MODELS = (device_inventory, device_allocations, claim_consumers, claims, cl
 """Tables derived from ``events``; ``rebuild`` empties and refills them."""
 
 
-# --- reports (migration 0003): written by the jobs in workers/jobs.py through ledger.services ------
+# --- reports (migrations 0003, 0005): written by the jobs in workers/jobs.py through ledger.services ------
 
-usage_rollups = Table(
-    "usage_rollups", metadata,
-    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
-    Column("cluster", Text, nullable=False),
-    Column("hour", TS, nullable=False, comment="start of the hour [hour, hour + 1h)"),
-    Column("team", Text, nullable=False),
-    Column("namespace", Text, nullable=False),
-    Column("device_class", Text),
-    Column("model", Text),
-    Column("node", Text),
-    Column("driver", Text, nullable=False),
-    Column("device_seconds", Float, nullable=False,
-           comment="allocated device-seconds in the hour, split equally among concurrent allocations"),
-    Column("computed_at", TS, nullable=False),
-    Index("usage_rollups_hour_idx", "cluster", "hour"),
-)
+def _hourly_usage(name: str, *, node: bool, seconds_comment: str) -> Table:
+    """An hourly device-seconds table keyed by (cluster, hour, team, namespace, DeviceClass, model, [node,]
+    driver); the two rollups differ only in the node."""
+    return Table(
+        name, metadata,
+        Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+        Column("cluster", Text, nullable=False),
+        Column("hour", TS, nullable=False, comment="start of the hour [hour, hour + 1h)"),
+        Column("team", Text, nullable=False),
+        Column("namespace", Text, nullable=False),
+        Column("device_class", Text),
+        Column("model", Text),
+        *([Column("node", Text)] if node else []),
+        Column("driver", Text, nullable=False),
+        Column("device_seconds", Float, nullable=False, comment=seconds_comment),
+        Column("computed_at", TS, nullable=False),
+        Index(f"{name}_hour_idx", "cluster", "hour"),
+    )
+
+
+usage_rollups = _hourly_usage(
+    "usage_rollups", node=True,
+    seconds_comment="allocated device-seconds in the hour, split equally among concurrent allocations")
 """Device-seconds per hour per (team, namespace, DeviceClass, model, node, driver); an hour is
 recomputed whole (delete + insert) so a re-run replaces it."""
+
+usage_rollups_by_team = _hourly_usage(
+    "usage_rollups_by_team", node=False,
+    seconds_comment="sum of usage_rollups.device_seconds over the nodes of the hour")
+"""``usage_rollups`` summed over nodes: device-seconds per hour per (team, namespace, DeviceClass, model,
+driver). Written and forgotten with ``usage_rollups`` in the same transaction, so both hold the same hours;
+it answers every usage grouping but ``node`` without reading a row per node (migration 0005)."""
 
 idle_claim_snapshots = Table(
     "idle_claim_snapshots", metadata,
@@ -319,5 +333,6 @@ occupancy_count_coverage = Table(
 )
 """How far each cluster's ``occupancy_counts`` rows are exact; lowered by late events, raised by a refresh."""
 
-REPORTS = (usage_rollups, idle_claim_snapshots, quota_usage_snapshots, pending_demand_snapshots)
+REPORTS = (usage_rollups, usage_rollups_by_team, idle_claim_snapshots, quota_usage_snapshots,
+           pending_demand_snapshots)
 """Tables the report jobs write (not read models: a rebuild keeps them; re-running a job replaces rows)."""

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from ledger import services
+from ledger.projections import rollups
 from ledger.projections.rollups import floor_hour
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
@@ -191,6 +192,13 @@ def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, gr
         reported.usage(*later, group_by=group_by)
 
 
+def rolled_hours(ledger: LedgerHandle) -> dict[str, list[datetime]]:
+    """The distinct hours held by each rollup table, in order."""
+    with ledger.engine.connect() as conn:
+        return {table: list(conn.execute(text(f"SELECT DISTINCT hour FROM {table} ORDER BY hour")).scalars())
+                for table in rollups.ROLLUP_TABLES}
+
+
 def by_group(body: Any, group_by: str = "team") -> dict[tuple[str, str], float]:
     """(group value, deviceClass) -> device-hours of a usage body."""
     return {(r[group_by], r["deviceClass"]): r["deviceHours"] for r in body["rows"]}
@@ -259,6 +267,46 @@ def test_one_device_with_lone_and_overlapping_allocations_in_the_edge_hours(two_
         assert by_group(two_nodes.usage(*TWO_NODES_WINDOW, group_by=group_by), group_by) == expected
 
 
+def test_the_rollup_by_team_is_the_rollup_by_node_summed_over_nodes(two_nodes: LedgerHandle) -> None:
+    with two_nodes.engine.connect() as conn:
+        fine = {(r.team, r.node): r.device_seconds for r in conn.execute(text(
+            "SELECT team, node, device_seconds FROM usage_rollups WHERE hour = :h"), {"h": at(0)})}
+        coarse = {r.team: r.device_seconds for r in conn.execute(text(
+            "SELECT team, device_seconds FROM usage_rollups_by_team WHERE hour = :h"), {"h": at(0)})}
+    # 09:00-10:00 by hand, in seconds: a 10 min and d 40 min (alpha, two nodes); b 5 + 2.5 min; c 2.5 min.
+    assert fine == {("alpha", "node-a"): 600, ("alpha", "node-b"): 2400, ("beta", "node-a"): 450,
+                    ("gamma", "node-a"): 150}
+    assert coarse == {"alpha": 3000, "beta": 450, "gamma": 150}
+
+
+@pytest.mark.parametrize(("table", "changed"), [("usage_rollups_by_team", "team"), ("usage_rollups", "node")])
+def test_usage_by_node_reads_the_rollup_with_nodes_and_other_groupings_the_one_without(
+        two_nodes: LedgerHandle, table: str, changed: str) -> None:
+    with two_nodes.engine.connect() as conn:
+        # One more device-hour in the rolled hour 10:00 of one table only (rolled back below): only the
+        # groupings that read that table see it.
+        assert conn.execute(text(f"UPDATE {table} SET device_seconds = device_seconds + 3600 "
+                                 "WHERE hour = :h AND team = 'beta'"), {"h": at(60)}).rowcount == 1
+        try:
+            for group_by, expected in (("team", TWO_NODES_BY_TEAM), ("node", TWO_NODES_BY_NODE)):
+                body = rollups.usage_from_rollups(conn, start=TWO_NODES_WINDOW[0], end=TWO_NODES_WINDOW[1],
+                                                  group_by=group_by, cluster=two_nodes.cluster)
+                if group_by == changed:
+                    key = ("beta" if group_by == "team" else "node-a", "gpu.example.com")
+                    expected = {**expected, key: round(expected[key] + 1, 6)}
+                assert by_group(body, group_by) == expected
+        finally:
+            conn.rollback()
+
+
+def test_a_rebuild_forgets_every_rolled_hour_of_both_rollups(two_nodes: LedgerHandle) -> None:
+    assert rolled_hours(two_nodes) == {table: [at(0), at(60), at(120)] for table in rollups.ROLLUP_TABLES}
+    assert services.rebuild(two_nodes.db) > 0
+    assert rolled_hours(two_nodes) == {table: [] for table in rollups.ROLLUP_TABLES}
+    assert by_group(services.usage(two_nodes.db, start=TWO_NODES_WINDOW[0], end=TWO_NODES_WINDOW[1],
+                                   group_by="team")) == TWO_NODES_BY_TEAM
+
+
 def test_rolling_up_again_replaces_the_hours(reported: LedgerHandle) -> None:
     with reported.engine.connect() as conn:
         before = conn.execute(text("SELECT count(*), sum(device_seconds) FROM usage_rollups")).one()
@@ -323,13 +371,12 @@ def test_a_late_event_in_rolled_hours_forgets_them_and_usage_stays_the_live_answ
     before: Any = services.usage(reported.db, start=FROM, end=TO, group_by="team")
 
     assert reported.replay(path).events > 0
-    with reported.engine.connect() as conn:
-        hours = [r[0] for r in conn.execute(text("SELECT DISTINCT hour FROM usage_rollups WHERE cluster = 'default' "
-                                                 "ORDER BY hour")).all()]
+    hours = rolled_hours(reported)
     after: Any = services.usage(reported.db, start=FROM, end=TO, group_by="team")
     live = reported.usage(FROM, TO, group_by="team")
 
-    assert hours == [FROM]  # 10:00 and 11:00 were forgotten, 09:00 is untouched
+    # 10:00 and 11:00 were forgotten from both rollups, 09:00 is untouched in both
+    assert hours == {"usage_rollups": [FROM], "usage_rollups_by_team": [FROM]}
     assert after == live
     ml_train = {r["team"]: r["deviceHours"] for r in before["rows"] if r["driver"] == "gpu.example.com"}
     ml_after = {r["team"]: r["deviceHours"] for r in after["rows"] if r["driver"] == "gpu.example.com"}
