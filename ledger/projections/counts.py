@@ -100,29 +100,36 @@ unit_pieces AS (
         ON i.driver = k.driver AND i.pool = k.pool AND i.device = k.device AND i.r && k.r WHERE k.kind <> 'p'
     UNION ALL SELECT k.kind, k.driver, k.pool, 'device:' || k.device,
         unnest(multirange(k.r) - coalesce(c.m, '{{}}'::tstzmultirange)) FROM pieces k
-        LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device),
+        LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device
+    -- Off-slice devices (held, no inventory row): counted apart, so a page can skip looking for them.
+    UNION ALL SELECT 'o', k.driver, k.pool, k.device,
+        unnest(multirange(k.r) - coalesce(c.m, '{{}}'::tstzmultirange)) FROM pieces k
+        LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device WHERE k.kind = 'p'),
 unit_ranges AS (
     SELECT kind, unnest(range_agg(r)) AS r FROM unit_pieces WHERE NOT isempty(r) GROUP BY kind, driver, pool, unit),
 steps AS (
-    SELECT t, sum(dp) AS dp, sum(da) AS da, sum(ds) AS ds FROM (
-        SELECT lower(r) AS t, (kind = 'p')::int AS dp, (kind = 'a')::int AS da, (kind = 's')::int AS ds
+    SELECT t, sum(dp) AS dp, sum(da) AS da, sum(ds) AS ds, sum(dov) AS dov FROM (
+        SELECT lower(r) AS t, (kind = 'p')::int AS dp, (kind = 'a')::int AS da, (kind = 's')::int AS ds,
+               (kind = 'o')::int AS dov
         FROM unit_ranges
-        UNION ALL SELECT upper(r), -(kind = 'p')::int, -(kind = 'a')::int, -(kind = 's')::int
+        UNION ALL SELECT upper(r), -(kind = 'p')::int, -(kind = 'a')::int, -(kind = 's')::int, -(kind = 'o')::int
         FROM unit_ranges WHERE NOT upper_inf(r)
-        UNION ALL SELECT CAST(:t0 AS timestamptz), 0, 0, 0) e
+        UNION ALL SELECT CAST(:t0 AS timestamptz), 0, 0, 0, 0) e
     GROUP BY t),
 totals AS (
-    SELECT t, sum(dp) OVER o AS devices, sum(da) OVER o AS allocated, sum(ds) OVER o AS shared
+    SELECT t, sum(dp) OVER o AS devices, sum(da) OVER o AS allocated, sum(ds) OVER o AS shared,
+           sum(dov) OVER o AS off_slice
     FROM steps WINDOW o AS (ORDER BY t)),
 changes AS (
-    SELECT t, devices, allocated, shared,
-           lag(devices) OVER o AS p_devices, lag(allocated) OVER o AS p_allocated, lag(shared) OVER o AS p_shared
+    SELECT t, devices, allocated, shared, off_slice,
+           lag(ROW(devices, allocated, shared, off_slice)) OVER o AS before
     FROM totals WINDOW o AS (ORDER BY t))
-SELECT t AS at, devices, allocated, shared FROM changes
-WHERE p_devices IS NULL OR (devices, allocated, shared) IS DISTINCT FROM (p_devices, p_allocated, p_shared)
+SELECT t AS at, devices, allocated, shared, off_slice FROM changes
+WHERE before IS NULL OR ROW(devices, allocated, shared, off_slice) IS DISTINCT FROM before
 """
 """The step function of one cluster's totals from ``:t0`` on (``-infinity`` for all of history): rows
-``(t, devices, allocated, shared)``, the first at ``:t0``, one more per instant where a total changes."""
+``(at, devices, allocated, shared, off_slice)``, the first at ``:t0``, one more per instant where a
+total changes."""
 
 
 REFRESH_WORK_MEM = "256MB"
@@ -202,8 +209,8 @@ def refresh(conn: Connection, cluster: str) -> int:
     t0 = "SELECT valid_before FROM occupancy_count_coverage WHERE cluster = :cluster"
     conn.execute(text(f"DELETE FROM occupancy_counts WHERE cluster = :cluster AND at >= ({t0})"), {"cluster": cluster})
     written = conn.execute(text(
-        "INSERT INTO occupancy_counts (cluster, at, devices, allocated, shared) "
-        f"SELECT :cluster, at, devices, allocated, shared FROM ({STEPS_SQL}) AS steps"),
+        "INSERT INTO occupancy_counts (cluster, at, devices, allocated, shared, off_slice) "
+        f"SELECT :cluster, at, devices, allocated, shared, off_slice FROM ({STEPS_SQL}) AS steps"),
         {"cluster": cluster, "t0": conn.execute(text(f"SELECT CAST(({t0}) AS text)"), {"cluster": cluster})
          .scalar_one()}).rowcount
     conn.execute(text("UPDATE occupancy_count_coverage SET valid_before = 'infinity' WHERE cluster = :c"),
@@ -214,8 +221,8 @@ def refresh(conn: Connection, cluster: str) -> int:
 TOTALS_AT_SQL = (
     "SELECT count(*) AS clusters, count(*) FILTER (WHERE :at < v.valid_before) AS covered, "
     " coalesce(sum(c.devices), 0) AS devices, coalesce(sum(c.allocated), 0) AS allocated, "
-    " coalesce(sum(c.shared), 0) AS shared "
-    "FROM occupancy_count_coverage v LEFT JOIN LATERAL (SELECT o.devices, o.allocated, o.shared "
+    " coalesce(sum(c.shared), 0) AS shared, coalesce(sum(c.off_slice), 0) AS off_slice "
+    "FROM occupancy_count_coverage v LEFT JOIN LATERAL (SELECT o.devices, o.allocated, o.shared, o.off_slice "
     " FROM occupancy_counts o WHERE o.cluster = v.cluster AND o.at <= :at ORDER BY o.at DESC LIMIT 1) c ON true "
     "WHERE CAST(:cluster AS text) IS NULL OR v.cluster = :cluster")
 """What :func:`totals_at` runs (``:at``, ``:cluster``): per covered cluster the last row at or before ``:at``
@@ -228,9 +235,11 @@ def totals_at(conn: Connection, at: datetime, cluster: str | None) -> dict[str, 
     ``cluster=None`` sums every cluster, and needs every coverage row to cover ``at``.
 
     Returns:
-        ``{"devices", "allocated", "shared"}`` (counts of units, see the module docstring).
+        ``{"devices", "allocated", "shared", "off_slice"}``: counts of units (see the module docstring),
+        and of devices held while no inventory row covers them.
     """
     row = conn.execute(text(TOTALS_AT_SQL), {"at": at, "cluster": cluster}).one()
     if row.clusters == 0 or row.covered < row.clusters:
         return None
-    return {"devices": int(row.devices), "allocated": int(row.allocated), "shared": int(row.shared)}
+    return {"devices": int(row.devices), "allocated": int(row.allocated), "shared": int(row.shared),
+            "off_slice": int(row.off_slice)}

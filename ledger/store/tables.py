@@ -320,6 +320,7 @@ occupancy_counts = Table(
     Column("devices", Integer, nullable=False, comment="units present (a device, or the devices of one counter set)"),
     Column("allocated", Integer, nullable=False, comment="units held by a non-adminAccess allocation"),
     Column("shared", Integer, nullable=False, comment="units held twice, or by a claim with several live consumers"),
+    Column("off_slice", Integer, nullable=False, comment="devices held while no inventory row covers them"),
     PrimaryKeyConstraint("cluster", "at", name="occupancy_counts_pkey"),
 )
 """Occupancy totals per cluster from ``at`` on; answers instants before the cluster's coverage."""

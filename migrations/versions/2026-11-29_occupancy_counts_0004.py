@@ -32,6 +32,8 @@ def upgrade() -> None:
         sa.Column("allocated", sa.Integer(), nullable=False, comment="units held by a non-adminAccess allocation"),
         sa.Column("shared", sa.Integer(), nullable=False,
                   comment="units held twice, or by a claim with several live consumers"),
+        sa.Column("off_slice", sa.Integer(), nullable=False,
+                  comment="devices held while no inventory row covers them"),
         sa.PrimaryKeyConstraint("cluster", "at", name="occupancy_counts_pkey"),
     )
     op.create_table(

@@ -14,6 +14,7 @@ from ledger import services
 from ledger.projections import counts, queries
 from ledger.simulate import write_history
 from ledger.testing.handle import LedgerHandle
+from ledger.types import JSONObject
 from tests.factories import claim, dig, gpu, history, pod, resource_slice, stamp, uid
 from tests.integration.test_simulate import SMALL
 from tests.paths import HISTORIES
@@ -22,16 +23,23 @@ Totals = dict[str, int]
 
 
 def aggregated(conn: Connection, at: datetime, cluster: str | None) -> Totals:
-    """The totals at ``at`` from the intervals (the statement ``queries.occupancy_totals`` falls back to)."""
+    """The totals at ``at`` from the intervals (the statement ``queries.occupancy_totals`` falls back to),
+    and the devices held at ``at`` that no inventory row covers then."""
     scope = queries.OccupancyScope(cluster=cluster)
     row = conn.execute(text(queries.occupancy_totals_statement(scope)), {"at": at, **scope.params()}).one()
-    return {"devices": row.devices, "allocated": row.allocated, "shared": row.shared}
+    off_slice = conn.execute(text(
+        "SELECT count(DISTINCT (a.cluster, a.driver, a.pool, a.device)) FROM device_allocations a "
+        "WHERE a.valid @> :at AND (CAST(:c AS text) IS NULL OR a.cluster = :c) AND NOT EXISTS (SELECT 1 "
+        " FROM device_inventory i WHERE i.cluster = a.cluster AND i.driver = a.driver AND i.pool = a.pool "
+        " AND i.device = a.device AND i.valid @> :at)"), {"at": at, "c": cluster}).scalar_one()
+    return {"devices": row.devices, "allocated": row.allocated, "shared": row.shared, "off_slice": off_slice}
 
 
 def steps(conn: Connection, cluster: str) -> list[tuple[datetime, Totals]]:
     """The stored step function of ``cluster`` (the row at ``-infinity`` left out)."""
-    return [(r.at, {"devices": r.devices, "allocated": r.allocated, "shared": r.shared}) for r in conn.execute(text(
-        "SELECT at, devices, allocated, shared FROM occupancy_counts WHERE cluster = :c AND isfinite(at) "
+    return [(r.at, {"devices": r.devices, "allocated": r.allocated, "shared": r.shared, "off_slice": r.off_slice})
+            for r in conn.execute(text(
+        "SELECT at, devices, allocated, shared, off_slice FROM occupancy_counts WHERE cluster = :c AND isfinite(at) "
         "ORDER BY at"), {"c": cluster})]
 
 
@@ -74,6 +82,52 @@ def test_the_counts_equal_the_aggregate_on_a_simulated_fleet(ledger: LedgerHandl
     write_history(SMALL, tmp_path / "fleet.jsonl")
     ledger.replay(tmp_path / "fleet.jsonl")
     assert assert_counts_equal_the_aggregate(ledger, minimum_steps=100) > 300
+    with ledger.engine.connect() as conn:
+        rows = steps(conn, ledger.cluster)
+    # Where the counts say no device is off-slice, a page skips looking for them: it must list the same.
+    none = [at for at, totals in rows if totals["off_slice"] == 0 and totals["allocated"] > 0]
+    assert_pages_equal_the_aggregate_path(ledger, none[:: max(1, len(none) // 8)][:8])
+
+
+def assert_pages_equal_the_aggregate_path(ledger: LedgerHandle, instants: list[datetime]) -> list[JSONObject]:
+    """Whole occupancy bodies at ``instants`` with the counts covering them equal those without; returns them."""
+    with ledger.engine.connect() as conn:
+        counted = [queries.occupancy_all(conn, at=at, cluster=ledger.cluster) for at in instants]
+        conn.execute(text("UPDATE occupancy_count_coverage SET valid_before = '-infinity'"))  # aggregate only
+        for at, body in zip(instants, counted, strict=True):
+            assert queries.occupancy_all(conn, at=at, cluster=ledger.cluster) == body, at
+        conn.rollback()
+    return counted
+
+
+def test_a_device_held_while_its_slice_is_gone_is_counted_and_listed_off_slice(ledger: LedgerHandle,
+                                                                              tmp_path: Path) -> None:
+    # gpu-0 is held from minute 5; its driver withdraws the slice at minute 20 and publishes it again at 30.
+    slice_uid, claim_uid = uid("slice"), uid("claim")
+    published = resource_slice(name="s", devices=[gpu("gpu-0"), gpu("gpu-1")], slice_uid=slice_uid)
+    again = resource_slice(name="s", devices=[gpu("gpu-0"), gpu("gpu-1")], generation=2)
+    dig(again, "metadata")["creationTimestamp"] = stamp(30)
+    ledger.replay(history(tmp_path / "restart.jsonl", [
+        ("ADDED", published, 0), ("ADDED", claim(name="one", claim_uid=claim_uid, results=["gpu-0"]), 5),
+        ("DELETED", published, 20), ("ADDED", again, 30)]))
+    services.refresh_occupancy_counts(ledger.db)
+    gone, back = (datetime.fromisoformat(stamp(m).replace("Z", "+00:00")) for m in (25, 35))
+    with ledger.engine.connect() as conn:
+        assert counts.totals_at(conn, gone, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0,
+                                                                 "off_slice": 1}
+        assert counts.totals_at(conn, back, ledger.cluster) == {"devices": 2, "allocated": 1, "shared": 0,
+                                                                 "off_slice": 0}
+        assert counts.totals_at(conn, gone, ledger.cluster) == aggregated(conn, gone, ledger.cluster)
+    at_gone, at_back = assert_pages_equal_the_aggregate_path(ledger, [gone, back])
+    assert listed(at_gone) == [("gpu-0", True)]
+    assert listed(at_back) == [("gpu-0", False), ("gpu-1", False)]
+
+
+def listed(body: JSONObject) -> list[tuple[object, object]]:
+    """(device, offSlice) of every device an occupancy body lists."""
+    devices = body["devices"]
+    assert isinstance(devices, list)
+    return [(d["device"], d["offSlice"]) for d in devices if isinstance(d, dict)]
 
 
 def test_a_late_event_forgets_the_counts_from_its_time_and_a_refresh_covers_again(ledger: LedgerHandle,
@@ -118,16 +172,16 @@ def test_a_pods_first_phase_recorded_late_forgets_its_consumers_whole_reservatio
     services.refresh_occupancy_counts(ledger.db)
     at = datetime.fromisoformat(stamp(20).replace("Z", "+00:00"))
     with ledger.engine.connect() as conn:
-        assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 1}
+        assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 1, "off_slice": 0}
     late_pod = pod(name="a", pod_uid=first, claim_name="pair")
     dig(late_pod, "metadata")["creationTimestamp"] = stamp(30)
     ledger.replay(history(tmp_path / "pod.jsonl", [("ADDED", late_pod, 40)]))
     with ledger.engine.connect() as conn:
-        assert aggregated(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0}
+        assert aggregated(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0, "off_slice": 0}
         assert counts.totals_at(conn, at, ledger.cluster) is None  # forgotten from minute 10, not 30
     services.refresh_occupancy_counts(ledger.db)
     with ledger.engine.connect() as conn:
-        assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0}
+        assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0, "off_slice": 0}
 
 
 def test_a_rebuild_forgets_the_counts_and_computes_them_again(ledger: LedgerHandle) -> None:
