@@ -245,8 +245,12 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Rebuild every read model from the events (global position 0) and swap it in atomically."""
     settings = settings_from(url, data_dir)
     with _errors():
-        applied = services.rebuild(services.open_ledger(settings))
-    err.print(f"rebuilt read models from {applied} events")
+        db = services.open_ledger(settings)
+        err.print("rebuilding the read models from the events ...")
+        applied = services.rebuild(db, occupancy_counts=False)
+        err.print(f"rebuilt read models from {applied} events; computing the occupancy counts ...")
+        written = services.refresh_occupancy_counts(db)
+    err.print(f"occupancy counts: {sum(written.values())} rows over {len(written)} cluster(s)")
 
 
 @app.command()

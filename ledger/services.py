@@ -365,14 +365,16 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
         return runner.catch_up(db.engine, progress=progress)
 
 
-def rebuild(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
+def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, occupancy_counts: bool = True) -> int:
     """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
 
-    Then computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per
-    cluster); until that commits, occupancy totals are aggregated from the intervals.
+    Then, unless ``occupancy_counts`` is false (the caller does it, e.g. to report progress between),
+    computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per cluster);
+    until that commits, occupancy totals are aggregated from the intervals.
     """
     applied = runner.rebuild(db.engine, progress=progress)
-    refresh_occupancy_counts(db)
+    if occupancy_counts:
+        refresh_occupancy_counts(db)
     return applied
 
 

@@ -118,6 +118,9 @@ def test_rebuild_through_the_cli_reports_the_events_applied(ledger: LedgerHandle
     result = CliRunner().invoke(app, ["rebuild", "--database-url", url])
     assert result.exit_code == 0, result.output
     assert f"rebuilt read models from {_count(ledger, 'events')} events" in result.output
+    # ... and computed the occupancy counts again: the rows it reports are the rows stored.
+    assert f"occupancy counts: {_count(ledger, 'occupancy_counts')} rows over 1 cluster(s)" in result.output
+    assert _count(ledger, "occupancy_counts") > 1
 
 
 def test_a_bad_line_is_reported_stored_and_does_not_stop_the_lines_after_it(ledger: LedgerHandle,
