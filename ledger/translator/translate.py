@@ -26,6 +26,7 @@ from typing import Literal
 from ledger import events as ev
 from ledger.errors import InvalidObject, UnsupportedObject
 from ledger.events import EventSource, NewEvent, event_id_for
+from ledger.translator.entries import StateEntries, as_int, counting_slices, published_devices
 from ledger.translator.fields import (
     maps_in,
     opt_bool,
@@ -53,15 +54,16 @@ class TranslatorState:
     """What the translator recorded last, per state key (``claim:<uid>``, ``pool:<driver>/<pool>``,
     ``slice:<uid>``, ``class:<name>``, ``namespace:<name>``, ``pod:<uid>``).
 
-    Values are JSON objects so they can be stored as ``jsonb``. ``dirty`` lists the keys changed since
-    the caller last persisted; the caller clears it after writing.
+    Values are JSON objects so they can be stored as ``jsonb``; in memory they are packed as JSON bytes
+    (:class:`StateEntries`). ``dirty`` lists the keys changed since the caller last persisted; the
+    caller clears it after writing.
     """
 
-    entries: dict[str, JSONObject] = field(default_factory=dict)
+    entries: StateEntries = field(default_factory=StateEntries)
     dirty: set[str] = field(default_factory=set)
 
     def get(self, key: str) -> JSONObject | None:
-        """Return the entry for ``key`` or ``None``."""
+        """Return a new copy of the entry for ``key`` (the caller may edit it freely), or ``None``."""
         return self.entries.get(key)
 
     def put(self, key: str, value: JSONObject) -> None:
@@ -75,15 +77,18 @@ class TranslatorState:
         self.dirty.add(key)
 
 
-@dataclass
-class _Scratch(TranslatorState):
+@dataclass(slots=True)
+class _Scratch:
     """A copy-on-write view of a :class:`TranslatorState` for one :func:`translate` call.
 
     Reads fall through to ``base`` until a key is written (``put``, or a private copy stored in
-    ``entries`` by :func:`_owned`) or deleted here; ``base`` is never modified.
+    ``entries`` by :meth:`take`) or deleted here; ``base`` is never modified. Entries written here are
+    live objects the call keeps editing (stream positions) until :func:`translate` merges them.
     """
 
-    base: TranslatorState = field(default_factory=TranslatorState)
+    base: TranslatorState
+    entries: dict[str, JSONObject] = field(default_factory=dict)
+    dirty: set[str] = field(default_factory=set)
     deleted: set[str] = field(default_factory=set)
 
     def get(self, key: str) -> JSONObject | None:
@@ -94,15 +99,30 @@ class _Scratch(TranslatorState):
             return None
         return self.base.get(key)
 
+    def take(self, key: str) -> JSONObject | None:
+        """Return a private copy of the entry for ``key``, stored in the overlay so edits stay in this call.
+
+        A copy of ``base``'s entry is new already (:meth:`TranslatorState.get`); an entry written
+        earlier in this call is copied, so events built from it never see later edits.
+        """
+        entry = self.get(key)
+        if entry is None:
+            return None
+        mine = copy_json(entry) if key in self.entries else entry
+        self.entries[key] = mine
+        return mine
+
     def put(self, key: str, value: JSONObject) -> None:
         """Store ``value`` under ``key`` in the overlay and mark it dirty."""
         self.deleted.discard(key)
-        super().put(key, value)
+        self.entries[key] = value
+        self.dirty.add(key)
 
     def delete(self, key: str) -> None:
         """Forget ``key`` in the overlay (marked dirty, so the merge removes it from ``base``)."""
         self.deleted.add(key)
-        super().delete(key)
+        self.entries.pop(key, None)
+        self.dirty.add(key)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,14 +150,14 @@ class TranslatorSettings:
 
 @dataclass(slots=True)
 class _Emitter:
-    state: TranslatorState
+    state: _Scratch
     obs: Observation
     source: EventSource
     out: list[NewEvent] = field(default_factory=list)
 
     def emit(self, key: str, stream: StreamId, event: ev.Event, at: datetime, *, pos_holder: JSONObject,
              pos_field: str = "pos") -> None:
-        position = _as_int(pos_holder.get(pos_field)) + 1
+        position = as_int(pos_holder.get(pos_field)) + 1
         pos_holder[pos_field] = position
         self.state.dirty.add(key)
         self.out.append(NewEvent(
@@ -145,10 +165,6 @@ class _Emitter:
             recorded_at=self.obs.recorded_at, source=self.source,
             event_id=event_id_for(self.obs.digest, len(self.out)),
         ))
-
-
-def _as_int(value: JSONValue) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def translate(state: TranslatorState, obs: Observation,
@@ -190,13 +206,10 @@ def translate(state: TranslatorState, obs: Observation,
     emitter = _Emitter(state=scratch, obs=obs, source=source)
     try:
         handler(emitter, obj, settings)
+        state.entries.replace({key: scratch.entries[key] for key in scratch.dirty if key in scratch.entries},
+                              removed=[key for key in scratch.dirty if key not in scratch.entries])
     except RecursionError as e:
         raise InvalidObject("object", "nested too deeply to read") from e
-    for key in scratch.dirty:
-        if key in scratch.entries:
-            state.entries[key] = scratch.entries[key]
-        else:
-            state.entries.pop(key, None)
     state.dirty |= scratch.dirty
     return emitter.out
 
@@ -208,16 +221,6 @@ def _located(prefix: str) -> Iterator[None]:
         yield
     except InvalidObject as e:
         raise InvalidObject(f"{prefix}{'' if e.path.startswith('[') else '.'}{e.path}", e.reason) from e
-
-
-def _owned(state: TranslatorState, key: str) -> JSONObject | None:
-    """Return a private deep copy of an entry so edits do not leak before commit."""
-    entry = state.get(key)
-    if entry is None:
-        return None
-    mine = copy_json(entry)  # dicts and lists only: several times faster than a generic deep copy
-    state.entries[key] = mine
-    return mine
 
 
 def _change_time(obj: JSONObject, fallback: datetime) -> datetime:
@@ -289,7 +292,7 @@ def _on_slice(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         return
     em.state.put(slice_key, {"pool": pool_id})
     pool_key = f"pool:{pool_id}"
-    pstate = _owned(em.state, pool_key) or _new_pool(driver, pool)
+    pstate = em.state.take(pool_key) or _new_pool(driver, pool)
     slices = pstate["slices"]
     assert isinstance(slices, dict)
     slices[slice_id] = view
@@ -304,7 +307,7 @@ def _new_pool(driver: str, pool: str) -> JSONObject:
 
 def _remove_slice(em: _Emitter, pool_id: str, slice_id: str, at: datetime) -> None:
     pool_key = f"pool:{pool_id}"
-    pstate = _owned(em.state, pool_key)
+    pstate = em.state.take(pool_key)
     if pstate is None:
         return
     slices = pstate["slices"]
@@ -322,27 +325,20 @@ def _reconcile_pool(em: _Emitter, pool_key: str, pstate: JSONObject, *, at_publi
     published = pstate["published"]
     devpos = pstate["devpos"]
     assert isinstance(slices, dict) and isinstance(published, dict) and isinstance(devpos, dict)
-    views = [v for v in slices.values() if isinstance(v, dict)]
-    # DESIGN §11.4: the generation that counts is the highest among the slices that exist *now*,
-    # so a driver restarting its generations from 1 is followed once the old slices are gone.
-    generation = max((_as_int(v["generation"]) for v in views), default=None)
-    current = [v for v in views if _as_int(v["generation"]) == generation]
-    wanted: dict[str, JSONValue] = {}
+    generation, current = counting_slices(slices)  # DESIGN §11.4: the highest among the slices that exist now
+    wanted = published_devices(current)
     shared: list[JSONValue] = []
-    for v in sorted(current, key=lambda v: str(v["name"])):
-        devices = v["devices"]
-        assert isinstance(devices, dict)
-        wanted.update(devices)
+    for v in current:
         shared.extend(opt_list(v, "sharedCounters"))
     observed: JSONObject | None = None
     if generation is not None:
-        count = max(_as_int(v["count"]) for v in current)
+        count = max(as_int(v["count"]) for v in current)
         observed = {"generation": generation, "resourceSliceCount": count, "slices": len(current),
                     "complete": len(current) >= count, "sharedCounters": shared}
     if observed is not None and observed != pstate.get("observed"):
         em.emit(pool_key, StreamId(f"pool:{driver}/{pool}"), ev.PoolGenerationObserved(
-            driver=driver, pool=pool, generation=_as_int(observed["generation"]),
-            resource_slice_count=_as_int(observed["resourceSliceCount"]),
+            driver=driver, pool=pool, generation=as_int(observed["generation"]),
+            resource_slice_count=as_int(observed["resourceSliceCount"]),
             slices=len(current), complete=bool(observed["complete"]), shared_counters=shared,
         ), at_publish, pos_holder=pstate)
     pstate["observed"] = observed
@@ -501,7 +497,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     consumers = _consumers(obj)
     deletion = opt_str(obj, "metadata.deletionTimestamp")
     rv = opt_str(obj, "metadata.resourceVersion")
-    state = _owned(em.state, key)
+    state = em.state.take(key)
     observed = em.obs.observed_at
     if state is not None and (state.get("namespace"), state.get("name")) != (namespace, name):
         # The API server never reuses a uid: another claim under it is corrupt input, not an update that
@@ -579,7 +575,7 @@ def _on_class(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     key = f"class:{name}"
     stream = StreamId(key)
     spec = opt_map(obj, "spec")
-    state = _owned(em.state, key)
+    state = em.state.take(key)
     if em.obs.type == "DELETED":
         if state is not None and not state.get("deleted"):
             em.emit(key, stream, ev.DeviceClassDeleted(name=name), em.obs.observed_at, pos_holder=state)
@@ -607,7 +603,7 @@ def _on_namespace(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -
         # Label values are strings in Kubernetes; a number or boolean here is a broken object, not "no team".
         raise InvalidObject(f"metadata.labels.{settings.team_label}", f"expected a string, got {value!r}")
     team, label = (value, settings.team_label) if isinstance(value, str) and value else (name, None)
-    state = _owned(em.state, key)
+    state = em.state.take(key)
     first = state is None
     if state is None:
         state = {"pos": 0, "team": None}
@@ -645,7 +641,7 @@ def _on_pod(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     uid = opt_str(obj, "metadata.uid") or f"name:{namespace}/{name}"
     key = f"pod:{uid}"
     stream = StreamId(key)
-    state = _owned(em.state, key)
+    state = em.state.take(key)
     observed = em.obs.observed_at
     view: JSONObject = {"phase": opt_str(obj, "status.phase") or "Pending",
                         "node": opt_str(obj, "spec.nodeName"), "claims": _pod_claims(obj)}

@@ -270,7 +270,7 @@ def test_tombstones_stay_in_the_database_and_still_stop_late_events_after_a_rest
     state = db.load_state(ledger.cluster)
     assert claim_key not in state.entries and pod_key not in state.entries
     live = {k: v for k, v in stored.items() if not (k.startswith(("claim:", "pod:")) and v.get("deleted"))}
-    assert state.entries == live  # equal parts are shared on load, values unchanged
+    assert state.entries == live  # the values as stored, whatever form memory keeps them in
     # ... and a late re-delivery of each (new receive time, so a new line) is recorded and ignored.
     late = tmp_path / "late.jsonl"
     late.write_text("\n".join(json.dumps({**x, "type": "MODIFIED", "observedAt": "2026-11-02T13:00:00Z"})
