@@ -9,13 +9,15 @@ text (88 MiB), and a line pays for decoding only the one or two entries it touch
 
 A pool's ``published`` device views are, once a translation ends, exactly the device views of its
 counting slices (:func:`counting_slices`, :func:`published_devices`), so its packed form leaves them
-out and a read rebuilds them: they were half of a pool's text. The packed form is private to this
+out and a read rebuilds them: they were half of a pool's text. What remains of a pool is compressed
+(:data:`POOL_COMPRESSION`): its device views repeat the same names. The packed form is private to this
 process: what ``translator_state`` stores is unchanged (:meth:`StateEntries.load_json` takes that form in,
 ``entries[key]`` gives it back).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 import msgspec
@@ -24,7 +26,15 @@ from ledger.translator.normalize import copy_json
 from ledger.types import JSONObject, JSONValue
 
 POOL_PREFIX = "pool:"
-"""State key prefix of a pool entry (``pool:<driver>/<pool>``), the only entries with a derived part."""
+"""State key prefix of a pool entry (``pool:<driver>/<pool>``): packed without its derived part, compressed."""
+
+POOL_COMPRESSION = 1
+"""zlib level of a packed pool entry.
+
+Why pools only: a pool's device views repeat the same attribute, capacity and counter names for every
+device, so level 1 shrank the pools of the 10 M-event ledger 6x (24.9 -> 4.1 MiB; level 6 gave 3.9),
+for ~20 us to pack and ~13 us to read the largest (18 KB), on slice events only. Claims, read on
+most lines, shrank only 1.45x."""
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
@@ -148,7 +158,7 @@ class StateEntries(MutableMapping[str, JSONObject]):
     def packed_json(self, key: str) -> str | None:
         """Return the entry ``key`` as the JSON text it is stored as, when it is held as exactly that text.
 
-        ``None`` for a pool (packed without its ``published`` views) or an entry kept as objects: encode
+        ``None`` for a pool (packed compressed, without its ``published`` views) or an entry kept as objects: encode
         ``self[key]`` then. Saves a decode and an encode per entry written back to ``translator_state``.
 
         Raises:
@@ -159,11 +169,14 @@ class StateEntries(MutableMapping[str, JSONObject]):
 
 
 def _pack(key: str, value: JSONObject) -> bytes | JSONObject:
-    packed = value
-    if key.startswith(POOL_PREFIX) and _derivable(value):
-        packed = {k: v for k, v in value.items() if k != "published"}
+    if not key.startswith(POOL_PREFIX):
+        try:
+            return _ENCODER.encode(value)
+        except (TypeError, UnicodeEncodeError, OverflowError):
+            return copy_json(value)
+    packed = {k: v for k, v in value.items() if k != "published"} if _derivable(value) else value
     try:
-        return _ENCODER.encode(packed)
+        return zlib.compress(_ENCODER.encode(packed), POOL_COMPRESSION)
     except (TypeError, UnicodeEncodeError, OverflowError):
         return copy_json(value)
 
@@ -171,8 +184,11 @@ def _pack(key: str, value: JSONObject) -> bytes | JSONObject:
 def _unpack(key: str, item: bytes | JSONObject) -> JSONObject:
     if not isinstance(item, bytes):
         return copy_json(item)
-    value: JSONObject = _DECODER.decode(item)
-    if key.startswith(POOL_PREFIX) and "published" not in value:
+    if not key.startswith(POOL_PREFIX):
+        decoded: JSONObject = _DECODER.decode(item)
+        return decoded
+    value: JSONObject = _DECODER.decode(zlib.decompress(item))
+    if "published" not in value:
         slices = value.get("slices")
         assert isinstance(slices, dict)  # _derivable checked it before leaving the views out
         value["published"] = published_devices(counting_slices(slices)[1])
