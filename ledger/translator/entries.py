@@ -174,9 +174,10 @@ def _pack(key: str, value: JSONObject) -> bytes | JSONObject:
             return _ENCODER.encode(value)
         except (TypeError, UnicodeEncodeError, OverflowError):
             return copy_json(value)
-    packed = {k: v for k, v in value.items() if k != "published"} if _derivable(value) else value
+    derived = _derivable(value)
+    packed = {k: v for k, v in value.items() if k != "published"} if derived else value
     try:
-        return zlib.compress(_ENCODER.encode(packed), POOL_COMPRESSION)
+        return (_DERIVED if derived else _AS_WRITTEN) + zlib.compress(_ENCODER.encode(packed), POOL_COMPRESSION)
     except (TypeError, UnicodeEncodeError, OverflowError):
         return copy_json(value)
 
@@ -187,12 +188,18 @@ def _unpack(key: str, item: bytes | JSONObject) -> JSONObject:
     if not key.startswith(POOL_PREFIX):
         decoded: JSONObject = _DECODER.decode(item)
         return decoded
-    value: JSONObject = _DECODER.decode(zlib.decompress(item))
-    if "published" not in value:
+    value: JSONObject = _DECODER.decode(zlib.decompress(item[1:]))
+    if item[:1] == _DERIVED:
         slices = value.get("slices")
         assert isinstance(slices, dict)  # _derivable checked it before leaving the views out
         value["published"] = published_devices(counting_slices(slices)[1])
     return value
+
+
+_DERIVED = b"d"
+"""First byte of a packed pool whose ``published`` views were left out (a read rebuilds them)."""
+_AS_WRITTEN = b"w"
+"""First byte of a packed pool kept whole, e.g. a row whose ``published`` differs or is missing."""
 
 
 def _derivable(pool: JSONObject) -> bool:

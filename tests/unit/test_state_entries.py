@@ -132,3 +132,15 @@ def test_a_translator_reloaded_from_stored_text_after_every_line_emits_the_same_
 
     assert {"DeviceUpdated", "PoolGenerationObserved", "ClaimDeallocated", "ClaimDeleted"} <= set(types(straight))
     assert restarted == straight
+
+
+def test_a_pool_row_without_published_views_reads_back_without_them() -> None:
+    # A damaged row: the translator rejects lines of this pool (KeyError) rather than guess the views.
+    feed = Feed()
+    feed("ADDED", resource_slice(name="s", devices=[gpu("gpu-0")]), 0)
+    key, pool = _pool_entry(feed)
+    del pool["published"]
+
+    feed.state.entries[key] = pool
+
+    assert feed.state.entries[key] == pool
