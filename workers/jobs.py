@@ -1,13 +1,14 @@
-"""Scheduled report jobs (APScheduler 3 ``AsyncIOScheduler``): hourly usage rollups and report snapshots.
+"""Scheduled jobs (APScheduler 3 ``AsyncIOScheduler``): hourly usage rollups, report snapshots, occupancy counts.
 
-Two jobs, each ``max_instances=1`` (a slow run is never overlapped by the next) and ``coalesce=True``
+Three jobs, each ``max_instances=1`` (a slow run is never overlapped by the next) and ``coalesce=True``
 (runs missed while the process was busy or down collapse into one):
 
 - ``usage-rollups``, every hour at minute ``rollup_minute``: :func:`ledger.services.rollup_usage`
   recomputes the last rolled hour and every whole hour after it (tables ``usage_rollups``, view
-  ``reporting.team_usage_hourly``, and ``usage_rollups_by_team``, which ``GET /v1/usage`` reads), then
-  :func:`ledger.services.refresh_occupancy_counts` computes the occupancy totals from where events last
-  changed them (table ``occupancy_counts``);
+  ``reporting.team_usage_hourly``, and ``usage_rollups_by_team``, which ``GET /v1/usage`` reads);
+- ``occupancy-counts``, every ``counts_interval_s``: :func:`ledger.services.refresh_occupancy_counts`
+  computes the occupancy totals from where events last changed them (table ``occupancy_counts``; live
+  events lower the coverage to about now, so this keeps "now" and the recent past on the counts);
 - ``report-snapshots``, every ``snapshot_interval_s``: :func:`ledger.services.take_report_snapshots`
   stores the idle-claim report, quota usage and pending demand (views ``reporting.idle_claims``,
   ``reporting.quota_usage``, ``reporting.pending_demand``).
@@ -57,22 +58,33 @@ class JobSettings(BaseSettings):
     snapshot_interval_s: int = Field(default=300, ge=10)
     """Seconds between report snapshots (idle claims, quota usage, pending demand), s; 5 minutes is
     finer than the idle thresholds (30 minutes by default)."""
+    counts_interval_s: int = Field(default=60, ge=5)
+    """Seconds between occupancy-count refreshes, s; a refresh after a minute of live events reads only the
+    intervals open since then, and instants after the last refresh are aggregated from the intervals."""
     misfire_grace_s: int = Field(default=600, ge=1)
     """A run late by up to this many seconds still runs (once, coalesced), s."""
 
 
 async def run_rollups(db: LedgerDatabase, *, cluster: str | None = None, clock: Clock = utc_now,
                       start: datetime | None = None) -> int:
-    """Recompute the hourly usage rollups up to the current hour, then the occupancy counts; returns the
-    hours recomputed.
+    """Recompute the hourly usage rollups up to the current hour; returns the hours recomputed.
 
     ``start`` (default: the last rolled hour) recomputes from an earlier hour, e.g. after a rebuild.
     """
     hours = await asyncio.to_thread(services.rollup_usage, db, end=clock(), start=start, cluster=cluster)
     log.info("usage rollups: %d hour(s) recomputed", hours)
-    written = await asyncio.to_thread(services.refresh_occupancy_counts, db, cluster=cluster)
-    log.info("occupancy counts: %s row(s) written per cluster", written)
     return hours
+
+
+async def run_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) -> dict[str, int]:
+    """Compute the occupancy counts of every cluster not fully covered; returns rows written per cluster.
+
+    See :func:`ledger.services.refresh_occupancy_counts` (table ``occupancy_counts``).
+    """
+    written = await asyncio.to_thread(services.refresh_occupancy_counts, db, cluster=cluster)
+    if written:
+        log.info("occupancy counts: %s row(s) written per cluster", written)
+    return written
 
 
 async def run_snapshots(db: LedgerDatabase, *, config: LedgerConfig, cluster: str | None = None,
@@ -86,7 +98,8 @@ async def run_snapshots(db: LedgerDatabase, *, config: LedgerConfig, cluster: st
 
 def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSettings | None = None,
                     cluster: str | None = None, clock: Clock = utc_now) -> AsyncIOScheduler:
-    """Return an ``AsyncIOScheduler`` (not started) holding the ``usage-rollups`` and ``report-snapshots`` jobs.
+    """Return an ``AsyncIOScheduler`` (not started) holding the ``usage-rollups``, ``report-snapshots`` and
+    ``occupancy-counts`` jobs.
 
     Args:
         db: the ledger database (schema at head).
@@ -107,5 +120,8 @@ def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSe
     scheduler.add_job(run_snapshots, IntervalTrigger(seconds=settings.snapshot_interval_s, timezone=UTC),
                       id="report-snapshots", name="idle-claim, quota and pending-demand snapshots",
                       kwargs={"db": db, "config": config, "cluster": cluster, "clock": clock},
+                      max_instances=1, coalesce=True, replace_existing=True)
+    scheduler.add_job(run_occupancy_counts, IntervalTrigger(seconds=settings.counts_interval_s, timezone=UTC),
+                      id="occupancy-counts", name="occupancy counts", kwargs={"db": db, "cluster": cluster},
                       max_instances=1, coalesce=True, replace_existing=True)
     return scheduler

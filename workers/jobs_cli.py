@@ -21,7 +21,7 @@ from ledger.config import load_config
 from ledger.errors import LedgerError
 from ledger.recorded import parse_time
 from ledger.settings import Settings
-from workers.jobs import JobSettings, build_scheduler, run_rollups, run_snapshots
+from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
 
 
 async def _run_forever(settings: Settings, config_path: Path | None, cluster: str | None) -> None:
@@ -46,7 +46,8 @@ async def _run_once(settings: Settings, config_path: Path | None, cluster: str |
     config = load_config(config_path)
     hours = await run_rollups(db, cluster=cluster, start=rollup_from)
     counts = await run_snapshots(db, config=config, cluster=cluster)
-    return {"hours": hours, **counts}
+    written = await run_occupancy_counts(db, cluster=cluster)
+    return {"hours": hours, **counts, "occupancyCountRows": sum(written.values())}
 
 
 def register(app: typer.Typer) -> None:
@@ -64,14 +65,16 @@ def register(app: typer.Typer) -> None:
         url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                                 help="Ledger database URL; unset = embedded PostgreSQL.")] = None,
     ) -> None:
-        """Run the report jobs: hourly usage rollups and idle/quota/pending snapshots every N minutes."""
+        """Run the report jobs: hourly usage rollups, idle/quota/pending snapshots every N minutes, and the
+        occupancy counts every minute."""
         settings = Settings().model_copy(update={"database_url": url} if url else {})
         try:
             if once:
                 start = parse_time(rollup_from) if rollup_from else None
                 counts = asyncio.run(_run_once(settings, config, cluster, start))
                 typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
-                           f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes")
+                           f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "
+                           f"{counts['occupancyCountRows']} occupancy count rows")
             else:
                 asyncio.run(_run_forever(settings, config, cluster))
         except LedgerError as e:

@@ -24,11 +24,11 @@ aggregate at T (a test compares both at every change instant of recorded histori
 
 Coverage (table ``occupancy_count_coverage``): the stored rows answer every instant before
 ``valid_before``. The projection runner lowers it (and deletes the rows from there on) to the earliest
-``occurred_at`` of each batch that changes one of the four source tables, in the batch's transaction,
-since an event changes the intervals only at or after its own time. One exception: the first phase
+``occurred_at`` of each batch of events that may change the four source tables, in the batch's
+transaction, since an event changes the intervals only at or after its own time. One exception: the first phase
 recorded for a pod makes its consumer intervals *before* that phase not live (a pod known to the
-ledger is live only in a non-terminal phase), so a ``PodPhaseChanged`` lowers coverage to the start
-of the pod's consumer intervals as well. :func:`refresh` recomputes from ``valid_before`` on (the
+ledger is live only in a non-terminal phase), so the first ``PodPhaseChanged`` of a pod lowers coverage
+to the start of the pod's consumer intervals as well. :func:`refresh` recomputes from ``valid_before`` on (the
 hourly job, ``rebuild``, ``demo``); until then questions at later instants use the aggregate.
 """
 
@@ -43,8 +43,9 @@ from ledger.events import RecordedEvent
 from ledger.projections.base import TERMINAL
 
 UNCHANGED_BY = frozenset({"DeviceClassDefined", "DeviceClassChanged", "DeviceClassDeleted", "TeamAssigned"})
-"""Event types that change none of ``device_inventory``, ``device_allocations``, ``claim_consumers`` and
-``pod_phases`` (classes and teams do not enter the cluster totals): they leave the counts alone."""
+"""Event types that leave the counts alone: device classes are not read by them, and a team relabel only
+changes ``device_allocations.team``, which cluster totals do not read. Every other type lowers coverage
+(some, like ``ClaimCreated``, change none of the four tables: forgetting more is only slower)."""
 
 _TERMINAL = ", ".join(f"'{phase}'" for phase in TERMINAL)
 
@@ -151,11 +152,13 @@ def forget(conn: Connection, earliest: Mapping[str, datetime]) -> None:
 
 
 def forget_for_batch(conn: Connection, batch: Iterable[RecordedEvent]) -> None:
-    """:func:`forget` what a batch of applied events may have changed (see the module docstring).
+    """:func:`forget` what a batch of events may change; call it *before* applying the batch.
 
-    Per cluster: the earliest ``occurred_at`` of an event not in :data:`UNCHANGED_BY`, and for each
-    ``PodPhaseChanged`` the earliest start of that pod's consumer rows (``claim_consumers`` by pod uid,
-    index ``claim_consumers_consumer_idx``).
+    Per cluster: the earliest ``occurred_at`` of an event not in :data:`UNCHANGED_BY`; and for each pod
+    whose first phase the batch records (a ``PodPhaseChanged`` of a pod without ``pod_phases`` rows yet),
+    the earliest start of that pod's consumer rows (``claim_consumers`` by pod uid, index
+    ``claim_consumers_consumer_idx``): only the first phase changes whether earlier consumer rows were
+    live. Consumer rows the batch itself adds start at or after its earliest event, already covered.
     """
     earliest: dict[str, datetime] = {}
     pods: dict[str, set[str]] = {}
@@ -173,8 +176,9 @@ def forget_for_batch(conn: Connection, batch: Iterable[RecordedEvent]) -> None:
             pods.setdefault(event.cluster, set()).add(uid)
     for cluster, uids in sorted(pods.items()):
         start = conn.execute(text(
-            "SELECT min(lower(valid)) FROM claim_consumers WHERE cluster = :c AND uid = ANY(:uids) "
-            "AND resource = 'pods' AND NOT isempty(valid)"), {"c": cluster, "uids": sorted(uids)}).scalar()
+            "SELECT min(lower(c.valid)) FROM claim_consumers c WHERE c.cluster = :c AND c.uid = ANY(:uids) "
+            "AND c.resource = 'pods' AND NOT isempty(c.valid) AND NOT EXISTS (SELECT 1 FROM pod_phases p "
+            " WHERE p.cluster = c.cluster AND p.pod_uid = c.uid)"), {"c": cluster, "uids": sorted(uids)}).scalar()
         if isinstance(start, datetime):
             lower(cluster, start)
     forget(conn, earliest)
@@ -183,11 +187,16 @@ def forget_for_batch(conn: Connection, batch: Iterable[RecordedEvent]) -> None:
 def forget_all(conn: Connection) -> None:
     """Delete every count and set every cluster's coverage to ``-infinity`` (a rebuild of the intervals)."""
     conn.execute(text("DELETE FROM occupancy_counts"))
-    conn.execute(text(
-        "INSERT INTO occupancy_count_coverage AS v (cluster, valid_before) "
-        "SELECT DISTINCT cluster, '-infinity'::timestamptz FROM events "
-        "ON CONFLICT (cluster) DO UPDATE SET valid_before = '-infinity'"))
     conn.execute(text("UPDATE occupancy_count_coverage SET valid_before = '-infinity'"))
+    conn.execute(text(
+        "INSERT INTO occupancy_count_coverage (cluster, valid_before) "
+        "SELECT DISTINCT cluster, '-infinity'::timestamptz FROM events ON CONFLICT (cluster) DO NOTHING"))
+
+
+def uncovered_clusters(conn: Connection) -> list[str]:
+    """Clusters whose counts do not cover every instant (``occupancy_count_coverage``), sorted."""
+    return [str(c) for c in conn.execute(text(
+        "SELECT cluster FROM occupancy_count_coverage WHERE valid_before <> 'infinity' ORDER BY cluster")).scalars()]
 
 
 def refresh(conn: Connection, cluster: str) -> int:

@@ -199,10 +199,12 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
 
 
 def occupancy_totals(conn: Connection, *, at: datetime, scope: OccupancyScope = OccupancyScope()) -> JSONObject:
-    """Totals of the occupancy at ``at`` over every device of ``scope`` (all pages), aggregated in SQL.
+    """Totals of the occupancy at ``at`` over every device of ``scope`` (all pages).
 
-    Sources: ``device_inventory``, ``device_allocations``, ``claim_consumers`` and ``pod_phases``
-    intervals containing ``at`` (GiST ``valid`` indexes).
+    Sources: for whole clusters, one row of ``occupancy_counts`` when it covers ``at``
+    (:mod:`ledger.projections.counts`); otherwise an SQL aggregate of the ``device_inventory``,
+    ``device_allocations``, ``claim_consumers`` and ``pod_phases`` intervals containing ``at`` (GiST
+    ``valid`` indexes). Both give the same totals (tested).
 
     Returns:
         ``{"devices", "allocated", "free", "shared"}``, counts (ints). Without ``scope.teams``: a unit is
@@ -257,8 +259,9 @@ def occupancy_page_statements(scope: OccupancyScope, *, after: DeviceSortKey | N
     # hundred devices in key order; written with bound functions instead of ``@>`` so the planner walks
     # the key btree over (after, upper] rather than the GiST index over every allocation at T (36,000 on
     # the 10 M-event ledger: 40 ms a page, against ~1 ms). The bound test equals ``valid @> :at`` for any
-    # range; unbounded (last page), the GiST index finds them.
-    holds = ("(lower(a.valid) < :at OR (lower(a.valid) = :at AND lower_inc(a.valid))) AND (upper_inf(a.valid) "
+    # range (empty ones included: their bounds are NULL); unbounded (last page), the GiST index finds them.
+    holds = ("(lower_inf(a.valid) OR lower(a.valid) < :at OR (lower(a.valid) = :at AND lower_inc(a.valid))) "
+             "AND NOT isempty(a.valid) AND (upper_inf(a.valid) "
              "OR upper(a.valid) > :at OR (upper(a.valid) = :at AND upper_inc(a.valid)))"
              if upper is not None else "a.valid @> :at")
     off_slice = (f"SELECT DISTINCT ON ({_KEY.format(a='a')}) {_KEY.format(a='a')}, a.node, a.model "
@@ -448,8 +451,8 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     Sources: ``device_inventory`` (published devices, highest pool generation) and
     ``device_allocations`` (``ResourceClaim.status.allocation.devices.results[]``) intervals containing
     ``at``; consumers from ``claim_consumers`` (``status.reservedFor``) filtered to live pods
-    (``pod_phases``). Totals are SQL aggregates (:func:`occupancy_totals`); only the page's devices
-    are read in full (:func:`occupancy_devices`).
+    (``pod_phases``). Totals come from the occupancy counts or an SQL aggregate (:func:`occupancy_totals`);
+    only the page's devices are read in full (:func:`occupancy_devices`).
 
     Args:
         cluster, node, driver, pool: filters on the rows' own columns.

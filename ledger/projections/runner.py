@@ -42,6 +42,10 @@ def _lock_checkpoints(conn: Connection, names: Sequence[str]) -> dict[str, int]:
 
 def _apply_batch(conn: Connection, projections: Sequence[Projection], positions: dict[str, int],
                  batch: Sequence[RecordedEvent], *, set_based: bool = True) -> None:
+    if COUNTED & positions.keys():
+        # Occupancy counts are a step function of four tables' intervals: forget what this batch may change
+        # (before applying it, to tell a pod's first phase from later ones).
+        counts.forget_for_batch(conn, [e for e in batch if e.global_position > min(positions.values())])
     if set_based and all(p.name in BATCH_APPLIERS for p in projections):
         # Set-based path (ledger.projections.batch): per segment, each projection folds its events in
         # memory and writes them with a few pipelined statements. Segments keep the reads of
@@ -64,9 +68,6 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
                 if first is None or event.occurred_at < first:
                     earliest[event.cluster] = event.occurred_at
         forget_rolled_hours(conn, earliest)
-    if COUNTED & positions.keys():
-        # Occupancy counts are a step function of four tables' intervals: forget what this batch may change.
-        counts.forget_for_batch(conn, [e for e in batch if e.global_position > min(positions.values())])
     last = batch[-1].global_position
     now = datetime.now(UTC)
     for projection in projections:
@@ -143,6 +144,10 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         names = [p.name for p in projections]
         positions = _lock_checkpoints(conn, names)
         tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
+        if COUNTED & set(names):
+            # Before the TRUNCATE: a refresh holds the coverage rows and then reads these tables, so taking the
+            # rows first keeps one lock order (the hourly job then computes the counts again).
+            counts.forget_all(conn)
         # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
         # DDL rights (SECURITY.md); row ids carry no meaning.
         conn.execute(text(f"TRUNCATE {tables}"))
@@ -150,8 +155,6 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
             # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
             # again; until then usage reads the live intervals).
             forget_all_rolled_hours(conn)
-        if COUNTED & set(names):
-            counts.forget_all(conn)  # the hourly job (or `dra-ledger rebuild`) computes them again
         for name in names:
             positions[name] = 0
         conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})

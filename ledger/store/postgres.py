@@ -173,10 +173,11 @@ def load_state(conn: Connection, cluster: str) -> TranslatorState:
     Rows are streamed :data:`LOAD_ROWS` at a time and kept as JSON text (``StateEntries.load_json``):
     neither the whole result nor the entries as objects are ever held at once.
     """
-    result = conn.execution_options(yield_per=LOAD_ROWS).execute(
+    result = conn.execute(
         text("SELECT key, state::text AS state FROM translator_state WHERE cluster = :c "
              "AND NOT (key LIKE ANY(:evicted) AND state ? 'deleted')"),
-        {"c": cluster, "evicted": [f"{prefix}%" for prefix in EVICTED_PREFIXES]})
+        {"c": cluster, "evicted": [f"{prefix}%" for prefix in EVICTED_PREFIXES]},
+        execution_options={"yield_per": LOAD_ROWS})  # this statement only, not the caller's connection
     state = TranslatorState()
     for key, body in result:
         state.entries.load_json(str(key), str(body))

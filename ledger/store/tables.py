@@ -336,4 +336,5 @@ occupancy_count_coverage = Table(
 
 REPORTS = (usage_rollups, usage_rollups_by_team, idle_claim_snapshots, quota_usage_snapshots,
            pending_demand_snapshots)
-"""Tables the report jobs write (not read models: a rebuild keeps them; re-running a job replaces rows)."""
+"""Tables the report jobs write (not read models: a rebuild keeps the snapshots and forgets the rolled
+hours, which are sums of ``device_allocations``; re-running a job replaces rows)."""

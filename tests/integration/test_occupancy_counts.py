@@ -182,6 +182,14 @@ def test_a_pods_first_phase_recorded_late_forgets_its_consumers_whole_reservatio
     services.refresh_occupancy_counts(ledger.db)
     with ledger.engine.connect() as conn:
         assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0, "off_slice": 0}
+    # A later phase of the same pod changes liveness only from its own time on: coverage stays before it.
+    done = pod(name="a", pod_uid=first, claim_name="pair", phase="Succeeded")
+    dig(done, "metadata")["creationTimestamp"] = stamp(30)
+    ledger.replay(history(tmp_path / "done.jsonl", [("MODIFIED", done, 50)]))
+    with ledger.engine.connect() as conn:
+        valid_before = conn.execute(text("SELECT valid_before FROM occupancy_count_coverage")).scalar_one()
+        assert valid_before == datetime.fromisoformat(stamp(50).replace("Z", "+00:00"))
+        assert counts.totals_at(conn, at, ledger.cluster) == aggregated(conn, at, ledger.cluster)
 
 
 def test_a_rebuild_forgets_the_counts_and_computes_them_again(ledger: LedgerHandle) -> None:
@@ -189,6 +197,10 @@ def test_a_rebuild_forgets_the_counts_and_computes_them_again(ledger: LedgerHand
     services.refresh_occupancy_counts(ledger.db)
     with ledger.engine.connect() as conn:
         before = steps(conn, ledger.cluster)
+    services.rebuild(ledger.db, occupancy_counts=False)
+    with ledger.engine.connect() as conn:  # the read models were replaced: nothing is answered from old counts
+        assert conn.execute(text("SELECT count(*) FROM occupancy_counts")).scalar_one() == 0
+        assert conn.execute(text("SELECT valid_before = '-infinity' FROM occupancy_count_coverage")).scalar_one()
     services.rebuild(ledger.db)
     with ledger.engine.connect() as conn:
         assert steps(conn, ledger.cluster) == before

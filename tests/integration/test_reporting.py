@@ -30,7 +30,7 @@ from tests.factories import at, claim, gpu, history, namespace, resource_slice, 
 from tests.integration.test_quotas import SEED_CONFIG
 from tests.integration.test_shared import early_namespace, real, share_of
 from tests.paths import HISTORIES
-from workers.jobs import JobSettings, build_scheduler, run_rollups, run_snapshots
+from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "dra-ledger.json"
@@ -323,7 +323,7 @@ def test_the_jobs_roll_up_and_snapshot_on_their_schedule(ledger: LedgerHandle) -
     scheduler = build_scheduler(ledger.db, config=SEED_CONFIG, settings=JobSettings(snapshot_interval_s=600),
                                 clock=lambda: now)
     jobs = {job.id: job for job in scheduler.get_jobs()}
-    assert set(jobs) == {"usage-rollups", "report-snapshots"}
+    assert set(jobs) == {"usage-rollups", "report-snapshots", "occupancy-counts"}
     for job in jobs.values():
         assert (job.max_instances, job.coalesce) == (1, True)
     hours = asyncio.run(run_rollups(ledger.db, clock=lambda: now))
@@ -334,6 +334,11 @@ def test_the_jobs_roll_up_and_snapshot_on_their_schedule(ledger: LedgerHandle) -
     assert again == counts  # the same instant is replaced, not added
     with ledger.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM idle_claim_snapshots")).scalar_one() == 1
+    written = asyncio.run(run_occupancy_counts(ledger.db))
+    with ledger.engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM occupancy_counts")).scalar_one()
+    assert written == {"default": stored} and stored > 1
+    assert asyncio.run(run_occupancy_counts(ledger.db)) == {}  # covered: nothing to do until events arrive
 
 
 def test_the_scheduler_runs_inside_an_event_loop(ledger: LedgerHandle) -> None:
