@@ -43,14 +43,20 @@ def steps(conn: Connection, cluster: str) -> list[tuple[datetime, Totals]]:
         "ORDER BY at"), {"c": cluster})]
 
 
-def probes(rows: list[tuple[datetime, Totals]]) -> list[datetime]:
-    """Each change instant, the microsecond before it, and the middle of each step."""
-    out: list[datetime] = []
+def probes(conn: Connection, cluster: str, rows: list[tuple[datetime, Totals]]) -> list[datetime]:
+    """Each stored change instant, the microsecond before it and the middle of each step; and every bound of
+    the four source tables' intervals and the microsecond before it (a change the counts missed is there)."""
+    out: set[datetime] = set()
     for i, (at, _) in enumerate(rows):
-        out += [at, at - timedelta(microseconds=1)]
+        out |= {at, at - timedelta(microseconds=1)}
         if i + 1 < len(rows):
-            out.append(at + (rows[i + 1][0] - at) / 2)
-    return out
+            out.add(at + (rows[i + 1][0] - at) / 2)
+    bounds = " UNION ".join(
+        f"SELECT lower(valid) AS t FROM {table} WHERE cluster = :c UNION SELECT upper(valid) FROM {table} "
+        "WHERE cluster = :c" for table in ("device_inventory", "device_allocations", "claim_consumers", "pod_phases"))
+    for t in conn.execute(text(f"SELECT t FROM ({bounds}) b WHERE t IS NOT NULL"), {"c": cluster}).scalars():
+        out |= {t, t - timedelta(microseconds=1)}
+    return sorted(out)
 
 
 def assert_counts_equal_the_aggregate(ledger: LedgerHandle, *, minimum_steps: int) -> int:
@@ -60,7 +66,7 @@ def assert_counts_equal_the_aggregate(ledger: LedgerHandle, *, minimum_steps: in
     with ledger.engine.connect() as conn:
         rows = steps(conn, ledger.cluster)
         assert len(rows) >= minimum_steps
-        for at in probes(rows):
+        for at in probes(conn, ledger.cluster, rows):
             want = aggregated(conn, at, ledger.cluster)
             assert counts.totals_at(conn, at, ledger.cluster) == want, at
             assert counts.totals_at(conn, at, None) == want, at  # one cluster: the sum over all is the same
@@ -215,3 +221,28 @@ def test_totals_at_any_instant_read_one_entry_of_the_counts_index(ledger: Ledger
         plan = "\n".join(str(r[0]) for r in conn.execute(text("EXPLAIN " + counts.TOTALS_AT_SQL),
                                                           {"at": datetime.now(UTC), "cluster": ledger.cluster}))
     assert "Index Scan Backward using occupancy_counts_pkey" in plan, plan
+
+
+def test_totals_over_all_clusters_need_every_cluster_covered_and_sum_them(ledger: LedgerHandle) -> None:
+    other = LedgerHandle(engine=ledger.engine, cluster="other")
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    other.replay(HISTORIES / "seed-lab.jsonl")
+    at = datetime(2026, 11, 2, 9, 30, tzinfo=UTC)
+    services.refresh_occupancy_counts(ledger.db, cluster=ledger.cluster)
+    with ledger.engine.connect() as conn:
+        one = counts.totals_at(conn, at, ledger.cluster)
+        assert one == aggregated(conn, at, ledger.cluster)
+        assert counts.totals_at(conn, at, None) is None  # "other" is not covered: the aggregate answers
+    assert services.refresh_occupancy_counts(ledger.db) == {"other": stored_rows(ledger, "other")}
+    with ledger.engine.connect() as conn:
+        both = counts.totals_at(conn, at, None)
+        assert both == aggregated(conn, at, None)
+    assert one is not None and both == {k: 2 * v for k, v in one.items()}  # the same lab twice
+    assert one["devices"] == 8  # seed-lab.expected.json: 8 GPUs on the one node
+
+
+def stored_rows(ledger: LedgerHandle, cluster: str) -> int:
+    """How many ``occupancy_counts`` rows ``cluster`` has (the one at ``-infinity`` included)."""
+    with ledger.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM occupancy_counts WHERE cluster = :c"),
+                                {"c": cluster}).scalar_one())
