@@ -328,7 +328,7 @@ def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:
         conn.execute(text("ANALYZE"))  # what autovacuum does after a bulk load; the planner needs the statistics
-    # As in production, where the worker's hourly job keeps the occupancy counts: compute them first (timed
+    # As in production, where the worker's occupancy-counts job keeps the counts: compute them first (timed
     # apart, reported below), then ask what GET /v1/occupancy serves.
     counts_s, written = timed(lambda: services.refresh_occupancy_counts(db, cluster=CLUSTER))
     lo, hi = bounds(db)

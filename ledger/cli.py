@@ -686,7 +686,7 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
         times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
         report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
         _print_report(report)
-        services.refresh_occupancy_counts(db, cluster=DEMO_CLUSTER)  # what the hourly job keeps up
+        services.refresh_occupancy_counts(db, cluster=DEMO_CLUSTER)  # what the occupancy-counts job keeps up
         start, end = min(times), max(times)
         busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
         out.rule(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")

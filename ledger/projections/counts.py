@@ -29,7 +29,7 @@ transaction, since an event changes the intervals only at or after its own time.
 recorded for a pod makes its consumer intervals *before* that phase not live (a pod known to the
 ledger is live only in a non-terminal phase), so the first ``PodPhaseChanged`` of a pod lowers coverage
 to the start of the pod's consumer intervals as well. :func:`refresh` recomputes from ``valid_before`` on (the
-hourly job, ``rebuild``, ``demo``); until then questions at later instants use the aggregate.
+``occupancy-counts`` job every minute, ``rebuild``, ``demo``); until then questions at later instants use the aggregate.
 """
 
 from __future__ import annotations
