@@ -40,7 +40,7 @@ from datetime import datetime
 from sqlalchemy import Connection, text
 
 from ledger.events import RecordedEvent
-from ledger.projections.base import TERMINAL
+from ledger.projections.base import TERMINAL, clusters
 
 UNCHANGED_BY = frozenset({"DeviceClassDefined", "DeviceClassChanged", "DeviceClassDeleted", "TeamAssigned"})
 """Event types that leave the counts alone: device classes are not read by them, and a team relabel only
@@ -190,7 +190,8 @@ def forget_all(conn: Connection) -> None:
     conn.execute(text("UPDATE occupancy_count_coverage SET valid_before = '-infinity'"))
     conn.execute(text(
         "INSERT INTO occupancy_count_coverage (cluster, valid_before) "
-        "SELECT DISTINCT cluster, '-infinity'::timestamptz FROM events ON CONFLICT (cluster) DO NOTHING"))
+        "SELECT unnest(CAST(:clusters AS text[])), '-infinity'::timestamptz ON CONFLICT (cluster) DO NOTHING"),
+        {"clusters": clusters(conn)})
 
 
 def uncovered_clusters(conn: Connection) -> list[str]:

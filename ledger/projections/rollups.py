@@ -278,7 +278,3 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
             row["deviceClass"] = row[group_by]
     return {"from": rfc3339(start), "to": rfc3339(end), "groupBy": group_by, "step": None, "rows": out}
 
-
-def clusters(conn: Connection) -> Sequence[str]:
-    """Every cluster the ledger holds events of, sorted."""
-    return [str(c) for c in conn.execute(text("SELECT DISTINCT cluster FROM events ORDER BY cluster")).scalars()]

@@ -18,8 +18,8 @@ from sqlalchemy import Connection, text
 from ledger.config import LedgerConfig
 from ledger.projections import pending as pending_report
 from ledger.projections import queries, quotas
+from ledger.projections.base import clusters
 from ledger.projections.queries import IdleThresholds
-from ledger.projections.rollups import clusters
 from ledger.recorded import parse_time
 
 

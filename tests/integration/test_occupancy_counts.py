@@ -12,6 +12,7 @@ from sqlalchemy import Connection, text
 
 from ledger import services
 from ledger.projections import counts, queries
+from ledger.projections.base import clusters
 from ledger.simulate import write_history
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject
@@ -228,6 +229,8 @@ def test_totals_over_all_clusters_need_every_cluster_covered_and_sum_them(ledger
     ledger.replay(HISTORIES / "seed-lab.jsonl")
     other.replay(HISTORIES / "seed-lab.jsonl")
     at = datetime(2026, 11, 2, 9, 30, tzinfo=UTC)
+    with ledger.engine.connect() as conn:
+        assert clusters(conn) == ["default", "other"]  # the skip scan of the events' cluster index finds both
     services.refresh_occupancy_counts(ledger.db, cluster=ledger.cluster)
     with ledger.engine.connect() as conn:
         one = counts.totals_at(conn, at, ledger.cluster)
