@@ -198,7 +198,23 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
         "count(*) FILTER (WHERE shared) AS shared FROM units")
 
 
-def occupancy_totals(conn: Connection, *, at: datetime, scope: OccupancyScope = OccupancyScope()) -> JSONObject:
+Counted = Mapping[str, int] | None
+"""The occupancy counts of a cluster at T (:func:`ledger.projections.counts.totals_at`), or ``None``."""
+LOOK_UP: Literal["look up"] = "look up"
+"""Passed as ``counted``: the function reads the occupancy counts itself."""
+
+
+def cluster_counts(conn: Connection, at: datetime, scope: OccupancyScope) -> Counted:
+    """The occupancy counts of ``scope.cluster`` (all clusters when ``None``) at ``at``, or ``None`` when they
+    do not cover ``at`` or ``scope`` has a node or team filter (those list devices the cluster's counts do
+    not describe). One lookup serves a page and its totals (:func:`occupancy`)."""
+    if scope.node is not None or scope.teams is not None:
+        return None
+    return counts.totals_at(conn, at, scope.cluster)
+
+
+def occupancy_totals(conn: Connection, *, at: datetime, scope: OccupancyScope = OccupancyScope(),
+                     counted: Counted | Literal["look up"] = LOOK_UP) -> JSONObject:
     """Totals of the occupancy at ``at`` over every device of ``scope`` (all pages).
 
     Sources: for whole clusters, one row of ``occupancy_counts`` when it covers ``at``
@@ -214,14 +230,15 @@ def occupancy_totals(conn: Connection, *, at: datetime, scope: OccupancyScope = 
         non-``adminAccess`` allocation or by one whose claim has more than one live consumer;
         ``free = devices - allocated`` (never negative). With ``scope.teams``: the same per device,
         over the devices holding an allocation of those teams and over those allocations only.
+        ``counted``: :func:`cluster_counts` already read by the caller (default: read here).
     """
-    if scope.node is None and scope.driver is None and scope.pool is None and scope.teams is None:
+    if counted == LOOK_UP:
+        counted = cluster_counts(conn, at, scope)
+    if isinstance(counted, Mapping) and scope.driver is None and scope.pool is None:
         # Whole clusters: one row of the occupancy counts when they cover ``at`` (equal to the aggregate,
         # tested at every change instant of recorded histories), instead of a visit of every device.
-        counted = counts.totals_at(conn, at, scope.cluster)
-        if counted is not None:
-            return {"devices": counted["devices"], "allocated": counted["allocated"],
-                    "free": counted["devices"] - counted["allocated"], "shared": counted["shared"]}
+        return {"devices": counted["devices"], "allocated": counted["allocated"],
+                "free": counted["devices"] - counted["allocated"], "shared": counted["shared"]}
     with _planner_settings(conn, TOTALS_PLANNER_SETTINGS):
         row = conn.execute(text(occupancy_totals_statement(scope)), {"at": at, **scope.params()}).one()
     return {"devices": int(row.devices), "allocated": int(row.allocated),
@@ -323,13 +340,13 @@ def _planner_settings(conn: Connection, settings: Mapping[str, str]) -> Iterator
 
 
 def _page_devices(conn: Connection, *, at: datetime, scope: OccupancyScope, after: DeviceSortKey | None,
-                  n: int) -> list[_Picked]:
+                  n: int, counted: Counted) -> list[_Picked]:
     with _planner_settings(conn, PAGE_PLANNER_SETTINGS):
-        return _pick_devices(conn, at=at, scope=scope, after=after, n=n)
+        return _pick_devices(conn, at=at, scope=scope, after=after, n=n, counted=counted)
 
 
 def _pick_devices(conn: Connection, *, at: datetime, scope: OccupancyScope, after: DeviceSortKey | None,
-                  n: int) -> list[_Picked]:
+                  n: int, counted: Counted) -> list[_Picked]:
     """The first ``n`` devices after ``after``: (key, node, model, offSlice); node/model/offSlice are
     ``None`` for a team-limited page (they come from the allocations, see :func:`_holders`)."""
     params: dict[str, object] = {"at": at, "n": n, **scope.params()}
@@ -357,8 +374,7 @@ def _pick_devices(conn: Connection, *, at: datetime, scope: OccupancyScope, afte
     # (all of them after ``after`` when the inventory ran out before ``n`` rows). When the occupancy counts
     # cover T and say the cluster has none (as at most instants), the walk for them is skipped: about half
     # of a page's time on the 10 M-event ledger. Driver and pool filters only narrow the cluster's set, so
-    # none stays none; a node filter also lists devices whose inventory row is on another node, so it looks.
-    counted = counts.totals_at(conn, at, scope.cluster) if scope.node is None else None
+    # none stays none; with a node filter there are no counts (:func:`cluster_counts`), so it looks.
     if counted is None or counted["off_slice"] > 0:
         _, off_sql = occupancy_page_statements(scope, after=after, upper=upper)
         off = conn.execute(text(off_sql), {**params, **_key_params("a_", after), **_key_params("u_", upper)}).all()
@@ -368,20 +384,26 @@ def _pick_devices(conn: Connection, *, at: datetime, scope: OccupancyScope, afte
 
 
 def occupancy_devices(conn: Connection, *, at: datetime, scope: OccupancyScope = OccupancyScope(),
-                      after: DeviceSortKey | None = None, limit: int = OCCUPANCY_DEFAULT_LIMIT
-                      ) -> tuple[list[JSONValue], DeviceSortKey | None]:
+                      after: DeviceSortKey | None = None, limit: int = OCCUPANCY_DEFAULT_LIMIT,
+                      counted: Counted | Literal["look up"] = LOOK_UP) -> tuple[list[JSONValue], DeviceSortKey | None]:
     """One page of devices at ``at`` with their holders; returns (devices, key to resume after or None).
 
     Only the page's devices have their allocations (btree ``device_allocations_key_idx``) and their
     claims' consumers (``claim_consumers_key_idx``) read. Devices are ordered by (cluster, driver,
     pool, device) in the database collation (``C`` for ledgers the ledger creates: code-point order).
 
+    ``counted``: :func:`cluster_counts` already read by the caller (default: read here); when they say the
+    cluster has no off-slice device at ``at``, the page does not look for them.
+
     Raises:
         Invalid: ``limit`` outside 1..:data:`OCCUPANCY_MAX_LIMIT`.
     """
     if not 1 <= limit <= OCCUPANCY_MAX_LIMIT:
         raise Invalid(f"limit must be between 1 and {OCCUPANCY_MAX_LIMIT}, got {limit}")
-    picked = _page_devices(conn, at=at, scope=scope, after=after, n=limit + 1)
+    if counted == LOOK_UP:
+        counted = cluster_counts(conn, at, scope)
+    picked = _page_devices(conn, at=at, scope=scope, after=after, n=limit + 1,
+                           counted=counted if isinstance(counted, Mapping) else None)
     more = len(picked) > limit
     picked = picked[:limit]
     holders = _holders(conn, at=at, scope=scope, keys=[p[0] for p in picked])
@@ -481,8 +503,9 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     """
     scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
                            teams=frozenset(teams) if teams is not None else None)
-    devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit)
-    totals = occupancy_totals(conn, at=at, scope=scope)
+    counted = cluster_counts(conn, at, scope)  # once for the page and its totals
+    devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit, counted=counted)
+    totals = occupancy_totals(conn, at=at, scope=scope, counted=counted)
     return OccupancyPage(body={"at": rfc3339(at), "totals": totals, "devices": devices}, next_after=next_after)
 
 
@@ -496,14 +519,17 @@ def occupancy_all(conn: Connection, *, at: datetime, cluster: str | None = None,
     """
     scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
                            teams=frozenset(teams) if teams is not None else None)
+    counted = cluster_counts(conn, at, scope)  # once for every page and the totals
     devices: list[JSONValue] = []
     after: DeviceSortKey | None = None
     while True:
-        page, after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=OCCUPANCY_MAX_LIMIT)
+        page, after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=OCCUPANCY_MAX_LIMIT,
+                                        counted=counted)
         devices.extend(page)
         if after is None:
             break
-    return {"at": rfc3339(at), "totals": occupancy_totals(conn, at=at, scope=scope), "devices": devices}
+    return {"at": rfc3339(at), "totals": occupancy_totals(conn, at=at, scope=scope, counted=counted),
+            "devices": devices}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
