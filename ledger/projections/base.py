@@ -9,7 +9,7 @@ yields an empty interval instead of an invalid range.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -20,6 +20,8 @@ from ledger.types import JSONValue
 
 TERMINAL = ("Succeeded", "Failed")
 """Pod phases (``status.phase``) in which a pod no longer uses its claims: its consumer rows are not live."""
+TERMINAL_SQL = ", ".join(f"'{phase}'" for phase in TERMINAL)
+""":data:`TERMINAL` as an SQL list (``phase NOT IN (...)``)."""
 
 
 class Projection(Protocol):
@@ -86,6 +88,16 @@ def json_value(value: object) -> JSONValue:
         return loaded
     assert value is None or isinstance(value, dict | list | int | float | bool)
     return value
+
+
+def earliest_by_cluster(events: Iterable[RecordedEvent]) -> dict[str, datetime]:
+    """The earliest ``occurred_at`` per cluster among ``events``: from there on, they may change read models."""
+    earliest: dict[str, datetime] = {}
+    for event in events:
+        first = earliest.get(event.cluster)
+        if first is None or event.occurred_at < first:
+            earliest[event.cluster] = event.occurred_at
+    return earliest
 
 
 def clusters(conn: Connection) -> list[str]:

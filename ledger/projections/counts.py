@@ -40,14 +40,13 @@ from datetime import datetime
 from sqlalchemy import Connection, text
 
 from ledger.events import RecordedEvent
-from ledger.projections.base import TERMINAL, clusters
+from ledger.projections.base import TERMINAL_SQL, clusters, earliest_by_cluster
 
 UNCHANGED_BY = frozenset({"DeviceClassDefined", "DeviceClassChanged", "DeviceClassDeleted", "TeamAssigned"})
 """Event types that leave the counts alone: device classes are not read by them, and a team relabel only
 changes ``device_allocations.team``, which cluster totals do not read. Every other type lowers coverage
 (some, like ``ClaimCreated``, change none of the four tables: forgetting more is only slower)."""
 
-_TERMINAL = ", ".join(f"'{phase}'" for phase in TERMINAL)
 
 
 def _at_least_two(name: str, source: str, key: str) -> str:
@@ -79,7 +78,7 @@ live AS (
         THEN multirange(c.valid * w.r)
         ELSE multirange(c.valid * w.r) * coalesce((
             SELECT range_agg(p.valid) FROM pod_phases p WHERE p.cluster = :cluster AND p.pod_uid = c.uid
-              AND p.phase NOT IN ({_TERMINAL})), '{{}}'::tstzmultirange) END) AS r
+              AND p.phase NOT IN ({TERMINAL_SQL})), '{{}}'::tstzmultirange) END) AS r
     FROM claim_consumers c, w
     WHERE c.cluster = :cluster AND c.valid && w.r AND NOT isempty(c.valid)
       AND c.claim_uid IN (SELECT claim_uid FROM alloc WHERE NOT admin_access)),
@@ -160,17 +159,10 @@ def forget_for_batch(conn: Connection, batch: Iterable[RecordedEvent]) -> None:
     ``claim_consumers_consumer_idx``): only the first phase changes whether earlier consumer rows were
     live. Consumer rows the batch itself adds start at or after its earliest event, already covered.
     """
-    earliest: dict[str, datetime] = {}
+    changing = [event for event in batch if event.type not in UNCHANGED_BY]
+    earliest = earliest_by_cluster(changing)
     pods: dict[str, set[str]] = {}
-
-    def lower(cluster: str, at: datetime) -> None:
-        if cluster not in earliest or at < earliest[cluster]:
-            earliest[cluster] = at
-
-    for event in batch:
-        if event.type in UNCHANGED_BY:
-            continue
-        lower(event.cluster, event.occurred_at)
+    for event in changing:
         uid = event.payload.get("uid")
         if event.type == "PodPhaseChanged" and isinstance(uid, str):
             pods.setdefault(event.cluster, set()).add(uid)
@@ -179,8 +171,8 @@ def forget_for_batch(conn: Connection, batch: Iterable[RecordedEvent]) -> None:
             "SELECT min(lower(c.valid)) FROM claim_consumers c WHERE c.cluster = :c AND c.uid = ANY(:uids) "
             "AND c.resource = 'pods' AND NOT isempty(c.valid) AND NOT EXISTS (SELECT 1 FROM pod_phases p "
             " WHERE p.cluster = c.cluster AND p.pod_uid = c.uid)"), {"c": cluster, "uids": sorted(uids)}).scalar()
-        if isinstance(start, datetime):
-            lower(cluster, start)
+        if isinstance(start, datetime) and start < earliest[cluster]:
+            earliest[cluster] = start
     forget(conn, earliest)
 
 

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
 from ledger.projections import counts
-from ledger.projections.base import TERMINAL
+from ledger.projections.base import TERMINAL, TERMINAL_SQL
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.types import JSONObject, JSONValue
 
@@ -144,7 +144,7 @@ _LIVE_CONSUMER = (
     "(c.resource <> 'pods' "
     " OR NOT EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid) "
     " OR EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.uid "
-    f"  AND p.valid @> :at AND p.phase NOT IN ({', '.join(repr(phase) for phase in TERMINAL)})))")
+    f"  AND p.valid @> :at AND p.phase NOT IN ({TERMINAL_SQL})))")
 """SQL of :func:`consumers_at`'s liveness: a pod is live unless seen terminal at T or gone; others are live."""
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, text
 from ledger.events import RecordedEvent
 from ledger.projections import counts
 from ledger.projections import whole_history as whole
-from ledger.projections.base import Projection
+from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
@@ -61,13 +61,8 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
                     projection.apply_event(conn, event)
     if ALLOCATIONS in positions:
         # Rolled usage hours are sums of device_allocations: forget those this batch may have changed.
-        earliest: dict[str, datetime] = {}
-        for event in batch:
-            if event.type in ALLOCATION_EVENTS and event.global_position > positions[ALLOCATIONS]:
-                first = earliest.get(event.cluster)
-                if first is None or event.occurred_at < first:
-                    earliest[event.cluster] = event.occurred_at
-        forget_rolled_hours(conn, earliest)
+        forget_rolled_hours(conn, earliest_by_cluster(
+            e for e in batch if e.type in ALLOCATION_EVENTS and e.global_position > positions[ALLOCATIONS]))
     last = batch[-1].global_position
     now = datetime.now(UTC)
     for projection in projections:
