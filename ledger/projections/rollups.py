@@ -176,16 +176,19 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
 
 
 def forget_rolled_hours(conn: Connection, earliest: Mapping[str, datetime]) -> None:
-    """Delete the rolled hours a batch of events may have changed: per cluster, from the hour of its
-    earliest ``occurred_at`` on (an event changes the read models only at or after its own time).
+    """Delete the rolled hours a batch of events may have changed: of every cluster, from the hour of the
+    earliest ``occurred_at`` in ``earliest`` on (an event changes the read models only at or after its
+    own time).
 
-    Both ``usage_rollups`` and ``usage_rollups_by_team`` lose those hours, in the caller's transaction.
-    The usage queries then take those hours from the live intervals, and the next hourly run rolls them
-    up again (it restarts from the last rolled hour left). Live events land in the current hour, which is
-    never rolled; a late or back-filled event forgets exactly the hours it may have changed.
+    Every cluster, not only those of the batch: an hour counts as rolled up when any cluster has rows for
+    it (:func:`usage_from_rollups` over all clusters, :func:`last_rolled_hour` where the next run starts),
+    so forgetting one cluster's hour alone would leave usage over all clusters without that cluster's
+    seconds, and the next run would not roll it again. Both ``usage_rollups`` and
+    ``usage_rollups_by_team`` lose those hours, in the caller's transaction. Live events land in the
+    current hour, which is never rolled; a late or back-filled event forgets the hours it may change.
     """
-    for cluster, at in earliest.items():
-        _forget_hours(conn, "cluster = :c AND hour >= :h", {"c": cluster, "h": floor_hour(at)})
+    if earliest:
+        _forget_hours(conn, "hour >= :h", {"h": floor_hour(min(earliest.values()))})
 
 
 def forget_all_rolled_hours(conn: Connection) -> None:

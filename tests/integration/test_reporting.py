@@ -22,7 +22,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from ledger import services
-from ledger.projections import rollups
+from ledger.projections import queries, rollups
 from ledger.projections.rollups import floor_hour
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
@@ -388,6 +388,33 @@ def test_a_late_event_in_rolled_hours_forgets_them_and_usage_stays_the_live_answ
     team = next(t for t in ml_train if ml_train[t] != ml_after.get(t))
     # One GPU released 1 h 45 min before the window's end: exactly that many device-hours fewer.
     assert ml_train[team] - ml_after[team] == pytest.approx(1.75, abs=1e-6)
+
+
+def test_a_late_event_in_one_cluster_keeps_usage_over_all_clusters_the_live_answer(ledger: LedgerHandle,
+                                                                                    tmp_path: Path) -> None:
+    # The seed lab in two clusters, rolled up; pick-seven's late DELETED (10:15) arrives in "default" only.
+    other = LedgerHandle(engine=ledger.engine, cluster="other")
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    other.replay(HISTORIES / "seed-lab.jsonl")
+    assert services.rollup_usage(ledger.db, start=FROM, end=TO) == 3
+    late = json.loads((HISTORIES / "seed-lab.jsonl").read_text().splitlines()[11])
+    late.update(type="DELETED", observedAt="2026-11-02T10:15:00Z")
+    (tmp_path / "late.jsonl").write_text(json.dumps(late) + "\n")
+    before: Any = services.usage(ledger.db, start=FROM, end=TO, group_by="team")
+
+    assert ledger.replay(tmp_path / "late.jsonl").events > 0
+    after: Any = services.usage(ledger.db, start=FROM, end=TO, group_by="team")
+    with ledger.engine.connect() as conn:
+        live: Any = queries.usage(conn, start=FROM, end=TO, group_by="team", cluster=None)
+
+    assert after == live  # over all clusters, "default"'s forgotten hours are not read from "other"'s rows
+    gpu = {r["team"]: r["deviceHours"] for r in before["rows"] if r["driver"] == "gpu.example.com"}
+    gpu_after = {r["team"]: r["deviceHours"] for r in after["rows"] if r["driver"] == "gpu.example.com"}
+    team = next(t for t in gpu if gpu[t] != gpu_after.get(t))
+    assert gpu[team] - gpu_after[team] == pytest.approx(1.75, abs=1e-6)  # one GPU, 1 h 45 min, one cluster
+    # The next run rolls the forgotten hours up again for both clusters, with the same answer.
+    assert services.rollup_usage(ledger.db, end=TO) == 3
+    assert services.usage(ledger.db, start=FROM, end=TO, group_by="team") == live
 
 
 def test_usage_never_bills_hours_that_have_not_happened(reported: LedgerHandle) -> None:
