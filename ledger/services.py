@@ -254,9 +254,12 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
             on_batch(batch)
         touched = set(state.dirty) | set(fetched)
     # Committed: drop the tombstones this chunk loaded or wrote from memory (they are in the database).
+    # The prefix first: entries are kept packed, and reading a pool decompresses it.
     for key in touched:
+        if not key.startswith(EVICTED_PREFIXES):
+            continue
         entry = state.entries.get(key)
-        if entry is not None and entry.get("deleted") and key.startswith(EVICTED_PREFIXES):
+        if entry is not None and entry.get("deleted"):
             del state.entries[key]
     return chunk_report
 

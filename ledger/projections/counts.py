@@ -93,18 +93,18 @@ pieces AS (
     UNION ALL SELECT 's', driver, pool, device, r FROM doubly_held
     UNION ALL SELECT 's', a.driver, a.pool, a.device, a.r * m.r FROM alloc a
         JOIN multi m ON m.claim_uid = a.claim_uid AND m.r && a.r WHERE NOT a.admin_access),
+-- The parts of the pieces no inventory row of their device covers (computed once, read twice below).
+outside AS (
+    SELECT k.kind, k.driver, k.pool, k.device, unnest(multirange(k.r) - coalesce(c.m, '{{}}'::tstzmultirange)) AS r
+    FROM pieces k LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device),
 -- The same pieces per unit: inside an inventory row the row's unit, outside every row the device itself.
 unit_pieces AS (
     SELECT 'p' AS kind, driver, pool, unit, r FROM inv
     UNION ALL SELECT k.kind, i.driver, i.pool, i.unit, k.r * i.r FROM pieces k JOIN inv i
         ON i.driver = k.driver AND i.pool = k.pool AND i.device = k.device AND i.r && k.r WHERE k.kind <> 'p'
-    UNION ALL SELECT k.kind, k.driver, k.pool, 'device:' || k.device,
-        unnest(multirange(k.r) - coalesce(c.m, '{{}}'::tstzmultirange)) FROM pieces k
-        LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device
+    UNION ALL SELECT kind, driver, pool, 'device:' || device, r FROM outside
     -- Off-slice devices (held, no inventory row): counted apart, so a page can skip looking for them.
-    UNION ALL SELECT 'o', k.driver, k.pool, k.device,
-        unnest(multirange(k.r) - coalesce(c.m, '{{}}'::tstzmultirange)) FROM pieces k
-        LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device WHERE k.kind = 'p'),
+    UNION ALL SELECT 'o', driver, pool, device, r FROM outside WHERE kind = 'p'),
 unit_ranges AS (
     SELECT kind, unnest(range_agg(r)) AS r FROM unit_pieces WHERE NOT isempty(r) GROUP BY kind, driver, pool, unit),
 steps AS (
@@ -201,20 +201,20 @@ def refresh(conn: Connection, cluster: str) -> int:
     """
     conn.execute(text("INSERT INTO occupancy_count_coverage (cluster, valid_before) VALUES (:c, '-infinity') "
                       "ON CONFLICT (cluster) DO NOTHING"), {"c": cluster})
-    covered = conn.execute(text("SELECT valid_before = 'infinity' FROM occupancy_count_coverage WHERE cluster = :c "
-                                "FOR UPDATE"), {"c": cluster}).scalar_one()
-    if covered:
+    # As text: psycopg cannot load the infinite timestamps coverage uses; PostgreSQL reads them back.
+    t0 = conn.execute(text("SELECT CAST(valid_before AS text) FROM occupancy_count_coverage WHERE cluster = :c "
+                           "FOR UPDATE"), {"c": cluster}).scalar_one()
+    if t0 == "infinity":
         return 0
     # Sorting and aggregating every interval of a long history (millions of ranges on a 10 M-event ledger)
     # spills to disk under the default 4 MB; the setting ends with the caller's transaction.
     conn.execute(text("SELECT set_config('work_mem', :mem, true)"), {"mem": REFRESH_WORK_MEM})
-    t0 = "SELECT valid_before FROM occupancy_count_coverage WHERE cluster = :cluster"
-    conn.execute(text(f"DELETE FROM occupancy_counts WHERE cluster = :cluster AND at >= ({t0})"), {"cluster": cluster})
+    conn.execute(text("DELETE FROM occupancy_counts WHERE cluster = :cluster AND at >= CAST(:t0 AS timestamptz)"),
+                 {"cluster": cluster, "t0": t0})
     written = conn.execute(text(
         "INSERT INTO occupancy_counts (cluster, at, devices, allocated, shared, off_slice) "
         f"SELECT :cluster, at, devices, allocated, shared, off_slice FROM ({STEPS_SQL}) AS steps"),
-        {"cluster": cluster, "t0": conn.execute(text(f"SELECT CAST(({t0}) AS text)"), {"cluster": cluster})
-         .scalar_one()}).rowcount
+        {"cluster": cluster, "t0": t0}).rowcount
     conn.execute(text("UPDATE occupancy_count_coverage SET valid_before = 'infinity' WHERE cluster = :c"),
                  {"c": cluster})
     return int(written)

@@ -75,10 +75,10 @@ def vanished(state: TranslatorState, kind: str, listed: Iterable[str]) -> list[J
     present = set(listed)
     out: list[JSONObject] = []
     for key in sorted(k for k in state.entries if k.startswith(prefix) and k not in present):
-        if not known(state, key):
+        entry = state.get(key)  # read once: entries are kept packed (the test of known(), inline)
+        if entry is None or entry.get("deleted"):
             continue
         ident = key[len(prefix):]
-        entry = state.entries[key]
         obj = _tombstone(state, kind, ident, entry)
         if obj is not None:
             out.append(obj)
