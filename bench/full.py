@@ -11,7 +11,8 @@ Steps, each printed with its figure and written to ``--output`` (JSON):
 1. ``simulate``: 5,000 nodes x 8 GPUs for ``--hours`` (52 h gives ~8.3 M watch lines, ~10.3 M events).
 2. ``ingest``: :func:`ledger.services.ingest` of that file into database ``--database`` (created; kept),
    with a progress line a minute; watch lines/s.
-3. ``rebuild``: :func:`ledger.projections.runner.rebuild` of every read model; events/s. Then ``ANALYZE``.
+3. ``rebuild``: :func:`ledger.projections.runner.rebuild` of every read model; events/s. Then the
+   occupancy counts over the whole history (:func:`ledger.services.refresh_occupancy_counts`) and ``ANALYZE``.
 4. ``state``: resident memory a worker pays at start for this cluster's translator state
    (:func:`ledger.services.load_state`), measured in a fresh process from ``/proc/self/status``.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,15 +31,13 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from bench.run import CLUSTER, DEFAULT_ADMIN_URL, timed
 from ledger import services
 from ledger.projections import runner
 from ledger.recorded import read_history
-from ledger.simulate import FleetSpec, write_history
+from ledger.simulate import FleetSpec, SimulationSummary, write_history
 from ledger.store.database import LedgerDatabase
 from ledger.testing.pg import create_database
-
-DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-CLUSTER = "bench"
 
 _STATE_PROBE = """
 import json, sys
@@ -66,7 +66,8 @@ def state_rss(url: str, cluster: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     """Simulate, ingest, rebuild, measure the state; write ``--output``; exit status 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="A server the script may create databases on.")
+    parser.add_argument("--admin-url", default=os.environ.get("LEDGER_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
+                        help="A server the script may create databases on.")
     parser.add_argument("--database", default="bench_full", help="Database to create and keep.")
     parser.add_argument("--hours", type=float, default=52.0, help="Simulated hours of 5,000 nodes x 8 GPUs.")
     parser.add_argument("--history", type=Path, default=Path("bench-full.jsonl"), help="Where the history goes.")
@@ -75,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     figures: dict[str, object] = {}
 
-    start = time.perf_counter()
-    summary = write_history(FleetSpec(nodes=5000, gpus_per_node=8, hours=args.hours, seed=args.seed), args.history)
+    seconds, simulated = timed(lambda: write_history(
+        FleetSpec(nodes=5000, gpus_per_node=8, hours=args.hours, seed=args.seed), args.history))
+    assert isinstance(simulated, SimulationSummary)
+    summary = simulated
     figures["simulate"] = {"lines": summary.lines, "devices": summary.devices, "claims": summary.claims,
-                           "seconds": round(time.perf_counter() - start, 1)}
+                           "seconds": round(seconds, 1)}
     print(f"simulated {summary.lines:,} lines, {summary.devices:,} devices, {summary.claims:,} claims", flush=True)
 
     url = create_database(args.admin_url, args.database)
@@ -101,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds": round(seconds, 1), "linesPerSecond": round(summary.lines / seconds)}
     print(f"ingest: {summary.lines / seconds:,.0f} watch lines/s ({report.events:,} events)", flush=True)
 
-    start = time.perf_counter()
-    applied = runner.rebuild(db.engine)
-    seconds = time.perf_counter() - start
+    seconds, rebuilt = timed(lambda: runner.rebuild(db.engine))
+    applied = int(str(rebuilt))
     figures["rebuild"] = {"events": applied, "seconds": round(seconds, 1), "eventsPerSecond": round(applied / seconds)}
     print(f"rebuild: {applied / seconds:,.0f} events/s", flush=True)
+    seconds, written = timed(lambda: services.refresh_occupancy_counts(db, cluster=CLUSTER))
+    figures["occupancyCounts"] = {"rows": written, "seconds": round(seconds, 1)}
+    print(f"occupancy counts over the whole history: {written} rows in {seconds:.1f} s", flush=True)
     with db.engine.begin() as conn:
         conn.execute(text("ANALYZE"))
 

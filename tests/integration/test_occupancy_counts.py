@@ -16,6 +16,7 @@ from ledger.projections.base import clusters
 from ledger.simulate import write_history
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject
+from tests.factories import at as minutes_after_t0
 from tests.factories import claim, dig, gpu, history, pod, resource_slice, stamp, uid
 from tests.integration.test_simulate import SMALL
 from tests.paths import HISTORIES
@@ -118,7 +119,7 @@ def test_a_device_held_while_its_slice_is_gone_is_counted_and_listed_off_slice(l
         ("ADDED", published, 0), ("ADDED", claim(name="one", claim_uid=claim_uid, results=["gpu-0"]), 5),
         ("DELETED", published, 20), ("ADDED", again, 30)]))
     services.refresh_occupancy_counts(ledger.db)
-    gone, back = (datetime.fromisoformat(stamp(m).replace("Z", "+00:00")) for m in (25, 35))
+    gone, back = minutes_after_t0(25), minutes_after_t0(35)
     with ledger.engine.connect() as conn:
         assert counts.totals_at(conn, gone, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0,
                                                                  "off_slice": 1}
@@ -177,7 +178,7 @@ def test_a_pods_first_phase_recorded_late_forgets_its_consumers_whole_reservatio
         ("ADDED", resource_slice(name="s", devices=[gpu("gpu-0")]), 0), ("ADDED", held, 5),
         ("MODIFIED", reserved, 10)]))
     services.refresh_occupancy_counts(ledger.db)
-    at = datetime.fromisoformat(stamp(20).replace("Z", "+00:00"))
+    at = minutes_after_t0(20)
     with ledger.engine.connect() as conn:
         assert counts.totals_at(conn, at, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 1, "off_slice": 0}
     late_pod = pod(name="a", pod_uid=first, claim_name="pair")
@@ -195,7 +196,7 @@ def test_a_pods_first_phase_recorded_late_forgets_its_consumers_whole_reservatio
     ledger.replay(history(tmp_path / "done.jsonl", [("MODIFIED", done, 50)]))
     with ledger.engine.connect() as conn:
         valid_before = conn.execute(text("SELECT valid_before FROM occupancy_count_coverage")).scalar_one()
-        assert valid_before == datetime.fromisoformat(stamp(50).replace("Z", "+00:00"))
+        assert valid_before == minutes_after_t0(50)
         assert counts.totals_at(conn, at, ledger.cluster) == aggregated(conn, at, ledger.cluster)
 
 
