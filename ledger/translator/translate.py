@@ -90,14 +90,22 @@ class _Scratch:
     entries: dict[str, JSONObject] = field(default_factory=dict)
     dirty: set[str] = field(default_factory=set)
     deleted: set[str] = field(default_factory=set)
+    read: dict[str, JSONObject] = field(default_factory=dict)
+    """``base`` entries decoded in this call (each a new copy), so a line that reads an entry and then
+    takes it decodes it once: ``base`` keeps entries packed, and a claim line does both."""
 
     def get(self, key: str) -> JSONObject | None:
-        """Return the entry for ``key`` as this call sees it, or ``None``."""
+        """Return the entry for ``key`` as this call sees it, or ``None`` (callers only read it)."""
         if key in self.entries:
             return self.entries[key]
         if key in self.deleted:
             return None
-        return self.base.get(key)
+        if key not in self.read:
+            entry = self.base.get(key)
+            if entry is None:
+                return None
+            self.read[key] = entry
+        return self.read[key]
 
     def take(self, key: str) -> JSONObject | None:
         """Return a private copy of the entry for ``key``, stored in the overlay so edits stay in this call.
@@ -105,10 +113,11 @@ class _Scratch:
         A copy of ``base``'s entry is new already (:meth:`TranslatorState.get`); an entry written
         earlier in this call is copied, so events built from it never see later edits.
         """
+        written_here = key in self.entries
         entry = self.get(key)
         if entry is None:
             return None
-        mine = copy_json(entry) if key in self.entries else entry
+        mine = copy_json(entry) if written_here else self.read.pop(key)
         self.entries[key] = mine
         return mine
 
@@ -122,6 +131,7 @@ class _Scratch:
         """Forget ``key`` in the overlay (marked dirty, so the merge removes it from ``base``)."""
         self.deleted.add(key)
         self.entries.pop(key, None)
+        self.read.pop(key, None)
         self.dirty.add(key)
 
 
