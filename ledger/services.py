@@ -205,7 +205,8 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
         rejected_before = {digest: reason for digest, reason in known.items() if reason is not None}
         # Tombstones of claims and pods live in the database only: fetch those this chunk's lines touch.
         fetched = batch.load_entries(_absent_keys(chunk, seen, state))
-        state.entries.update(fetched)
+        for key, body in fetched.items():
+            state.entries.load_json(key, body)
         for item in chunk:
             origin = f"{item.source}:{item.line}"
             if item.digest in seen:

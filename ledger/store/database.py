@@ -19,7 +19,7 @@ from ledger.store import postgres as pg
 from ledger.store import schema
 from ledger.store.postgres import ObservationRow
 from ledger.translator.translate import TranslatorState
-from ledger.types import GlobalPosition, JSONObject
+from ledger.types import GlobalPosition
 
 
 def _first_line(error: OperationalError | DataError) -> str:
@@ -44,8 +44,9 @@ class AppendBatch:
         reason (``None`` when it was recorded)."""
         return pg.known_digests(self.conn, self.cluster, digests)
 
-    def load_entries(self, keys: Sequence[str]) -> dict[str, JSONObject]:
-        """Return the stored translator state entries of ``keys`` (tombstones kept out of memory)."""
+    def load_entries(self, keys: Sequence[str]) -> dict[str, str]:
+        """Return the stored translator state entries of ``keys`` as JSON text (tombstones kept out of
+        memory; load them with ``StateEntries.load_json``)."""
         return pg.load_entries(self.conn, self.cluster, keys)
 
     def save_watch_checkpoints(self, rows: Sequence[pg.WatchCheckpointRow]) -> None:
