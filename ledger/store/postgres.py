@@ -87,8 +87,15 @@ def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> dic
     ``error`` (the rejection reason; ``None`` for a recorded observation)."""
     if not digests:
         return {}
-    rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
-                        {"c": cluster, "d": list(digests)}).all()
+    if any("," in d for d in digests):  # never for the hex digests of ledger.recorded; kept correct anyway
+        rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
+                            {"c": cluster, "d": list(digests)}).all()
+    else:
+        # One comma-joined text the server splits: psycopg dumps a list parameter element by element in Python,
+        # which was 5 % of a file replay's samples for 5,000 digests a batch.
+        rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c "
+                                 "AND digest = ANY(string_to_array(:d, ','))"),
+                            {"c": cluster, "d": ",".join(digests)}).all()
     return {str(r.digest): None if r.error is None else str(r.error) for r in rows}
 
 
@@ -203,21 +210,43 @@ def load_entries(conn: Connection, cluster: str, keys: Sequence[str]) -> dict[st
     return {str(r.key): str(r.state) for r in rows}
 
 
+@dataclass(frozen=True, slots=True)
+class StateRows:
+    """Translator state entries to write: ``upserts`` maps a state key to its entry as JSON text, ``deletes``
+    lists keys whose entry is gone. A snapshot taken with :func:`dirty_rows`, so the translator may go on
+    changing its memory while the rows are written (a pipelined ingest)."""
+
+    upserts: dict[str, str]
+    deletes: list[str]
+
+
+def dirty_rows(state: TranslatorState) -> StateRows:
+    """Snapshot the keys in ``state.dirty`` as rows to write, and clear ``dirty``."""
+    upserts = {k: _entry_json(state, k) for k in state.dirty if k in state.entries}
+    deletes = [k for k in state.dirty if k not in state.entries]
+    state.dirty.clear()
+    return StateRows(upserts=upserts, deletes=deletes)
+
+
 def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:
     """Persist the keys in ``state.dirty`` (upsert, or delete when gone) and clear ``dirty``."""
-    keys = [k for k in state.dirty if k in state.entries]
-    deletes = [k for k in state.dirty if k not in state.entries]
-    if keys:
-        # One statement over two arrays: an executemany of single-row upserts cost a statement execution
-        # per key on the server.
+    save_state_rows(conn, cluster, dirty_rows(state))
+
+
+def save_state_rows(conn: Connection, cluster: str, rows: StateRows) -> None:
+    """Upsert ``rows.upserts`` into ``translator_state`` and delete ``rows.deletes``, in the caller's transaction."""
+    if rows.upserts:
+        # One statement over one JSON document {key: entry}: the entries are JSON text already, so the document
+        # is a join of strings, and the server parses it once. Passing them as text[]/jsonb[] arrays instead cost
+        # the client an array-literal escape of every entry (7 % of an ingest's samples).
+        document = "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in rows.upserts.items()) + "}"
         conn.execute(text("INSERT INTO translator_state (cluster, key, state) "
-                          "SELECT :c, k, s FROM unnest(CAST(:k AS text[]), CAST(:s AS jsonb[])) AS u(k, s) "
+                          "SELECT :c, e.key, e.value FROM jsonb_each(CAST(:doc AS jsonb)) AS e "
                           "ON CONFLICT ON CONSTRAINT translator_state_pkey DO UPDATE SET state = excluded.state"),
-                     {"c": cluster, "k": keys, "s": [_entry_json(state, k) for k in keys]})
-    if deletes:
+                     {"c": cluster, "doc": document})
+    if rows.deletes:
         conn.execute(text("DELETE FROM translator_state WHERE cluster = :c AND key = ANY(:k)"),
-                     {"c": cluster, "k": deletes})
-    state.dirty.clear()
+                     {"c": cluster, "k": rows.deletes})
 
 
 def _entry_json(state: TranslatorState, key: str) -> str:
