@@ -32,6 +32,11 @@ class StreamConflict(Conflict):
         self.expected = expected
 
 
+class ObservationConflict(Conflict):
+    """Another writer recorded one of a batch's observations (same digest) first; nothing of the batch was
+    written. Raised by a batch translated ahead of its write, whose duplicate check ran before the append lock."""
+
+
 class Invalid(LedgerError):
     """Input that the ledger cannot accept; the message says what and where."""
 

@@ -13,14 +13,15 @@ import io
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid, LedgerError, StoreUnavailable, StreamConflict
-from ledger.events import RecordedEvent
+from ledger.errors import Conflict, Invalid, LedgerError, StoreUnavailable, StreamConflict
+from ledger.events import NewEvent, RecordedEvent
 from ledger.projections import counts, queries, rollups, runner, settled, snapshots
 from ledger.projections import pending as pending_demand
 from ledger.projections import quotas as quota_counting
@@ -29,8 +30,8 @@ from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import schema
-from ledger.store.database import AppendBatch, LedgerDatabase, unavailable_as_error
-from ledger.store.postgres import EVICTED_PREFIXES, ObservationRow, WatchCheckpointRow
+from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, unavailable_as_error
+from ledger.store.postgres import EVICTED_PREFIXES, ObservationRow, WatchCheckpointRow, dirty_rows
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
@@ -171,24 +172,137 @@ def _ingest_all(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], rep
                 cluster: str, settings: TranslatorSettings, at: datetime | None, batch_size: int,
                 progress: Progress | None, state: TranslatorState,
                 on_batch: Callable[[AppendBatch], None] | None) -> None:
+    if on_batch is None:
+        _ingest_pipelined(db, lines, report, cluster=cluster, settings=settings, at=at, batch_size=batch_size,
+                          progress=progress, state=state)
+        return
     for chunk in _chunks(lines, batch_size):
-        for attempt in range(1, CONFLICT_RETRIES + 1):
-            try:
-                chunk_report = _ingest_chunk(db, chunk, cluster=cluster, settings=settings, at=at, state=state,
-                                             on_batch=on_batch)
-                break
-            except StreamConflict:
-                # Another writer appended to these streams first. db.append reloaded the translator state;
-                # translating again skips what it recorded (digests) and continues its stream positions.
-                if attempt == CONFLICT_RETRIES:
-                    raise
-        report.merge(chunk_report)
+        report.merge(_ingest_with_retries(db, chunk, cluster=cluster, settings=settings, at=at, state=state,
+                                          on_batch=on_batch))
         if progress is not None:
             progress(len(chunk))
 
 
+def _ingest_with_retries(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *, cluster: str,
+                         settings: TranslatorSettings, at: datetime | None, state: TranslatorState,
+                         on_batch: Callable[[AppendBatch], None] | None) -> IngestReport:
+    for attempt in range(1, CONFLICT_RETRIES + 1):
+        try:
+            return _ingest_chunk(db, chunk, cluster=cluster, settings=settings, at=at, state=state,
+                                 on_batch=on_batch)
+        except StreamConflict:
+            # Another writer appended to these streams first. db.append reloaded the translator state;
+            # translating again skips what it recorded (digests) and continues its stream positions.
+            if attempt == CONFLICT_RETRIES:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 CONFLICT_RETRIES = 5
 """Attempts per batch when another writer moves a stream first (each retry re-reads the state)."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A translated batch handed to the writer thread, and what to do once it committed."""
+
+    chunk: Sequence[WatchLine | BrokenLine]
+    report: IngestReport
+    written: Future[None]
+    touched: set[str]
+    """State keys the batch changed or loaded: tombstones among them leave memory once it committed."""
+    known: dict[str, str | None]
+    """Digests of the batch's observations with their rejection reasons: the next batch's duplicates."""
+
+
+def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], report: IngestReport, *,
+                      cluster: str, settings: TranslatorSettings, at: datetime | None, batch_size: int,
+                      progress: Progress | None, state: TranslatorState) -> None:
+    """Ingest with batch N written by a writer thread while batch N + 1 is read and translated.
+
+    Why: a sequential ingest left the server idle while Python translated and Python idle while the
+    server parsed and indexed the rows (a tenth of the samples were waits on the server); on two cores the
+    two now overlap. At most one batch is in flight; each still commits its observations, events and
+    translator state in one transaction, in order, so a crash loses no more than sequential batches would.
+
+    The duplicate check and the tombstone fetch of batch N + 1 run before batch N commits, outside the
+    append lock: batch N's digests count as known, and a tombstone batch N wrote stays in memory until
+    no later translated batch touched it. Should another writer record a batch's observations or move its
+    streams first (one writer per cluster is assumed, but concurrent replays of one file happen), the
+    state is reloaded and the two batches in hand are ingested again the sequential way, under the lock.
+    """
+    in_flight: _InFlight | None = None
+
+    def again(chunks: Sequence[Sequence[WatchLine | BrokenLine]]) -> None:
+        # Lost a race: forget the translation of the batches in hand and ingest them again under the lock.
+        state.entries = db.load_state(cluster).entries
+        state.dirty.clear()
+        for lost in chunks:
+            report.merge(_ingest_with_retries(db, lost, cluster=cluster, settings=settings, at=at, state=state,
+                                              on_batch=None))
+            if progress is not None:
+                progress(len(lost))
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-append") as writer:
+        try:
+            for chunk in _chunks(lines, batch_size):
+                recorded_at = datetime.now(UTC)
+                known = db.known_digests(cluster, [x.digest for x in chunk])
+                pending = in_flight.touched if in_flight is not None else set()
+                if in_flight is not None:
+                    known = {**in_flight.known, **known}
+                # Keys the batch in flight changed are current in memory only: never fetch them.
+                fetched = db.load_entries(cluster, [k for k in _absent_keys(chunk, set(known), state)
+                                                    if k not in pending])
+                for key, body in fetched.items():
+                    state.entries.load_json(key, body)
+                observations: list[ObservationRow] = []
+                events: list[NewEvent] = []
+                chunk_report = _translate_lines(chunk, known, cluster=cluster, settings=settings, at=at,
+                                                recorded_at=recorded_at, state=state, observations=observations,
+                                                events=events)
+                touched = set(state.dirty) | set(fetched)
+                rows = PreparedAppend(observations=observations, events=events, state=dirty_rows(state))
+                if in_flight is not None:
+                    try:
+                        _settle(in_flight, state, report, progress, later=touched)
+                    except Conflict:
+                        lost, in_flight = in_flight, None
+                        again([lost.chunk, chunk])
+                        continue
+                in_flight = _InFlight(chunk=chunk, report=chunk_report, touched=touched,
+                                      written=writer.submit(db.write, cluster, rows),
+                                      known={o.digest: o.error for o in observations})
+            if in_flight is not None:
+                try:
+                    _settle(in_flight, state, report, progress, later=set())
+                except Conflict:
+                    lost, in_flight = in_flight, None
+                    again([lost.chunk])
+                in_flight = None
+        except BaseException:
+            # Whatever failed (a write, the file, the caller's interrupt), memory may hold changes that did not
+            # commit: wait for the write in flight and match the state to the database again.
+            if in_flight is not None:
+                wait([in_flight.written])
+            state.entries = db.load_state(cluster).entries  # as db.append does after a failed batch
+            state.dirty.clear()
+            raise
+
+
+def _settle(done: _InFlight, state: TranslatorState, report: IngestReport, progress: Progress | None, *,
+            later: set[str]) -> None:
+    """Wait for ``done``'s write; once committed, count it and drop its tombstones that no later batch
+    touched (``later``) from memory.
+
+    Raises:
+        whatever the write raised (a ``Conflict`` for a lost race).
+    """
+    done.written.result()
+    report.merge(done.report)
+    _evict_tombstones(state, done.touched - later)
+    if progress is not None:
+        progress(len(done.chunk))
 
 
 def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *, cluster: str,
@@ -196,72 +310,93 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
                   on_batch: Callable[[AppendBatch], None] | None) -> IngestReport:
     """One append transaction for ``chunk`` (see :func:`ingest`)."""
     recorded_at = datetime.now(UTC)
-    chunk_report = IngestReport(lines=len(chunk))
     with db.append(cluster, state) as batch:
         known = batch.known([x.digest for x in chunk])
-        seen = set(known)
-        # A line rejected by an earlier replay is still a bad line: report it again (a re-run of a bad file
-        # must not look clean), with the reason stored then.
-        rejected_before = {digest: reason for digest, reason in known.items() if reason is not None}
         # Tombstones of claims and pods live in the database only: fetch those this chunk's lines touch.
-        fetched = batch.load_entries(_absent_keys(chunk, seen, state))
+        fetched = batch.load_entries(_absent_keys(chunk, set(known), state))
         for key, body in fetched.items():
             state.entries.load_json(key, body)
-        for item in chunk:
-            origin = f"{item.source}:{item.line}"
-            if item.digest in seen:
-                chunk_report.duplicates += 1
-                if (reason := rejected_before.pop(item.digest, None)) is not None:
-                    chunk_report.rejected.append(Rejection(origin=origin, reason=f"{reason} (already recorded "
-                                                           "as rejected)"))
-                continue
-            seen.add(item.digest)
-            if isinstance(item, BrokenLine):
-                batch.observations.append(ObservationRow(
-                    digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
-                    name=None, uid=None, resource_version=None, watch_type=None, observed_at=None,
-                    recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason), body=_no_nul(item.text)))
-                chunk_report.rejected.append(Rejection(origin=origin, reason=_no_nul(item.reason)))
-                continue
-            if item.holds_nul:
-                reason = _no_nul(f"{_describe(item)}: holds a NUL character (\\u0000), which PostgreSQL "
-                                 "cannot store")
-                batch.observations.append(ObservationRow(
-                    digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
-                    name=None, uid=None, resource_version=None, watch_type=item.type,
-                    observed_at=item.observed_at, recorded_at=recorded_at, origin=origin, error=reason,
-                    body=json.dumps(item.object)))  # as text: the escape stays six characters, never a NUL
-                chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
-                continue
-            observed = item.observed_at or at or recorded_at
-            # Event ids derive from this digest: prefix the cluster so the same history replayed into
-            # two clusters gives two sets of events (ids are unique store-wide).
-            obs = Observation(type=item.type, object=item.object, observed_at=observed,
-                              recorded_at=recorded_at, digest=f"{cluster}/{item.digest}")
-            try:
-                produced = translate(state, obs, settings)
-            except (LedgerError, ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError,
-                    RecursionError) as e:
-                # A bad object is recorded and reported, never allowed to stop the batch.
-                reason = _no_nul(f"{_describe(item)}: {e}")
-                batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=reason))
-                chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
-                continue
-            batch.observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=None))
-            batch.events.extend(produced)
-            chunk_report.recorded += 1
-        chunk_report.events = len(batch.events)
+        chunk_report = _translate_lines(chunk, known, cluster=cluster, settings=settings, at=at,
+                                        recorded_at=recorded_at, state=state, observations=batch.observations,
+                                        events=batch.events)
         if on_batch is not None:
             on_batch(batch)
         touched = set(state.dirty) | set(fetched)
-    # Committed: drop the tombstones this chunk loaded or wrote from memory (they are in the database).
-    # The prefix first: entries are kept packed, and reading a pool decompresses it.
-    for key in touched:
+    _evict_tombstones(state, touched)
+    return chunk_report
+
+
+def _evict_tombstones(state: TranslatorState, keys: Iterable[str]) -> None:
+    """Drop the tombstones among ``keys`` from memory (call once they are committed: they are in the
+    database). The prefix first: entries are kept packed, and reading a pool decompresses it."""
+    for key in keys:
         if not key.startswith(EVICTED_PREFIXES):
             continue
         entry = state.entries.get(key)
         if entry is not None and entry.get("deleted"):
             del state.entries[key]
+
+
+def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, str | None], *, cluster: str,
+                     settings: TranslatorSettings, at: datetime | None, recorded_at: datetime,
+                     state: TranslatorState, observations: list[ObservationRow],
+                     events: list[NewEvent]) -> IngestReport:
+    """Translate ``chunk`` against ``state``: append an observation per new line to ``observations`` and
+    the events produced to ``events``; lines whose digest is in ``known`` count as duplicates.
+
+    Returns:
+        The chunk's counts; broken, invalid and unsupported lines are recorded as rejected observations
+        and reported, never raised.
+    """
+    chunk_report = IngestReport(lines=len(chunk))
+    seen = set(known)
+    # A line rejected by an earlier replay is still a bad line: report it again (a re-run of a bad file
+    # must not look clean), with the reason stored then.
+    rejected_before = {digest: reason for digest, reason in known.items() if reason is not None}
+    for item in chunk:
+        origin = f"{item.source}:{item.line}"
+        if item.digest in seen:
+            chunk_report.duplicates += 1
+            if (reason := rejected_before.pop(item.digest, None)) is not None:
+                chunk_report.rejected.append(Rejection(origin=origin, reason=f"{reason} (already recorded "
+                                                       "as rejected)"))
+            continue
+        seen.add(item.digest)
+        if isinstance(item, BrokenLine):
+            observations.append(ObservationRow(
+                digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
+                name=None, uid=None, resource_version=None, watch_type=None, observed_at=None,
+                recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason), body=_no_nul(item.text)))
+            chunk_report.rejected.append(Rejection(origin=origin, reason=_no_nul(item.reason)))
+            continue
+        if item.holds_nul:
+            reason = _no_nul(f"{_describe(item)}: holds a NUL character (\\u0000), which PostgreSQL "
+                             "cannot store")
+            observations.append(ObservationRow(
+                digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
+                name=None, uid=None, resource_version=None, watch_type=item.type,
+                observed_at=item.observed_at, recorded_at=recorded_at, origin=origin, error=reason,
+                body=json.dumps(item.object)))  # as text: the escape stays six characters, never a NUL
+            chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
+            continue
+        observed = item.observed_at or at or recorded_at
+        # Event ids derive from this digest: prefix the cluster so the same history replayed into
+        # two clusters gives two sets of events (ids are unique store-wide).
+        obs = Observation(type=item.type, object=item.object, observed_at=observed,
+                          recorded_at=recorded_at, digest=f"{cluster}/{item.digest}")
+        try:
+            produced = translate(state, obs, settings)
+        except (LedgerError, ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError,
+                RecursionError) as e:
+            # A bad object is recorded and reported, never allowed to stop the batch.
+            reason = _no_nul(f"{_describe(item)}: {e}")
+            observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=reason))
+            chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
+            continue
+        observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=None))
+        events.extend(produced)
+        chunk_report.recorded += 1
+    chunk_report.events = len(events)
     return chunk_report
 
 

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from ledger.errors import Invalid, StoreUnavailable
+from ledger.errors import Invalid, ObservationConflict, StoreUnavailable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema
@@ -52,6 +52,16 @@ class AppendBatch:
     def save_watch_checkpoints(self, rows: Sequence[pg.WatchCheckpointRow]) -> None:
         """Upsert watch checkpoints in this transaction, so they commit with the batch's observations."""
         pg.upsert_watch_checkpoints(self.conn, self.cluster, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedAppend:
+    """One batch translated ahead of its write (:meth:`LedgerDatabase.write`): the rows are final, and
+    ``state`` is a snapshot of the translator entries the batch changed (:func:`pg.dirty_rows`)."""
+
+    observations: list[ObservationRow]
+    events: list[NewEvent]
+    state: pg.StateRows
 
 
 @dataclass(slots=True)
@@ -105,6 +115,46 @@ class LedgerDatabase:
             state.entries = self.load_state(cluster).entries
             state.dirty.clear()
             raise
+
+    def known_digests(self, cluster: str, digests: Sequence[str]) -> dict[str, str | None]:
+        """Which observation ``digests`` are stored for ``cluster``, each with its rejection reason (``None``:
+        recorded); read outside the append lock, for a pipelined ingest (one writer per cluster).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+        """
+        with self.reading() as conn:
+            return pg.known_digests(conn, cluster, digests)
+
+    def load_entries(self, cluster: str, keys: Sequence[str]) -> dict[str, str]:
+        """The stored translator state entries of ``keys`` as JSON text (see :func:`pg.load_entries`).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached.
+        """
+        with self.reading() as conn:
+            return pg.load_entries(conn, cluster, keys)
+
+    def write(self, cluster: str, rows: PreparedAppend) -> None:
+        """Write ``rows`` (observations, events, translator state rows) in one transaction under the append
+        lock: all of them commit or none. Safe to call from another thread than the translator's: it reads
+        nothing but ``rows``, which the caller no longer changes.
+
+        Raises:
+            StreamConflict: another writer appended to one of the events' streams; nothing was written.
+            ObservationConflict: another writer recorded one of the observations first (the batch's duplicate
+                check ran before this lock); nothing was written.
+        """
+        with self.engine.begin() as conn:
+            pg.lock_appends(conn)
+            try:
+                pg.insert_observations(conn, cluster, rows.observations)
+            except IntegrityError as e:
+                if pg.constraint_of(e) != "observations_cluster_digest_key":
+                    raise
+                raise ObservationConflict("another writer recorded an observation of this batch first") from e
+            pg.insert_events(conn, cluster, rows.events)
+            pg.save_state_rows(conn, cluster, rows.state)
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from sqlalchemy import text
 from typer.testing import CliRunner
 
 from ledger.cli import app
 from ledger.projections import runner
+from ledger.recorded import BrokenLine, WatchLine
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES, REAL
 
@@ -282,3 +284,34 @@ def test_tombstones_stay_in_the_database_and_still_stop_late_events_after_a_rest
     assert (report.recorded, report.events, report.rejected) == (2, 0, [])
     assert ledger.snapshot() == before
     assert claim_key not in state.entries and pod_key not in state.entries  # dropped again once written
+
+
+def test_a_replay_failing_mid_file_commits_the_batch_in_flight_and_resumes(
+        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path) -> None:
+    # A file replay writes batch N in a second thread while it translates batch N + 1. When reading the
+    # file fails during batch 3, batch 2 (in flight) still commits, batch 3 writes nothing, the translator
+    # memory is the database's again, and a second run records the rest: the same ledger as one clean run.
+    from ledger import services
+    from ledger.recorded import read_history
+    from ledger.simulate import FleetSpec, write_history
+
+    history = tmp_path / "fleet.jsonl"
+    write_history(FleetSpec(nodes=3, gpus_per_node=4, hours=8.0, seed=3), history)
+    lines = list(read_history(history))
+    broken, clean = ledger_factory(), ledger_factory()
+    clean.replay(history)
+
+    def failing() -> Iterator[WatchLine | BrokenLine]:
+        yield from lines[:100]
+        raise OSError("the disk went away")
+
+    state = broken.db.load_state(broken.cluster)
+    with pytest.raises(OSError, match="the disk went away"):
+        services.ingest(broken.db, failing(), cluster=broken.cluster, batch_size=40, state=state)
+
+    assert _count(broken, "observations") == 80  # batches 1 and 2 of 40 lines; none of the 20 read of batch 3
+    assert state.dirty == set()
+    assert dict(state.entries) == dict(broken.db.load_state(broken.cluster).entries)
+    resumed = services.ingest(broken.db, read_history(history), cluster=broken.cluster, batch_size=40, state=state)
+    assert (resumed.duplicates, resumed.recorded + len(resumed.rejected)) == (80, len(lines) - 80)
+    assert broken.snapshot() == clean.snapshot()
