@@ -87,7 +87,10 @@ def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> dic
     ``error`` (the rejection reason; ``None`` for a recorded observation)."""
     if not digests:
         return {}
-    if any("," in d for d in digests):  # never for the hex digests of ledger.recorded; kept correct anyway
+    # The list form for digests the joined text cannot carry (never the hex digests of ledger.recorded; kept
+    # correct anyway): a comma would split one, and a lone empty one joins to '', which string_to_array splits
+    # into no element at all.
+    if any("," in d or not d for d in digests):
         rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
                             {"c": cluster, "d": list(digests)}).all()
     else:
