@@ -13,7 +13,7 @@ import io
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -282,9 +282,10 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                 in_flight = None
         except BaseException:
             # Whatever failed (a write, the file, the caller's interrupt), memory may hold changes that did not
-            # commit: wait for the write in flight and match the state to the database again.
-            if in_flight is not None:
-                wait([in_flight.written])
+            # commit: wait for the writes handed over and match the state to the database again. Every write
+            # submitted, not only ``in_flight``: a failure right after a submit (before ``in_flight`` names it)
+            # left that write running while the state was read back, and it committed after.
+            writer.shutdown(wait=True)
             state.entries = db.load_state(cluster).entries  # as db.append does after a failed batch
             state.dirty.clear()
             raise

@@ -337,3 +337,74 @@ def test_the_duplicate_check_finds_every_stored_digest_whatever_its_characters(l
             assert pg.known_digests(conn, ledger.cluster, [digest, "absent"]) == {digest: f"reason {i}"}, digest
         assert pg.known_digests(conn, ledger.cluster, digests) == {d: f"reason {i}" for i, d in enumerate(digests)}
 
+
+
+class _WritesHeldBack:
+    """Stands in for the pipelined ingest's one-thread executor: a write handed over runs at once, except the
+    ``held``-th, which runs only when the executor shuts down (a write still in progress when the ingest fails)."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+        self.submitted = 0
+        self.pending: list[tuple[Any, Callable[[], None]]] = []
+
+    def __enter__(self) -> _WritesHeldBack:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown(wait=True)
+
+    def submit(self, fn: Callable[..., None], /, *args: Any, **kwargs: Any) -> Any:
+        from concurrent.futures import Future
+
+        future: Future[None] = Future()
+        self.submitted += 1
+        self.pending.append((future, lambda: fn(*args, **kwargs)))
+        if self.submitted != self.held:
+            self._run()
+        return future
+
+    def shutdown(self, wait: bool = True, **_: Any) -> None:
+        self._run()
+
+    def _run(self) -> None:
+        while self.pending:
+            future, call = self.pending.pop(0)
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001  # kept in the future, as the real executor does
+                future.set_exception(e)
+            else:
+                future.set_result(None)
+
+
+def test_an_error_right_after_a_batch_was_handed_to_the_writer_leaves_memory_equal_to_the_database(
+        ledger: LedgerHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Batch 2 is handed to the writer thread, then the ingest fails before it records that batch as in flight
+    # (a MemoryError or a Ctrl-C while it lists the batch's digests). Its error handling waited only for the
+    # batch it knew of and read the state back while batch 2 was still being written: batch 2 committed after
+    # that, and the translator memory (reused by the caller) lacked it.
+    from ledger import services
+    from ledger.recorded import read_history
+    from ledger.simulate import FleetSpec, write_history
+
+    history = tmp_path / "fleet.jsonl"
+    write_history(FleetSpec(nodes=3, gpus_per_node=4, hours=8.0, seed=3), history)
+    made: list[object] = []
+
+    def in_flight(*args: Any, **kwargs: Any) -> object:
+        if len(made) == 1:
+            raise MemoryError("while recording batch 2 as in flight")
+        made.append(real_in_flight(*args, **kwargs))
+        return made[-1]
+
+    real_in_flight = services._InFlight
+    monkeypatch.setattr(services, "_InFlight", in_flight)
+    monkeypatch.setattr(services, "ThreadPoolExecutor", lambda **_: _WritesHeldBack(held=2))
+    state = ledger.db.load_state(ledger.cluster)
+    with pytest.raises(MemoryError):
+        services.ingest(ledger.db, read_history(history), cluster=ledger.cluster, batch_size=40, state=state)
+
+    assert _count(ledger, "observations") == 80  # both batches handed over committed
+    assert dict(state.entries) == dict(ledger.db.load_state(ledger.cluster).entries)
+
