@@ -13,7 +13,7 @@ import io
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,7 +30,7 @@ from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import schema
-from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, unavailable_as_error
+from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
 from ledger.store.postgres import EVICTED_PREFIXES, ObservationRow, WatchCheckpointRow, dirty_rows
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
@@ -230,8 +230,11 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
     no later translated batch touched it. Should another writer record a batch's observations or move its
     streams first (one writer per cluster is assumed, but concurrent replays of one file happen), the
     state is reloaded and the two batches in hand are ingested again the sequential way, under the lock.
+    Any other failure lets the writes handed over end, then reads the state back and raises; Ctrl-C cancels
+    them first (as it cancels a sequential ingest's write), so a write stuck on the lock cannot hold it up.
     """
     in_flight: _InFlight | None = None
+    cancel: WriteCancel | None = None  # stops the latest write handed over (made before its submit)
 
     def again(chunks: Sequence[Sequence[WatchLine | BrokenLine]]) -> None:
         # Lost a race: forget the translation of the batches in hand and ingest them again under the lock.
@@ -270,8 +273,9 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                         lost, in_flight = in_flight, None
                         again([lost.chunk, chunk])
                         continue
+                cancel = WriteCancel()
                 in_flight = _InFlight(chunk=chunk, report=chunk_report, touched=touched,
-                                      written=writer.submit(db.write, cluster, rows),
+                                      written=writer.submit(db.write, cluster, rows, cancel),
                                       known={o.digest: o.error for o in observations})
             if in_flight is not None:
                 try:
@@ -280,15 +284,37 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                     lost, in_flight = in_flight, None
                     again([lost.chunk])
                 in_flight = None
-        except BaseException:
+        except BaseException as error:
             # Whatever failed (a write, the file, the caller's interrupt), memory may hold changes that did not
             # commit: wait for the writes handed over and match the state to the database again. Every write
             # submitted, not only ``in_flight``: a failure right after a submit (before ``in_flight`` names it)
             # left that write running while the state was read back, and it committed after.
+            if cancel is not None and not isinstance(error, Exception):
+                # Ctrl-C (or SystemExit) stops the write too, as it stops a sequential ingest's: waited for, a
+                # write stuck on the append lock or in a stalled statement kept the process from ever stopping.
+                _stop_writes(writer, cancel)
             writer.shutdown(wait=True)
             state.entries = db.load_state(cluster).entries  # as db.append does after a failed batch
             state.dirty.clear()
             raise
+
+
+def _stop_writes(writer: ThreadPoolExecutor, cancel: WriteCancel) -> None:
+    """Cancel the latest write handed to ``writer`` (``cancel``'s) and return once every write handed over ended.
+
+    ``writer`` has one worker, which runs writes in the order submitted: a no-op submitted now runs once they
+    all ended. Until then the cancel request goes again every :data:`CANCEL_REPEAT` seconds: PostgreSQL
+    ignores one that reaches the write between two statements, and the next may be the one that waits.
+    """
+    ended = writer.submit(lambda: None)
+    while True:
+        cancel.request()
+        if wait([ended], timeout=CANCEL_REPEAT).done:
+            return
+
+
+CANCEL_REPEAT = 0.25
+"""Seconds between two cancel requests of an interrupted pipelined ingest (:func:`_stop_writes`)."""
 
 
 def _settle(done: _InFlight, state: TranslatorState, report: IngestReport, progress: Progress | None, *,

@@ -408,3 +408,60 @@ def test_an_error_right_after_a_batch_was_handed_to_the_writer_leaves_memory_equ
     assert _count(ledger, "observations") == 80  # both batches handed over committed
     assert dict(state.entries) == dict(ledger.db.load_state(ledger.cluster).entries)
 
+
+
+def test_an_interrupt_while_the_write_waits_for_the_append_lock_stops_the_replay_at_once(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # Ctrl-C reaches the thread that reads and translates, never the writer thread. With the write of batch 1
+    # waiting for the append lock (another session holds it), the interrupted replay waited for that write
+    # without end: Ctrl-C, even repeated, did nothing until the other session let go, and then batch 1
+    # committed after all. A sequential replay stops at once (psycopg cancels the statement it waits in).
+    import threading
+    import time
+
+    from ledger import services
+    from ledger.recorded import read_history
+    from ledger.simulate import FleetSpec, write_history
+    from ledger.store.postgres import APPEND_LOCK_KEY
+
+    history = tmp_path / "fleet.jsonl"
+    write_history(FleetSpec(nodes=3, gpus_per_node=4, hours=8.0, seed=3), history)
+    lines = list(read_history(history))
+    guard = 60.0  # only against a hang: the holder lets go after this even when the replay never returned
+    locked, replay_returned = threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    def hold_the_append_lock() -> None:
+        with ledger.engine.connect() as conn, conn.begin():
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": APPEND_LOCK_KEY})
+            locked.set()
+            outcome.append("replay returned first" if replay_returned.wait(guard) else "lock released first")
+
+    def waiting_for_the_lock() -> bool:
+        with ledger.engine.connect() as conn:
+            return bool(conn.execute(text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")).scalar_one())
+
+    def interrupted() -> Iterator[WatchLine | BrokenLine]:
+        yield from lines[:40]  # batch 1: handed to the writer, which waits for the lock
+        for _ in range(int(guard / 0.05)):
+            if waiting_for_the_lock():
+                break
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    holder = threading.Thread(target=hold_the_append_lock)
+    holder.start()
+    try:
+        assert locked.wait(guard)
+        state = ledger.db.load_state(ledger.cluster)
+        with pytest.raises(KeyboardInterrupt):
+            services.ingest(ledger.db, interrupted(), cluster=ledger.cluster, batch_size=40, state=state)
+    finally:
+        replay_returned.set()
+        holder.join()
+
+    assert outcome == ["replay returned first"]
+    assert _count(ledger, "observations") == 0  # batch 1 was stopped, not written once the lock came free
+    assert dict(state.entries) == dict(ledger.db.load_state(ledger.cluster).entries)
