@@ -10,7 +10,7 @@ on ``events`` before PostgreSQL 17) lets the runtime role's grants keep the hist
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -238,11 +238,11 @@ def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:
 
 def save_state_rows(conn: Connection, cluster: str, rows: StateRows) -> None:
     """Upsert ``rows.upserts`` into ``translator_state`` and delete ``rows.deletes``, in the caller's transaction."""
-    if rows.upserts:
-        # One statement over one JSON document {key: entry}: the entries are JSON text already, so the document
-        # is a join of strings, and the server parses it once. Passing them as text[]/jsonb[] arrays instead cost
-        # the client an array-literal escape of every entry (7 % of an ingest's samples).
-        document = "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in rows.upserts.items()) + "}"
+    # One statement per JSON document {key: entry} (one for most batches; see STATE_DOCUMENT_CHARS): the
+    # entries are JSON text already, so a document is a join of strings, and the server parses it once. Passing
+    # them as text[]/jsonb[] arrays instead cost the client an array-literal escape of every entry (7 % of an
+    # ingest's samples).
+    for document in _state_documents(rows.upserts):
         conn.execute(text("INSERT INTO translator_state (cluster, key, state) "
                           "SELECT :c, e.key, e.value FROM jsonb_each(CAST(:doc AS jsonb)) AS e "
                           "ON CONFLICT ON CONSTRAINT translator_state_pkey DO UPDATE SET state = excluded.state"),
@@ -250,6 +250,30 @@ def save_state_rows(conn: Connection, cluster: str, rows: StateRows) -> None:
     if rows.deletes:
         conn.execute(text("DELETE FROM translator_state WHERE cluster = :c AND key = ANY(:k)"),
                      {"c": cluster, "k": rows.deletes})
+
+
+STATE_DOCUMENT_CHARS = 16 * 2**20
+"""Most characters of one JSON document of :func:`save_state_rows` (an entry longer than this goes alone).
+
+Why: the document is one ``jsonb`` value, and ``jsonb`` refuses one whose elements total more than
+268,435,455 bytes (``ProgramLimitExceeded``). A pool entry takes ~850 bytes per device, so a batch of 5,000
+pools of 64 devices or more (the first slice List of a large cluster) was past it, and no retry helped.
+16 Mi characters stay below it however the text grows as ``jsonb`` (UTF-8, numbers stored as numeric)."""
+
+
+def _state_documents(upserts: dict[str, str]) -> Iterator[str]:
+    """Yield ``upserts`` as JSON documents ``{key: entry}`` of at most :data:`STATE_DOCUMENT_CHARS` characters."""
+    members: list[str] = []
+    size = 0
+    for key, entry in upserts.items():
+        member = f"{json.dumps(key)}:{entry}"
+        if members and size + len(member) > STATE_DOCUMENT_CHARS:
+            yield "{" + ",".join(members) + "}"
+            members, size = [], 0
+        members.append(member)
+        size += len(member) + 1
+    if members:
+        yield "{" + ",".join(members) + "}"
 
 
 def _entry_json(state: TranslatorState, key: str) -> str:

@@ -465,3 +465,21 @@ def test_an_interrupt_while_the_write_waits_for_the_append_lock_stops_the_replay
     assert outcome == ["replay returned first"]
     assert _count(ledger, "observations") == 0  # batch 1 was stopped, not written once the lock came free
     assert dict(state.entries) == dict(ledger.db.load_state(ledger.cluster).entries)
+
+
+def test_translator_state_rows_of_a_batch_beyond_jsonbs_size_limit_are_written(ledger: LedgerHandle) -> None:
+    # A batch's state rows go to the server as one JSON document {key: entry}. jsonb refuses a value whose
+    # elements total more than 268,435,455 bytes (ProgramLimitExceeded, an OperationalError that the watch
+    # path reads as "database unavailable" and retries forever). A pool entry is ~850 bytes per device, so one
+    # batch of 5,000 pools of 64 to 128 devices (the initial slice List of a large cluster) is past it; the
+    # jsonb[] array sent before took up to 1 GiB.
+    from ledger.store import postgres as pg
+
+    entry = json.dumps({"devices": "d" * 54_000})  # one string shared by every row: the test's memory stays low
+    keys = [f"pool:gpu.example.com/node-{i:05}" for i in range(5000)]
+    with ledger.engine.begin() as conn:
+        pg.save_state_rows(conn, ledger.cluster, pg.StateRows(upserts=dict.fromkeys(keys, entry), deletes=[]))
+    with ledger.engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*), min(length(state::text)), max(length(state::text)) "
+                                   "FROM translator_state WHERE cluster = :c"), {"c": ledger.cluster}).one()
+    assert tuple(stored) == (5000, len(entry), len(entry))
