@@ -467,19 +467,26 @@ def test_an_interrupt_while_the_write_waits_for_the_append_lock_stops_the_replay
     assert dict(state.entries) == dict(ledger.db.load_state(ledger.cluster).entries)
 
 
-def test_translator_state_rows_of_a_batch_beyond_jsonbs_size_limit_are_written(ledger: LedgerHandle) -> None:
-    # A batch's state rows go to the server as one JSON document {key: entry}. jsonb refuses a value whose
-    # elements total more than 268,435,455 bytes (ProgramLimitExceeded, an OperationalError that the watch
-    # path reads as "database unavailable" and retries forever). A pool entry is ~850 bytes per device, so one
-    # batch of 5,000 pools of 64 to 128 devices (the initial slice List of a large cluster) is past it; the
-    # jsonb[] array sent before took up to 1 GiB.
+def test_translator_state_rows_are_split_over_json_documents_of_bounded_size(
+        ledger: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A batch's state rows go to the server as JSON documents {key: entry}. One jsonb value may not exceed
+    # 268,435,455 bytes, which one document for a batch of 5,000 large pools did (a pool entry is ~850 bytes
+    # per device), so documents are cut at STATE_DOCUMENT_CHARS. Here the bound is lowered to 10,000
+    # characters so that 60 entries of ~1,000 need several documents: none is longer than the bound, together
+    # they hold every entry once, and every row is stored as given (an entry longer than the bound goes alone).
     from ledger.store import postgres as pg
 
-    entry = json.dumps({"devices": "d" * 54_000})  # one string shared by every row: the test's memory stays low
-    keys = [f"pool:gpu.example.com/node-{i:05}" for i in range(5000)]
+    monkeypatch.setattr(pg, "STATE_DOCUMENT_CHARS", 10_000)
+    upserts = {f'pool:gpu.example.com/node-{i:02}"\\ü': json.dumps({"devices": "d" * (990 + i)}) for i in range(60)}
+    upserts["pool:gpu.example.com/huge"] = json.dumps({"devices": "h" * 25_000})
+    documents = list(pg._state_documents(upserts))
+    assert len(documents) >= 7
+    assert all(len(d) <= 10_000 for d in documents if '"h' not in d)
+    assert sorted(k for d in documents for k in json.loads(d)) == sorted(upserts)
     with ledger.engine.begin() as conn:
-        pg.save_state_rows(conn, ledger.cluster, pg.StateRows(upserts=dict.fromkeys(keys, entry), deletes=[]))
+        pg.save_state_rows(conn, ledger.cluster, pg.StateRows(upserts=upserts, deletes=[]))
     with ledger.engine.connect() as conn:
-        stored = conn.execute(text("SELECT count(*), min(length(state::text)), max(length(state::text)) "
-                                   "FROM translator_state WHERE cluster = :c"), {"c": ledger.cluster}).one()
-    assert tuple(stored) == (5000, len(entry), len(entry))
+        rows = conn.execute(text("SELECT key, state::text FROM translator_state WHERE cluster = :c"),
+                            {"c": ledger.cluster}).all()
+    stored: dict[str, str] = {str(k): str(v) for k, v in rows}
+    assert {k: json.loads(v) for k, v in stored.items()} == {k: json.loads(v) for k, v in upserts.items()}
