@@ -6,7 +6,7 @@ Run (needs a PostgreSQL the benchmark may create databases on; default the local
     .venv/bin/python -m bench.run --admin-url postgresql://postgres@127.0.0.1:5432/postgres -o out.json
     .venv/bin/python -m bench.run --skip ingest,worker --query-url URL   # queries + API on an existing ledger
     .venv/bin/python -m bench.run --skip ingest,queries,api --fleet-hours 0.5 --fleet-utilisation 10 \
-        --worker-relist -o bench/results-worker-100k.json   # the worker at 100,000 claims, ~25 minutes
+        --worker-relist -o bench/results-worker-100k.json   # the worker at 100,000 claims, ~20 minutes
 
 Phases (each figure is printed next to its DESIGN §10 target):
 
