@@ -5,6 +5,8 @@ Run (needs a PostgreSQL the benchmark may create databases on; default the local
     .venv/bin/python -m bench.run                       # default size, a few minutes on 2 cores
     .venv/bin/python -m bench.run --admin-url postgresql://postgres@127.0.0.1:5432/postgres -o out.json
     .venv/bin/python -m bench.run --skip ingest,worker --query-url URL   # queries + API on an existing ledger
+    .venv/bin/python -m bench.run --skip ingest,queries,api --fleet-hours 0.5 --fleet-utilisation 10 \
+        --worker-relist -o bench/results-worker-100k.json   # the worker at 100,000 claims, ~20 minutes
 
 Phases (each figure is printed next to its DESIGN §10 target):
 
@@ -15,7 +17,12 @@ Phases (each figure is printed next to its DESIGN §10 target):
 2. ``rebuild``: ``runner.rebuild`` of every read model from position 0; events/s.
 3. ``worker``: a ``dra-ledger fake-apiserver`` plays a 40,000-device fleet (5,000 nodes x 8 GPUs by
    default) and a ``dra-ledger watch`` process follows it into a fresh ledger; peak RSS (VmHWM) of
-   the worker process, sampled from ``/proc``.
+   the worker process, sampled from ``/proc``, and the claims it recorded (created, live at the end).
+   The ``--fleet-*`` options set the fleet's :class:`~ledger.simulate.FleetSpec` knobs: with demand above
+   the fleet's GPUs (``--fleet-utilisation 10``), the workloads that find no free device keep their claims
+   pending, so 30 simulated minutes leave over 100,000 live claims (DESIGN §10's worker size).
+   ``--worker-relist`` then restarts the worker on the same ledger with every watch answered 410 once, so
+   it lists every kind again (the largest lists a worker holds), and reports that worker's peak as well.
 4. ``occupancy`` / ``usage``: on the fleet ledger of phase 3 (40,000 devices; with ``--query-url``, on
    another ledger, e.g. the 10 M-event one of :mod:`bench.full`), ``occupancy`` at random instants
    (p50/p99 of what ``GET /v1/occupancy`` serves without a page token: the first page at the default
@@ -57,6 +64,7 @@ from ledger.recorded import read_history
 from ledger.simulate import FleetSpec, SimulationSummary, write_history
 from ledger.store.database import LedgerDatabase
 from ledger.testing.pg import create_database, drop_database
+from ledger.translator.relist import RELISTED_KINDS
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 CLUSTER = "bench"
@@ -260,9 +268,148 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "from ledger.cli import main; main()", *args]
 
 
+def stored_lines(engine: Engine, *, at_least: int) -> int:
+    """Watch lines stored so far (rows of table ``observations``), cheaply while fewer than ``at_least``.
+
+    While the worker is behind, the highest ``observation_id`` stands in (an index lookup; identity values
+    lost to rolled-back writes make it an overestimate); once it reaches ``at_least``, the exact ``count(*)``.
+    Why: the poll runs every second, and a ``count(*)`` scans every row, on the cores the measured worker uses.
+    """
+    with engine.connect() as conn:
+        highest = int(conn.execute(text("SELECT coalesce(max(observation_id), 0) FROM observations")).scalar_one())
+    return highest if highest < at_least else count(engine, "observations")
+
+
+def claim_counts(engine: Engine) -> dict[str, int]:
+    """ResourceClaims the ledger recorded for :data:`CLUSTER`, from read model ``claims`` (one row per claim uid).
+
+    Returns:
+        ``created`` (every claim), ``live`` (not deleted), ``allocated`` and ``pending`` (live, by ``state``).
+        Complete only once the projections caught up with the worker's events.
+    """
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT count(*), count(*) FILTER (WHERE state <> 'deleted'), count(*) FILTER (WHERE state = 'allocated'), "
+            "count(*) FILTER (WHERE state = 'pending') FROM claims WHERE cluster = :cluster"),
+            {"cluster": CLUSTER}).one()
+    return {"created": int(row[0]), "live": int(row[1]), "allocated": int(row[2]), "pending": int(row[3])}
+
+
+def live_entries(engine: Engine) -> dict[str, int]:
+    """Live (not deleted) translator entries of :data:`CLUSTER` by key prefix (``claim``, ``pod``, ``pool``, ...):
+    what a worker holds in memory (table ``translator_state``; tombstones stay in the database)."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT split_part(key, ':', 1), count(*) FROM translator_state WHERE cluster = :cluster "
+            "AND state -> 'deleted' IS DISTINCT FROM 'true'::jsonb GROUP BY 1 ORDER BY 1"), {"cluster": CLUSTER}).all()
+    return {str(prefix): int(n) for prefix, n in rows}
+
+
+@dataclass(slots=True)
+class Followed:
+    """What :func:`watch_worker` saw of one ``dra-ledger watch`` process."""
+
+    peak_bytes: int
+    """VmHWM of the worker when it was stopped (or last seen), bytes."""
+    seconds: float
+    """From the worker's start until ``done`` held (or the timeout), s."""
+    done: bool
+    """``done`` held before the timeout."""
+    peak_at_s: float
+    """Seconds after the start when the highest VmHWM was first read (within the 1 s sampling)."""
+    timeline: list[list[float]]
+    """``[elapsed s, progress, RSS MiB]`` about every 30 s, the last at the end."""
+
+
+def watch_worker(worker: subprocess.Popen[bytes], *, start: float, progress: Callable[[], tuple[int, bool]],
+                 timeout_s: float) -> Followed:
+    """Sample ``worker``'s peak RSS once a second until ``progress()`` says done or ``timeout_s`` passed.
+
+    Args:
+        worker: a running ``dra-ledger watch`` process (left running).
+        start: ``time.perf_counter()`` when the worker was started (elapsed times count from it).
+        progress: returns (a progress count for the timeline, done).
+        timeout_s: give up after this many seconds.
+    """
+    peak, peak_at, done, seen = 0, 0.0, False, 0
+    timeline: list[list[float]] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and worker.poll() is None:
+        seen, done = progress()
+        elapsed = time.perf_counter() - start
+        rss = peak_rss_bytes(worker.pid)
+        if rss > peak:
+            peak, peak_at = rss, elapsed
+        if not timeline or elapsed - timeline[-1][0] >= 30:
+            timeline.append([round(elapsed), seen, round(rss / 2**20, 1)])
+        if done:
+            break
+        time.sleep(1.0)
+    seconds = time.perf_counter() - start
+    if (rss := peak_rss_bytes(worker.pid)) > peak:
+        peak, peak_at = rss, seconds
+    timeline.append([round(seconds), seen, round(peak / 2**20, 1)])
+    return Followed(peak_bytes=peak, seconds=seconds, done=done, peak_at_s=peak_at, timeline=timeline)
+
+
+def fake_call(url: str, path: str, *, body: object = None) -> None:
+    """POST to a control endpoint of the fake API server (``/fake/advance``, ``/fake/faults``), ``body`` as JSON.
+
+    Raises:
+        urllib.error.URLError: the server did not answer within 600 s, or answered an error.
+    """
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}{path}", data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as resp:
+        resp.read()
+
+
+def listed_kinds(health_port: int, *, after_410: bool = False) -> set[str]:
+    """Kinds a worker has stored a full list of, from its ``/metrics`` on 127.0.0.1:``health_port`` (a sample
+    ``dra_ledger_watch_events_total`` of type ``LIST`` exists once one was, even of no items); with
+    ``after_410``, only kinds it was also told 410 Gone for (``dra_ledger_watch_expired_total``). Empty while
+    the worker does not answer yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/metrics", timeout=10) as resp:
+            exposition = resp.read().decode()
+    except OSError:
+        return set()
+
+    def kinds(prefix: str, also: str) -> set[str]:
+        return {line[len(prefix):].split('"', 1)[0] for line in exposition.splitlines()
+                if line.startswith(prefix) and also in line}
+    listed = kinds('dra_ledger_watch_events_total{kind="', 'type="LIST"')
+    return listed & kinds('dra_ledger_watch_expired_total{kind="', "") if after_410 else listed
+
+
+def wait_listed(health_port: int, worker: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+    """Wait until ``worker`` has listed every kind it follows (:data:`RELISTED_KINDS`).
+
+    Raises:
+        TimeoutError: not within ``timeout_s`` seconds, or the worker exited.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and worker.poll() is None:
+        if listed_kinds(health_port) >= set(RELISTED_KINDS):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"the worker did not list {', '.join(RELISTED_KINDS)} within {timeout_s} s")
+
+
 def phase_worker(report: Report, db: LedgerDatabase, history: Path, summary: SimulationSummary, workdir: Path,
-                 *, timeout_s: float) -> None:
-    """Phase 3: peak RSS of a ``dra-ledger watch`` following ``history`` through the fake API server."""
+                 *, timeout_s: float, relist: bool) -> None:
+    """Phase 3: peak RSS of a ``dra-ledger watch`` following ``history`` through the fake API server.
+
+    Also reports, once the worker caught up, how many claims the ledger recorded (table ``claims``: created,
+    live at the end) and the live translator entries by kind (table ``translator_state``), and a coarse
+    timeline (``[elapsed s, lines stored, worker RSS MiB]`` about every 30 s) in ``report.sizes``.
+
+    With ``relist``, the worker is then stopped, the fake API server compacted (every stored
+    resourceVersion now answers 410), and a new worker started on the same ledger: it lists every kind again
+    and reconciles the lists with what it recorded (a restart after a downtime longer than etcd's compaction
+    window). Its peak RSS is a second figure.
+    """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     kubeconfig = workdir / "fake.kubeconfig"
@@ -277,35 +424,76 @@ def phase_worker(report: Report, db: LedgerDatabase, history: Path, summary: Sim
     server = subprocess.Popen(cli("fake-apiserver", "--history", str(history), "--port", str(port), "--paused"),
                               stdout=log, stderr=subprocess.STDOUT)
     worker: subprocess.Popen[bytes] | None = None
+
+    def start_worker(*, health_port: int = -1) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cli("watch", "--kubeconfig", str(kubeconfig), "--database-url", db.url, "--cluster", CLUSTER,
+                "--no-leader-election", "--no-jobs", "--health-port", str(health_port), "--clock-url", url),
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def caught_up() -> bool:
+        return sum(runner.lag(db.engine).values()) == 0
+
     try:
         wait_port(port, 300)
         print(f"worker: following {summary.devices:,} devices / {summary.claims:,} claims "
               f"({summary.lines:,} lines) from the fake API server", flush=True)
         start = time.perf_counter()
-        worker = subprocess.Popen(
-            cli("watch", "--kubeconfig", str(kubeconfig), "--database-url", db.url, "--cluster", CLUSTER,
-                "--no-leader-election", "--no-jobs", "--health-port", "-1", "--clock-url", url),
-            stdout=log, stderr=subprocess.STDOUT)
-        time.sleep(5.0)  # the worker lists the (empty) cluster and starts its watches
-        with urllib.request.urlopen(urllib.request.Request(f"{url}/fake/advance?all=1", method="POST"),
-                                    timeout=600) as resp:
-            resp.read()
-        peak, seen, deadline = 0, 0, time.monotonic() + timeout_s
-        while time.monotonic() < deadline and worker.poll() is None:
-            peak = max(peak, peak_rss_bytes(worker.pid))
-            seen = count(db.engine, "observations")
-            lag = sum(runner.lag(db.engine).values())
-            if seen >= summary.lines and lag == 0:
-                break
-            time.sleep(1.0)
-        peak = max(peak, peak_rss_bytes(worker.pid))
-        seconds = time.perf_counter() - start
-        done = seen >= summary.lines
+        health = free_port()
+        worker = start_worker(health_port=health)
+        # The worker lists the (empty) cluster and starts its watches; only then is the history played.
+        wait_listed(health, worker, timeout_s=300)
+        fake_call(url, "/fake/advance?all=1")
+
+        def stored() -> tuple[int, bool]:
+            seen = stored_lines(db.engine, at_least=summary.lines)
+            return seen, seen >= summary.lines and caught_up()
+
+        followed = watch_worker(worker, start=start, progress=stored, timeout_s=timeout_s)
+        seen = stored_lines(db.engine, at_least=summary.lines)
+        claims = claim_counts(db.engine)
+        entries = live_entries(db.engine)
         report.sizes.update({"workerDevices": summary.devices, "workerClaims": summary.claims,
-                             "workerLines": summary.lines})
-        report.add(Figure("watch worker peak RSS", peak / 2**20, "MiB", "≤ 500 MB", peak <= 500 * 10**6,
-                          f"{summary.devices:,} devices, {summary.claims:,} claims; {seen:,}/{summary.lines:,} lines "
-                          f"{'followed' if done else 'followed before the timeout'} in {seconds:.0f} s"))
+                             "workerLines": summary.lines, "workerSeconds": round(followed.seconds),
+                             "workerClaimsCreated": claims["created"], "workerClaimsLive": claims["live"],
+                             "workerClaimsLiveAllocated": claims["allocated"],
+                             "workerClaimsLivePending": claims["pending"], "workerLiveEntries": entries,
+                             "workerPeakAtSeconds": round(followed.peak_at_s), "workerTimeline": followed.timeline})
+        report.add(Figure("watch worker peak RSS", followed.peak_bytes / 2**20, "MiB", "≤ 500 MB",
+                          followed.peak_bytes <= 500 * 10**6,
+                          f"{summary.devices:,} devices, {claims['created']:,} claims created, {claims['live']:,} live "
+                          f"at the end ({claims['allocated']:,} allocated, {claims['pending']:,} pending); "
+                          f"{seen:,}/{summary.lines:,} lines "
+                          f"{'followed' if followed.done else 'followed before the timeout'} in "
+                          f"{followed.seconds:.0f} s; peak reached after {followed.peak_at_s:.0f} s"))
+        if not relist:
+            return
+        stop(worker)
+        worker = None
+        # One 410 Gone for the next watch of each kind: the new worker resumes from its stored resourceVersions,
+        # is told they expired, and lists every kind again.
+        fake_call(url, "/fake/faults", body=[{"action": "status", "status": 410, "kind": kind, "verb": "watch"}
+                                             for kind in RELISTED_KINDS])
+        print(f"worker: restarted after a 410, relisting {entries.get('claim', 0):,} claims and "
+              f"{entries.get('pod', 0):,} pods", flush=True)
+        health = free_port()
+        start = time.perf_counter()
+        worker = start_worker(health_port=health)
+
+        def relisted() -> tuple[int, bool]:
+            listed = listed_kinds(health, after_410=True)
+            return len(listed), listed >= set(RELISTED_KINDS) and caught_up()
+
+        again = watch_worker(worker, start=start, progress=relisted, timeout_s=timeout_s)
+        report.sizes.update({"relistSeconds": round(again.seconds), "relistPeakAtSeconds": round(again.peak_at_s),
+                             "relistTimeline": again.timeline})
+        report.add(Figure("watch worker peak RSS, restart + relist", again.peak_bytes / 2**20, "MiB", "≤ 500 MB",
+                          again.peak_bytes <= 500 * 10**6,
+                          f"a new worker on the same ledger, every watch answered 410 once: lists and reconciles "
+                          f"{entries.get('claim', 0):,} live claims, {entries.get('pod', 0):,} pods, "
+                          f"{entries.get('slice', 0):,} ResourceSlices; "
+                          f"{'done' if again.done else 'not done before the timeout'} in {again.seconds:.0f} s; "
+                          f"peak reached after {again.peak_at_s:.0f} s"))
     finally:
         if worker is not None:
             stop(worker)
@@ -407,6 +595,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=float, default=24.0, help="Hours of the ingest/rebuild history.")
     parser.add_argument("--fleet-nodes", type=int, default=5000, help="Nodes of the fleet the worker follows.")
     parser.add_argument("--fleet-hours", type=float, default=0.25, help="Hours of the fleet history.")
+    fleet_defaults = FleetSpec()
+    parser.add_argument("--fleet-utilisation", type=float, default=fleet_defaults.utilisation,
+                        help="FleetSpec.utilisation of the fleet: demand as a fraction of its GPUs (above 1, the "
+                             "workloads that find no free device stay pending, so live claims pile up).")
+    parser.add_argument("--fleet-job-minutes", type=float, default=fleet_defaults.job_minutes,
+                        help="FleetSpec.job_minutes of the fleet: mean hold time of a workload, minutes.")
+    parser.add_argument("--fleet-idle-fraction", type=float, default=fleet_defaults.idle_fraction,
+                        help="FleetSpec.idle_fraction of the fleet: share of workloads that leave a manual claim "
+                             "allocated and unused for good.")
+    parser.add_argument("--fleet-pending-fraction", type=float, default=fleet_defaults.pending_fraction,
+                        help="FleetSpec.pending_fraction of the fleet: share of workloads over-requesting (pending "
+                             "for an hour, then deleted).")
+    parser.add_argument("--worker-relist", action="store_true",
+                        help="After the worker caught up, restart it after a compaction (410) so that it lists every "
+                             "kind again, and report that worker's peak RSS as well.")
+    parser.add_argument("--worker-timeout", type=float, default=1800.0,
+                        help="Seconds the worker phase waits for the worker to store every line and the read models "
+                             "to catch up.")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--samples", type=int, default=50, help="Random instants for occupancy.")
     parser.add_argument("--api-seconds", type=float, default=10.0)
@@ -437,9 +643,20 @@ def main(argv: list[str] | None = None) -> int:
         with fresh_database(args.admin_url, "fleet", keep=args.keep) as fleet_db:
             if "worker" not in skip:
                 fleet = workdir / "fleet.jsonl"
-                spec = FleetSpec(nodes=args.fleet_nodes, gpus_per_node=8, hours=args.fleet_hours, seed=args.seed)
-                summary = write_history(spec, fleet)
-                phase_worker(report, fleet_db, fleet, summary, workdir, timeout_s=1800)
+                spec = FleetSpec(nodes=args.fleet_nodes, gpus_per_node=8, hours=args.fleet_hours, seed=args.seed,
+                                 utilisation=args.fleet_utilisation, job_minutes=args.fleet_job_minutes,
+                                 idle_fraction=args.fleet_idle_fraction, pending_fraction=args.fleet_pending_fraction)
+                seconds, summary = timed(lambda: write_history(spec, fleet))
+                assert isinstance(summary, SimulationSummary)
+                print(f"simulated {args.fleet_nodes} nodes x {args.fleet_hours} h: {summary.lines:,} lines, "
+                      f"{summary.claims:,} claims in {seconds:.1f} s", flush=True)
+                report.sizes["workerFleet"] = {
+                    "nodes": spec.nodes, "gpusPerNode": spec.gpus_per_node, "hours": spec.hours, "seed": spec.seed,
+                    "utilisation": spec.utilisation, "jobMinutes": spec.job_minutes,
+                    "idleFraction": spec.idle_fraction, "pendingFraction": spec.pending_fraction,
+                    "summary": summary.to_json()}
+                phase_worker(report, fleet_db, fleet, summary, workdir, timeout_s=args.worker_timeout,
+                             relist=args.worker_relist)
                 query_db = query_db or fleet_db
             if query_db is not None and "queries" not in skip:
                 phase_queries(report, query_db, samples=args.samples, seed=args.seed)
