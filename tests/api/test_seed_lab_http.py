@@ -172,6 +172,27 @@ def test_a_forged_page_token_nested_deep_or_too_long_is_a_422_problem(client: Te
     assert "pageToken" in response.json()["detail"]
 
 
+@pytest.mark.parametrize("path", ["/v1/occupancy", "/v1/claims", "/v1/events"])
+@pytest.mark.parametrize("offset", [True, -1, 1.5, "2"])
+def test_a_page_token_whose_offset_is_not_a_count_is_a_422_problem(client: TestClient[Litestar], path: str,
+                                                                   offset: object) -> None:
+    # A real token of this very query, its offset replaced: JSON true passed an isinstance(int) check and
+    # reached the SQL as a boolean (a 500 on /v1/events).
+    import base64
+    import json
+
+    first = client.get(path, params={"limit": 1})
+    assert first.status_code == 200
+    token = first.json()["nextPageToken"]
+    body = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    forged = base64.urlsafe_b64encode(json.dumps({**body, "o": offset}).encode()).decode().rstrip("=")
+    response = client.get(path, params={"limit": 1, "pageToken": forged})
+
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert "pageToken" in response.json()["detail"]
+
+
 @pytest.mark.parametrize(("path", "params", "status"), [
     ("/v1/occupancy", {"at": "yesterday"}, 422),
     ("/v1/occupancy", {"at": "2026-11-02T09:30:00"}, 422),
