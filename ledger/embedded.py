@@ -376,6 +376,10 @@ class EmbeddedPostgres:
         except (OSError, ValueError):
             return None
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # As PostgreSQL binds its listen socket: with SO_REUSEADDR. Stopping the server leaves the port's
+            # closed connections in FIN-WAIT-2 / TIME-WAIT while clients (a running API) still hold theirs, and a
+            # plain bind refused the port then, so every restart moved to a new one.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((_HOST, port))
             except OSError:

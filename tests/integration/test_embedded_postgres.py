@@ -84,6 +84,22 @@ def test_a_stopped_server_is_not_running_and_starts_again_on_its_data(server: Em
     assert _scalar(server.start(), "SELECT 1") == 1
 
 
+def test_a_restart_while_clients_hold_connections_keeps_the_port(server: EmbeddedPostgres) -> None:
+    # A running API holds the URL and pooled connections. Stopping the server closes them from its side, and
+    # until the clients close theirs the server's ends stay in FIN-WAIT-2 / TIME-WAIT on the port; the check
+    # that the previous port is free must still accept it (PostgreSQL binds with SO_REUSEADDR), or the API
+    # keeps knocking on a dead port after `db stop` / `db start`.
+    url = server.start()
+    client = psycopg.connect(pg.to_libpq_url(url))
+    try:
+        assert client.execute("SELECT 1").fetchone() == (1,)
+        server.stop()
+
+        assert server.start() == url
+    finally:
+        client.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the server to another account")
 def test_a_data_dir_the_server_account_cannot_reach_is_refused(tmp_path: Path) -> None:
     closed = tmp_path / "closed"
