@@ -278,6 +278,7 @@ class KubeSource:
             yield ListPage(items=items, offset=offset, resource_version=version, received_at=received_at,
                            last=last)
             offset += len(items)
+            del items  # drop this page before the next is fetched: one page alive at a time
             if last:
                 break
             token = cast(str, next_token)
