@@ -853,21 +853,136 @@ def record_watch_batch(db: LedgerDatabase, lines: Sequence[WatchLine | BrokenLin
                       on_batch=lambda batch: batch.save_watch_checkpoints(rows))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelistPage:
+    """What :func:`record_relist_page` did with one page of a list."""
+
+    report: IngestReport
+    """Counts as :func:`ingest` returns them."""
+    keys: list[str]
+    """Translator state keys (:func:`ledger.translator.relist.state_key`) of the page's objects, in
+    list order; objects whose key cannot be read (rejected by the translator) have none."""
+
+
+# Why a relist is recorded page by page: a worker restarted on a cluster with 106,019 live claims
+# and 120,038 pods peaked at 1,320 MiB RSS (target <= 500 MB, bench/results-worker-100k.json) when
+# every kind's whole list was held as decoded objects at once (claims 617 MiB, pods 457 MiB, slices
+# 154 MiB), the kinds being listed concurrently. Only the deletions need the whole list, and for
+# them its state keys (short strings) suffice: so each page is recorded as it arrives and dropped,
+# and the keys are kept until :func:`finish_relist`.
+
+
+def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONObject], *, cluster: str,
+                       state: TranslatorState, observed_at: datetime, source: str, first_line: int = 1,
+                       settings: TranslatorSettings = TranslatorSettings(),
+                       batch_size: int = 1000) -> RelistPage:
+    """Record one page of a list of one kind, without moving any checkpoint.
+
+    Listed objects the translator knows go in as MODIFIED, unknown ones as ADDED, so an unchanged
+    object emits nothing and recording a page again (a list restarted after a 410 on its
+    ``continue`` token) changes nothing. The objects are real observed states, so committing them
+    before the whole list was seen is correct; only the deletions (:func:`finish_relist`) and the
+    checkpoint must wait for the last page.
+
+    Args:
+        objects: the page's ``items`` in list order, each with ``kind`` and ``apiVersion`` set (a
+            List response omits them on items; the caller copies them from the List); at most the
+            list's ``limit`` (500 by default), though nothing here depends on it.
+        observed_at: when the list's first page was received (tz-aware); the receive time of every line.
+        source: origin prefix of the lines, e.g. ``relist:ResourceClaim``.
+        first_line: 1-based number of the page's first object within the whole list (origins read
+            ``<source>:<n>`` and keep counting across pages).
+        batch_size: lines per transaction.
+
+    Returns:
+        The page's counts and the state keys of its objects.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached; nothing of the current batch committed and
+            ``state`` may be stale: load it again with :func:`load_state` before the next call.
+        StreamConflict: another writer appended to the same streams (a second leader).
+    """
+    lines: list[WatchLine | BrokenLine] = []
+    keys: list[str] = []
+    for number, obj in enumerate(objects, first_line):
+        try:
+            key = relist.state_key(obj)
+        except LedgerError:
+            key = None  # ingest rejects the object with the reason
+        if key is not None:
+            keys.append(key)
+        kind: WatchType = "MODIFIED" if key is not None and relist.known(state, key) else "ADDED"
+        lines.append(watch_line(source=source, line=number, event_type=kind, observed_at=observed_at, obj=obj))
+    if not lines:
+        return RelistPage(report=IngestReport(), keys=keys)
+    with unavailable_as_error():
+        # on_batch given: one transaction per batch, in order (not the pipelined path of replays), so
+        # that a failure leaves exactly the earlier batches committed.
+        report = ingest(db, lines, cluster=cluster, settings=settings, batch_size=max(1, batch_size),
+                        state=state, on_batch=lambda _: None)
+    return RelistPage(report=report, keys=keys)
+
+
+def finish_relist(db: LedgerDatabase, listed: Iterable[str], *, cluster: str, state: TranslatorState,
+                  checkpoint: WatchCheckpoint, observed_at: datetime, source: str, first_line: int,
+                  settings: TranslatorSettings = TranslatorSettings(), batch_size: int = 1000) -> IngestReport:
+    """Close a list whose every page was recorded: record the deletions, then commit the checkpoint.
+
+    Objects of ``checkpoint.kind`` that the translator holds but the list lacks were deleted while
+    nobody watched (after ``410 Gone``, or a worker down for long) and go in as DELETED objects
+    rebuilt from the translator state (:func:`ledger.translator.relist.vanished`), dated
+    ``observed_at``. The checkpoint (the list's resourceVersion) commits with the last batch (alone
+    when nothing vanished): if anything fails before, the old checkpoint stays and the next start
+    lists again. Call it only after the last page: a key missing from ``listed`` means deleted.
+
+    Args:
+        listed: the state keys of every object of the whole list (the ``keys`` of each
+            :func:`record_relist_page`); order and repeats do not matter.
+        checkpoint: kind, served apiVersion and the List's ``metadata.resourceVersion`` (first page).
+        observed_at: when the list's first page was received (tz-aware).
+        source: origin prefix of the lines, e.g. ``relist:ResourceClaim``.
+        first_line: 1-based line number of the first deletion (objects listed + 1).
+        batch_size: lines per transaction.
+
+    Returns:
+        Counts of the deletions, as :func:`ingest` returns them.
+
+    Raises:
+        StoreUnavailable: as for :func:`record_watch_batch`.
+        StreamConflict: another writer appended to the same streams.
+    """
+    lines = [watch_line(source=source, line=number, event_type="DELETED", observed_at=observed_at, obj=obj)
+             for number, obj in enumerate(relist.vanished(state, checkpoint.kind, listed), first_line)]
+    if not lines:
+        return record_watch_batch(db, [], cluster=cluster, state=state, checkpoint=checkpoint, settings=settings)
+    size = max(1, batch_size)
+    last = (len(lines) - 1) // size
+    done = [0]
+    rows = [_checkpoint_row(checkpoint)]
+
+    def last_batch_saves_checkpoint(batch: AppendBatch) -> None:
+        # Invariant: the checkpoint commits with the last deletion, never before (a failure in
+        # between leaves the old checkpoint, so the next start lists again and deletes the rest).
+        if done[0] == last:
+            batch.save_watch_checkpoints(rows)
+        done[0] += 1
+
+    with unavailable_as_error():
+        return ingest(db, lines, cluster=cluster, settings=settings, batch_size=size, state=state,
+                      on_batch=last_batch_saves_checkpoint)
+
+
 def reconcile_relist(db: LedgerDatabase, objects: Sequence[JSONObject], *, cluster: str, state: TranslatorState,
                      checkpoint: WatchCheckpoint, observed_at: datetime, source: str,
                      settings: TranslatorSettings = TranslatorSettings(), batch_size: int = 1000) -> IngestReport:
-    """Record a full list of one kind and the deletion of every recorded object the list lacks.
+    """Record a full list of one kind held in memory: :func:`record_relist_page` for all of it, then
+    :func:`finish_relist` (deletions of what the list lacks, and the checkpoint).
 
-    Listed objects the translator knows go in as MODIFIED, unknown ones as ADDED, so an unchanged
-    object emits nothing; objects of ``checkpoint.kind`` that the translator holds but the list lacks
-    were deleted while nobody watched (after ``410 Gone``, or a worker down for long) and go in as
-    DELETED objects rebuilt from the translator state (:func:`ledger.translator.relist.vanished`),
-    dated ``observed_at``. The checkpoint (the list's resourceVersion) commits with the last batch:
-    if anything fails before, the old checkpoint stays and the next start lists again.
+    For callers that already hold the whole list (tests, tools); the watch workers record page by
+    page instead (see the comment above :func:`record_relist_page`).
 
     Args:
-        objects: the list's ``items``, each with ``kind`` and ``apiVersion`` set (a List response
-            omits them on items; the caller copies them from the List).
+        objects: the list's ``items``, each with ``kind`` and ``apiVersion`` set.
         checkpoint: kind, served apiVersion and the List's ``metadata.resourceVersion``.
         observed_at: when the list was received (tz-aware); the receive time of every line.
         source: origin prefix of the lines, e.g. ``relist:ResourceClaim``.
@@ -880,35 +995,13 @@ def reconcile_relist(db: LedgerDatabase, objects: Sequence[JSONObject], *, clust
         StoreUnavailable: as for :func:`record_watch_batch`.
         StreamConflict: another writer appended to the same streams.
     """
-    lines: list[WatchLine | BrokenLine] = []
-    keys: list[str] = []
-    for number, obj in enumerate(objects, 1):
-        try:
-            key = relist.state_key(obj)
-        except LedgerError:
-            key = None  # ingest rejects the object with the reason
-        if key is not None:
-            keys.append(key)
-        kind: WatchType = "MODIFIED" if key is not None and relist.known(state, key) else "ADDED"
-        lines.append(watch_line(source=source, line=number, event_type=kind, observed_at=observed_at, obj=obj))
-    for obj in relist.vanished(state, checkpoint.kind, keys):
-        lines.append(watch_line(source=source, line=len(lines) + 1, event_type="DELETED",
-                                observed_at=observed_at, obj=obj))
-    if not lines:
-        return record_watch_batch(db, [], cluster=cluster, state=state, checkpoint=checkpoint, settings=settings)
-    size = max(1, batch_size)
-    last = (len(lines) - 1) // size
-    done = [0]
-    rows = [_checkpoint_row(checkpoint)]
-
-    def last_batch_saves_checkpoint(batch: AppendBatch) -> None:
-        if done[0] == last:
-            batch.save_watch_checkpoints(rows)
-        done[0] += 1
-
-    with unavailable_as_error():
-        return ingest(db, lines, cluster=cluster, settings=settings, batch_size=size, state=state,
-                      on_batch=last_batch_saves_checkpoint)
+    page = record_relist_page(db, objects, cluster=cluster, state=state, observed_at=observed_at, source=source,
+                              settings=settings, batch_size=batch_size)
+    report = page.report
+    report.merge(finish_relist(db, page.keys, cluster=cluster, state=state, checkpoint=checkpoint,
+                               observed_at=observed_at, source=source, first_line=len(objects) + 1,
+                               settings=settings, batch_size=batch_size))
+    return report
 
 
 # --- quotas, sharing, pending demand, rollups and report snapshots (issue 5) ----------------------

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import TextIO
 
 from ledger.types import JSONObject
-from workers.k8s.client import KubeSource, ListResult, WatchEvent
+from workers.k8s.client import KubeSource, Listed, ListPage, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +59,32 @@ class RecordSink:
         """Where this recording's watch of the kind resumes (``None`` at first: list)."""
         return self.resource_versions.get(source.info.kind)
 
-    async def relisted(self, source: KubeSource, listed: ListResult) -> None:
-        """Write the list: ADDED (MODIFIED if seen before) per item, DELETED for each vanished object."""
+    async def relisted(self, source: KubeSource, pages: AsyncIterator[ListPage]) -> Listed:
+        """Write the list as its pages arrive: ADDED (MODIFIED if seen before) per item, then DELETED for
+        each object seen before that the whole list lacks (the sink keeps every object it saw anyway).
+
+        Raises:
+            WatchExpired / TransientApiError / ApiError: from ``pages``; the lines already written stay.
+        """
         seen = self._seen.setdefault(source.info.kind, {})
         now: dict[str, JSONObject] = {}
-        for obj in listed.items:
-            key = _identity(obj)
-            self._write(listed.received_at, "MODIFIED" if key in seen else "ADDED", obj)
-            now[key] = obj
+        first: tuple[str, datetime] | None = None
+        async for page in pages:
+            first = first or (page.resource_version, page.received_at)
+            for obj in page.items:
+                key = _identity(obj)
+                self._write(first[1], "MODIFIED" if key in seen else "ADDED", obj)
+                now[key] = obj
+            self._out.flush()
+        if first is None:
+            raise RuntimeError(f"relist {source.info.kind}: the list yielded no page")
+        version, received_at = first
         for key in sorted(set(seen) - set(now)):
-            self._write(listed.received_at, "DELETED", seen[key])
+            self._write(received_at, "DELETED", seen[key])
         self._seen[source.info.kind] = now
-        self.resource_versions[source.info.kind] = listed.resource_version
+        self.resource_versions[source.info.kind] = version
         self._out.flush()
+        return Listed(count=len(now), resource_version=version)
 
     async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
         """Write each event as received (BOOKMARKs too)."""

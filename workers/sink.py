@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
 from typing import TypeVar
 
 from ledger import services
@@ -21,7 +22,7 @@ from ledger.recorded import watch_line
 from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
-from workers.k8s.client import KubeSource, ListResult, WatchEvent
+from workers.k8s.client import KubeSource, Listed, ListPage, WatchEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -110,19 +111,51 @@ class LedgerSink:
             return None
         return stored.resource_version
 
-    async def relisted(self, source: KubeSource, listed: ListResult) -> None:
-        """Reconcile a full list (``services.reconcile_relist``): vanished objects are recorded as deleted.
+    async def relisted(self, source: KubeSource, pages: AsyncIterator[ListPage]) -> Listed:
+        """Reconcile a list page by page (``services.record_relist_page``), then record the objects the
+        whole list lacks as deleted and store its resourceVersion (``services.finish_relist``).
+
+        One page (the list's ``limit``) and the state keys of the pages before are held at a time:
+        whole lists held as objects took a restarted worker to 1,320 MiB (106,019 claims, 120,038
+        pods). Each page is its own write, so other kinds' bursts may be stored between two pages.
+
+        Args:
+            pages: from ``source.pages()``, in order.
+
+        Returns:
+            The list's object count and resourceVersion.
 
         Raises:
-            StoreUnavailable: the database cannot be reached (nothing of the list is taken as stored).
+            WatchExpired / TransientApiError / ApiError: from ``pages``; the pages before stay stored,
+                the checkpoint does not move (the next list records them again, which changes nothing).
+            StoreUnavailable: the database cannot be reached (the checkpoint does not move).
         """
-        checkpoint = services.WatchCheckpoint(kind=source.info.kind, api_version=source.api_version,
-                                              resource_version=listed.resource_version)
-        report = await self._write(lambda state: services.reconcile_relist(
-            self.db, listed.items, cluster=self.cluster, state=state, checkpoint=checkpoint,
-            observed_at=listed.received_at, source=f"relist:{source.info.kind}", settings=self._translator,
-            batch_size=self._batch_size))
-        self._report(source, report)
+        kind = source.info.kind
+        origin = f"relist:{kind}"
+        keys: list[str] = []
+        first: tuple[str, datetime] | None = None  # the first page's resourceVersion and receive time, not its items
+        count = 0
+        async for page in pages:
+            first = first or (page.resource_version, page.received_at)
+            recorded = await self._write(self._page_writer(page, origin))
+            keys.extend(recorded.keys)
+            count = page.offset + len(page.items)
+            self._report(source, recorded.report)
+            del page, recorded  # hold no page while the next one is fetched
+        if first is None:
+            raise RuntimeError(f"{origin}: the list yielded no page")  # KubeSource.pages yields at least one
+        version, observed_at = first
+        checkpoint = services.WatchCheckpoint(kind=kind, api_version=source.api_version, resource_version=version)
+        finished = await self._write(lambda state: services.finish_relist(
+            self.db, keys, cluster=self.cluster, state=state, checkpoint=checkpoint, observed_at=observed_at,
+            source=origin, first_line=count + 1, settings=self._translator, batch_size=self._batch_size))
+        self._report(source, finished)
+        return Listed(count=count, resource_version=version)
+
+    def _page_writer(self, page: ListPage, origin: str) -> Callable[[TranslatorState], services.RelistPage]:
+        return lambda state: services.record_relist_page(
+            self.db, page.items, cluster=self.cluster, state=state, observed_at=page.received_at, source=origin,
+            first_line=page.offset + 1, settings=self._translator, batch_size=self._batch_size)
 
     async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
         """Store one burst and its resourceVersion (``services.record_watch_batch``); BOOKMARKs only move it.

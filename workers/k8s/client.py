@@ -96,6 +96,32 @@ class WatchEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ListPage:
+    """One page of a list of one kind (at most the ``limit`` asked, 500 objects by default)."""
+
+    items: list[JSONObject]
+    """This page's objects, ``kind`` and ``apiVersion`` set, in server order."""
+    offset: int
+    """Objects on the earlier pages of the same list (0 on the first page)."""
+    resource_version: str
+    """``metadata.resourceVersion`` of the list's FIRST page (a consistent snapshot): watch from here."""
+    received_at: datetime
+    """When the list's first page was received (the clock's time)."""
+    last: bool
+    """True on the last page (the server sent no ``continue`` token)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listed:
+    """What a sink stored of a complete list (every page): no objects, only the totals."""
+
+    count: int
+    """Objects in the list (every page)."""
+    resource_version: str
+    """``metadata.resourceVersion`` of the list's first page: watch from here."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ListResult:
     """A complete list of one kind (every page)."""
 
@@ -213,20 +239,26 @@ class KubeSource:
             obj = {"apiVersion": self.api_version, "kind": self.info.kind, **obj}
         return obj
 
-    async def list(self) -> ListResult:
-        """List every object of the kind, page by page (``limit``/``continue``).
+    async def pages(self) -> AsyncIterator[ListPage]:
+        """List every object of the kind, yielding each page (``limit``/``continue``) as it arrives.
 
-        Returns:
-            The items and the first page's resourceVersion, received at the clock's time of the first page.
+        The next page is requested only when the consumer asks for it, so a consumer that drops each
+        page holds one page at a time: a worker that kept whole lists of 106,019 claims and 120,038
+        pods as decoded objects peaked at 1,320 MiB (see ``services.record_relist_page``).
+
+        Yields:
+            Pages in server order; ``offset`` counts the objects of the pages before. A list with no
+            objects yields one empty page (with ``last`` set).
 
         Raises:
-            WatchExpired: a ``continue`` token expired (410) mid-way: list again.
+            WatchExpired: a ``continue`` token expired (410) mid-way: list again (the pages yielded
+                before were real states, but the list is incomplete).
             TransientApiError / NotServed / ApiError: see the module docstring.
         """
-        items: list[JSONObject] = []
         token: str | None = None
         version: str | None = None
         received_at: datetime | None = None
+        offset = 0
         what = f"list {self.info.plural}.{self.api_version}"
         while True:
             kwargs: dict[str, object] = {"limit": self._page_size, "_preload_content": False,
@@ -239,14 +271,39 @@ class KubeSource:
             meta = body.get("metadata", {})
             if version is None:
                 version = str(meta.get("resourceVersion", ""))
-            items.extend(self._complete(item) for item in body.get("items") or [] if isinstance(item, dict))
+            items = [self._complete(item) for item in body.get("items") or [] if isinstance(item, dict)]
+            del body  # the raw page goes now: only ``items`` is kept
             next_token = cast(Mapping[str, object], meta).get("continue")
-            if not isinstance(next_token, str) or not next_token:
+            last = not isinstance(next_token, str) or not next_token
+            yield ListPage(items=items, offset=offset, resource_version=version, received_at=received_at,
+                           last=last)
+            offset += len(items)
+            del items  # drop this page before the next is fetched: one page alive at a time
+            if last:
                 break
-            token = next_token
+            token = cast(str, next_token)
         log.info("listed %s", self.info.kind, extra={"resource": self.info.plural, "resourceVersion": version,
-                                                     "items": len(items)})
-        return ListResult(items=items, resource_version=version or "", received_at=received_at)
+                                                     "items": offset})
+
+    async def list(self) -> ListResult:
+        """List every object of the kind, page by page (:meth:`pages`), and keep them all.
+
+        Holds the whole list in memory: the watch loop uses :meth:`pages` instead.
+
+        Returns:
+            The items and the first page's resourceVersion, received at the clock's time of the first page.
+
+        Raises:
+            WatchExpired: a ``continue`` token expired (410) mid-way: list again.
+            TransientApiError / NotServed / ApiError: see the module docstring.
+        """
+        items: list[JSONObject] = []
+        first: ListPage | None = None
+        async for page in self.pages():
+            first = first or page
+            items.extend(page.items)
+        assert first is not None  # pages() yields at least one page or raises
+        return ListResult(items=items, resource_version=first.resource_version, received_at=first.received_at)
 
     async def watch(self, *, since: str, timeout_s: int,
                     batch_size: int = 500) -> AsyncIterator[builtins.list[WatchEvent]]:
