@@ -230,11 +230,17 @@ def replay(
     when = _time(at, "--at") if at else None
     with _errors():
         db = services.open_ledger(settings)
-        with _progress(_count_lines(files), "replay") as progress:
-            report = services.replay_files(
-                db, files, cluster=cluster or settings.cluster, at=when,
-                settings=TranslatorSettings(team_label=settings.team_label), batch_size=settings.batch_size,
-                progress=progress)
+        try:
+            with _progress(_count_lines(files), "replay") as progress:
+                report = services.replay_files(
+                    db, files, cluster=cluster or settings.cluster, at=when,
+                    settings=TranslatorSettings(team_label=settings.team_label), batch_size=settings.batch_size,
+                    progress=progress)
+        except KeyboardInterrupt:
+            # Every committed batch stays; the run that follows skips it by digest.
+            err.print("interrupted: the batches committed so far are kept; run the same command again to record "
+                      "the rest (lines already recorded are skipped)")
+            raise typer.Exit(130) from None
     _print_report(report)
     if report.rejected:
         raise typer.Exit(1)

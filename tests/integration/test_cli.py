@@ -105,3 +105,36 @@ def test_simulate_into_a_missing_directory_is_a_one_line_error(tmp_path: Path) -
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert f"error: cannot write {target}: No such file or directory" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_interrupted_replay_says_how_to_resume_and_the_next_run_records_the_rest(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections.abc import Iterator
+
+    from ledger import services
+    from ledger.recorded import BrokenLine, WatchLine, read_history
+    from tests.paths import HISTORIES
+
+    seed = HISTORIES / "seed-lab.jsonl"
+
+    def cut_after_30_lines(path: Path, **kwargs: object) -> Iterator[WatchLine | BrokenLine]:
+        for n, line in enumerate(read_history(path, **kwargs), 1):  # type: ignore[arg-type]
+            if n > 30:
+                raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
+            yield line
+
+    url = _url(ledger_engine)
+    monkeypatch.setenv("LEDGER_BATCH_SIZE", "10")
+    monkeypatch.setattr(services, "read_history", cut_after_30_lines)
+    interrupted = CliRunner().invoke(app, ["replay", str(seed), "--database-url", url])
+    monkeypatch.undo()
+    with ledger_engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM observations")).scalar_one()
+    resumed = CliRunner().invoke(app, ["replay", str(seed), "--database-url", url])
+
+    assert interrupted.exit_code == 130
+    assert "run the same command again" in interrupted.output
+    # Batches 1 and 2 committed; batch 3 was in flight when Ctrl-C came: committed whole, or cancelled whole.
+    assert stored in (20, 30)
+    assert resumed.exit_code == 0, resumed.output
+    assert f"39 lines: {39 - stored} recorded, {stored} already recorded" in resumed.output
