@@ -103,7 +103,7 @@ def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, clust
            settings: TranslatorSettings = TranslatorSettings(), at: datetime | None = None,
            batch_size: int = 5000, progress: Progress | None = None,
            state: TranslatorState | None = None,
-           on_batch: Callable[[AppendBatch], None] | None = None) -> IngestReport:
+           on_batch: Callable[[AppendBatch], None] | None = None, pipelined: bool = True) -> IngestReport:
     """Record watch lines as observations and translate them into events, idempotently.
 
     Each batch commits its observations, events and translator state together under the append
@@ -120,6 +120,9 @@ def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, clust
         state: translator memory to reuse between calls (loaded from the database when ``None``).
         on_batch: called with each batch before it is written, inside its transaction (the watch
             workers add their resourceVersion checkpoint there).
+        pipelined: let a writer thread commit each batch while the next one is translated
+            (:func:`_ingest_pipelined`); ``False``, or any ``on_batch``, writes batch after batch in this
+            thread, so that a failure leaves exactly the earlier batches committed.
 
     Returns:
         Counts, plus every rejected line with its origin and reason (broken lines, invalid or
@@ -134,7 +137,7 @@ def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, clust
         state = db.load_state(cluster)
     with _rare_collections():
         _ingest_all(db, lines, report, cluster=cluster, settings=settings, at=at, batch_size=batch_size,
-                    progress=progress, state=state, on_batch=on_batch)
+                    progress=progress, state=state, on_batch=on_batch, pipelined=pipelined)
     return report
 
 
@@ -171,8 +174,8 @@ _thresholds: tuple[int, ...] = gc.get_threshold()
 def _ingest_all(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], report: IngestReport, *,
                 cluster: str, settings: TranslatorSettings, at: datetime | None, batch_size: int,
                 progress: Progress | None, state: TranslatorState,
-                on_batch: Callable[[AppendBatch], None] | None) -> None:
-    if on_batch is None:
+                on_batch: Callable[[AppendBatch], None] | None, pipelined: bool) -> None:
+    if pipelined and on_batch is None:
         _ingest_pipelined(db, lines, report, cluster=cluster, settings=settings, at=at, batch_size=batch_size,
                           progress=progress, state=state)
         return
@@ -916,10 +919,10 @@ def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONObject], *, clu
     if not lines:
         return RelistPage(report=IngestReport(), keys=keys)
     with unavailable_as_error():
-        # on_batch given: one transaction per batch, in order (not the pipelined path of replays), so
-        # that a failure leaves exactly the earlier batches committed.
+        # One transaction per batch, in order (not the pipelined path of replays), so that a failure leaves
+        # exactly the earlier batches committed.
         report = ingest(db, lines, cluster=cluster, settings=settings, batch_size=max(1, batch_size),
-                        state=state, on_batch=lambda _: None)
+                        state=state, pipelined=False)
     return RelistPage(report=report, keys=keys)
 
 
