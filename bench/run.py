@@ -320,6 +320,11 @@ class Followed:
     timeline: list[list[float]]
     """``[elapsed s, progress, RSS MiB]`` about every 30 s, the last at the end."""
 
+    def rss_figure(self, name: str, note: str) -> Figure:
+        """The peak RSS as a figure in MiB against the ≤ 500 MB target; ``note`` then when the peak came."""
+        return Figure(name, self.peak_bytes / 2**20, "MiB", "≤ 500 MB", self.peak_bytes <= 500 * 10**6,
+                      f"{note}; peak reached after {self.peak_at_s:.0f} s")
+
 
 def watch_worker(worker: subprocess.Popen[bytes], *, start: float, progress: Callable[[], tuple[int, bool]],
                  timeout_s: float) -> Followed:
@@ -459,13 +464,12 @@ def phase_worker(report: Report, db: LedgerDatabase, history: Path, summary: Sim
                              "workerClaimsLiveAllocated": claims["allocated"],
                              "workerClaimsLivePending": claims["pending"], "workerLiveEntries": entries,
                              "workerPeakAtSeconds": round(followed.peak_at_s), "workerTimeline": followed.timeline})
-        report.add(Figure("watch worker peak RSS", followed.peak_bytes / 2**20, "MiB", "≤ 500 MB",
-                          followed.peak_bytes <= 500 * 10**6,
+        report.add(followed.rss_figure("watch worker peak RSS",
                           f"{summary.devices:,} devices, {claims['created']:,} claims created, {claims['live']:,} live "
                           f"at the end ({claims['allocated']:,} allocated, {claims['pending']:,} pending); "
                           f"{seen:,}/{summary.lines:,} lines "
                           f"{'followed' if followed.done else 'followed before the timeout'} in "
-                          f"{followed.seconds:.0f} s; peak reached after {followed.peak_at_s:.0f} s"))
+                          f"{followed.seconds:.0f} s"))
         if not relist:
             return
         stop(worker)
@@ -487,13 +491,11 @@ def phase_worker(report: Report, db: LedgerDatabase, history: Path, summary: Sim
         again = watch_worker(worker, start=start, progress=relisted, timeout_s=timeout_s)
         report.sizes.update({"relistSeconds": round(again.seconds), "relistPeakAtSeconds": round(again.peak_at_s),
                              "relistTimeline": again.timeline})
-        report.add(Figure("watch worker peak RSS, restart + relist", again.peak_bytes / 2**20, "MiB", "≤ 500 MB",
-                          again.peak_bytes <= 500 * 10**6,
+        report.add(again.rss_figure("watch worker peak RSS, restart + relist",
                           f"a new worker on the same ledger, every watch answered 410 once: lists and reconciles "
                           f"{entries.get('claim', 0):,} live claims, {entries.get('pod', 0):,} pods, "
                           f"{entries.get('slice', 0):,} ResourceSlices; "
-                          f"{'done' if again.done else 'not done before the timeout'} in {again.seconds:.0f} s; "
-                          f"peak reached after {again.peak_at_s:.0f} s"))
+                          f"{'done' if again.done else 'not done before the timeout'} in {again.seconds:.0f} s"))
     finally:
         if worker is not None:
             stop(worker)
