@@ -16,7 +16,9 @@ Two techniques, each where it pays:
 * **Python** for ``namespace_teams``, ``device_inventory``, ``device_classes`` and
   ``device_allocations``: conflicts, relabel splits and the team / inventory lookups of an allocation
   are a fold, not a window. One pass over those event types (about one event in six), streamed in
-  global position order from a server-side cursor, then one ``COPY`` per table.
+  global position order from a server-side cursor, then one ``COPY`` per table. The pass runs in a
+  thread on a connection of its own while the SQL statements run, so the two use both cores (see
+  :func:`build`).
 
 Semantics are exactly those of ``apply_event`` in :mod:`ledger.projections.models` (the reference); a
 test compares this path with it, with live catch-up and with the batch path, row for row. The rules
@@ -38,18 +40,22 @@ snapshot) see one and the same history even while appends go on; appends commit 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Iterable, Sequence
+import pickle
+import tempfile
+import threading
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import IO, TypeVar
 
+import msgspec
 import psycopg
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
 from ledger.projections.base import opt_str_of, str_of
 from ledger.projections.models import counter_set_of, model_of
-from ledger.store.postgres import copy_rows
+from ledger.store.postgres import as_json, copy_rows
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
 # _KEY_ORDER: rows are written in the order of their table's key index (cluster, then the key), not
@@ -252,7 +258,12 @@ def _latest_containing(rows: Sequence[_I], at: datetime) -> _I | None:
 
 
 def _j(value: JSONValue) -> str:
-    return json.dumps(value)  # jsonb normalises key order and spacing: no need for sort_keys here
+    return as_json(value)  # jsonb normalises key order, spacing and number spelling
+
+
+_DECODER = msgspec.json.Decoder()
+"""Payload decoder of the fold (msgspec, C): payloads come from ``jsonb`` as text, so they are valid JSON
+with no NaN; it decodes them to the same values as ``json.loads``, about twice as fast."""
 
 
 _K = TypeVar("_K", bound=tuple[str, ...])
@@ -426,52 +437,102 @@ class _Fold:
 _FETCH_ROWS = 5000
 """Events fetched per round trip from the server-side cursor (bounds the fold's input in memory)."""
 _FLUSH_ROWS = 50_000
-"""Closed ``device_allocations`` rows kept before they are written (bounds the fold's output in memory)."""
+"""Closed ``device_allocations`` rows kept before they are spooled (bounds the fold's output in memory)."""
 
 
-def _fold(conn: Connection, names: Collection[str], head: GlobalPosition) -> None:
-    """Fold the events of :data:`_FOLD_TYPES` up to ``head`` and COPY the tables of :data:`FOLDED` in ``names``."""
-    raw = conn.connection.driver_connection
-    assert isinstance(raw, psycopg.Connection)
-    fold = _Fold()
-    allocations = "device_allocations" in names
-    # A server-side cursor streams the events (a client-side one would hold the whole history in
-    # memory); COPY of closed allocations runs between its fetches on the same connection.
-    with raw.cursor(name="ledger_rebuild_fold") as cur:
-        cur.execute("SELECT type, cluster, occurred_at, payload::text FROM events "
-                    "WHERE global_position <= %s AND type = ANY(%s) ORDER BY global_position",
-                    (head, list(_FOLD_TYPES)))
-        while batch := cur.fetchmany(_FETCH_ROWS):
-            for event_type, cluster, at, payload in batch:
-                assert isinstance(event_type, str) and isinstance(cluster, str) and isinstance(at, datetime)
-                assert isinstance(payload, str)
-                fold.apply(event_type, cluster, at, json.loads(payload))
-            if len(fold.closed) >= _FLUSH_ROWS:
-                rows = fold.take_closed()
-                if allocations:
-                    copy_rows(conn, "device_allocations", [*_ALLOCATION_COLUMNS, "valid"], _by_device(rows))
+class _Stopped(Exception):
+    """The build gave up (a statement failed or was interrupted): the fold thread stops early."""
+
+
+@dataclass(slots=True)
+class _Folded:
+    """What the fold thread hands back: the rows of each folded table, ready for ``COPY``.
+
+    ``allocation_chunks`` allocation chunks wait in the spool file; ``allocations`` are the rest.
+    """
+
+    teams: list[list[object]]
+    inventory: list[list[object]]
+    classes: list[list[object]]
+    allocations: list[list[object]]
+    allocation_chunks: int
+
+
+def _fold_events(engine: Engine, head: GlobalPosition, spool: IO[bytes], stop: threading.Event, *,
+                 allocations: bool) -> _Folded:
+    """Fold the events of :data:`_FOLD_TYPES` up to ``head`` on a connection of its own (the fold thread).
+
+    Closed ``device_allocations`` rows are pickled to ``spool`` in chunks of about :data:`_FLUSH_ROWS`,
+    each already in key order (:func:`_by_device`), or dropped unless ``allocations``; the other rows come
+    back formatted, so that the build's transaction only has to copy them.
+
+    Why its own connection: a connection runs one statement at a time, and the build's transaction is busy
+    with the SQL-built tables meanwhile (see :func:`build`). Reading ``events`` outside that transaction
+    is safe: events are never updated or deleted, and every event at or below ``head`` was committed before
+    ``head`` was read (appends commit in position order), so this snapshot holds exactly those events.
+
+    Raises:
+        _Stopped: ``stop`` was set.
+        AssertionError: a payload lacks a field the translator always writes.
+        sqlalchemy.exc.SQLAlchemyError, psycopg.Error: reading the events failed.
+    """
+    fold, chunks = _Fold(), 0
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        # A server-side cursor streams the events (a client-side one would hold the whole history).
+        with raw.cursor(name="ledger_rebuild_fold") as cur:
+            cur.execute("SELECT type, cluster, occurred_at, payload::text FROM events "
+                        "WHERE global_position <= %s AND type = ANY(%s) ORDER BY global_position",
+                        (head, list(_FOLD_TYPES)))
+            while batch := cur.fetchmany(_FETCH_ROWS):
+                if stop.is_set():
+                    raise _Stopped
+                for event_type, cluster, at, payload in batch:
+                    assert isinstance(event_type, str) and isinstance(cluster, str) and isinstance(at, datetime)
+                    assert isinstance(payload, str)
+                    fold.apply(event_type, cluster, at, _DECODER.decode(payload))
+                if len(fold.closed) >= _FLUSH_ROWS:
+                    closed = fold.take_closed()
+                    if allocations:
+                        pickle.dump(_by_device(closed), spool, protocol=pickle.HIGHEST_PROTOCOL)
+                        chunks += 1
     # namespace_teams and device_inventory keep creation order, not _KEY_ORDER: the batch path of later
     # catch-ups breaks ties between intervals of one key with equal starts by row id (the one inserted
     # last), as _latest_containing does here.
+    return _Folded(teams=[r.row() for r in fold.team_rows], inventory=[r.row() for r in fold.inventory_rows],
+                   classes=[r.row() for r in fold.class_rows],
+                   allocations=_by_device([*fold.take_closed(), *(r.row() for r in fold.open_allocations.values())]),
+                   allocation_chunks=chunks)
+
+
+def _spooled(spool: IO[bytes], chunks: int) -> Iterator[list[list[object]]]:
+    """The allocation chunks :func:`_fold_events` pickled to ``spool``, read back in order."""
+    spool.seek(0)
+    for _ in range(chunks):
+        rows: list[list[object]] = pickle.load(spool)  # our own temporary file, written above
+        yield rows
+
+
+def _write_folded(conn: Connection, names: Collection[str], folded: _Folded, spool: IO[bytes]) -> None:
+    """COPY the folded tables in ``names`` in the build's transaction."""
     if "namespace_teams" in names:
-        copy_rows(conn, "namespace_teams", ["cluster", "namespace", "team", "valid"], _rows(fold.team_rows))
+        copy_rows(conn, "namespace_teams", ["cluster", "namespace", "team", "valid"], folded.teams)
     if "device_inventory" in names:
-        copy_rows(conn, "device_inventory", [*_INVENTORY_COLUMNS, "valid"], _rows(fold.inventory_rows))
+        copy_rows(conn, "device_inventory", [*_INVENTORY_COLUMNS, "valid"], folded.inventory)
     if "device_classes" in names:
-        copy_rows(conn, "device_classes", ["cluster", "name", "spec", "valid"], _rows(fold.class_rows))
-    if allocations:
-        rows = [*fold.take_closed(), *(r.row() for r in fold.open_allocations.values())]
-        copy_rows(conn, "device_allocations", [*_ALLOCATION_COLUMNS, "valid"], _by_device(rows))
+        copy_rows(conn, "device_classes", ["cluster", "name", "spec", "valid"], folded.classes)
+    if "device_allocations" in names:
+        columns = [*_ALLOCATION_COLUMNS, "valid"]
+        for chunk in _spooled(spool, folded.allocation_chunks):
+            copy_rows(conn, "device_allocations", columns, chunk)
+        copy_rows(conn, "device_allocations", columns, folded.allocations)
 
 
 def _by_device(rows: list[list[object]]) -> list[list[object]]:
     """``device_allocations`` rows in the order of its key index (cluster, driver, pool, device): _KEY_ORDER."""
     rows.sort(key=lambda r: (str(r[0]), str(r[7]), str(r[8]), str(r[9])))
     return rows
-
-
-def _rows(intervals: Iterable[_Interval]) -> Iterable[list[object]]:
-    return (i.row() for i in intervals)
 
 
 def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> None:
@@ -489,6 +550,7 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
         ValueError: :func:`supports` refuses ``names``.
         AssertionError: a payload lacks a field the translator always writes (a corrupt event stops the
             rebuild, which rolls back whole).
+        psycopg.Error: the fold's read of ``events`` or a ``COPY`` failed (the transaction rolls back).
         sqlalchemy.exc.SQLAlchemyError: a statement failed (e.g. a NOT NULL column got no value from a
             payload); the transaction rolls back and the old read models stay.
     """
@@ -497,9 +559,28 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
     # Sorts of the window statements stay in memory at this size (the default 4 MB spills them to disk);
     # SET LOCAL ends with the transaction.
     conn.execute(text("SET LOCAL work_mem = '64MB'"))
-    for name, statements in SQL_BUILT.items():
-        if name in names:
+    statements = [s for name, group in SQL_BUILT.items() if name in names for s in group]
+    if not FOLDED & set(names):
+        for statement in statements:
+            conn.execute(text(statement), {"head": head})
+        return
+    # The fold (Python, one core) runs in a thread on a connection of its own while this transaction's
+    # statements run on the server (another core; psycopg releases the GIL while it waits). Its rows wait
+    # in a temporary file and are copied in after the statements, since one connection runs one
+    # statement at a time. At 476,642 events the statements took 7.9 s and the fold 5.8 s, one after the
+    # other before; now the fold's time is mostly hidden behind the statements'.
+    stop = threading.Event()
+    with tempfile.TemporaryFile(prefix="ledger-rebuild-") as spool, \
+            ThreadPoolExecutor(1, thread_name_prefix="ledger-rebuild-fold") as executor:
+        folding: Future[_Folded] = executor.submit(_fold_events, conn.engine, head, spool, stop,
+                                                    allocations="device_allocations" in names)
+        try:
             for statement in statements:
+                if folding.done():
+                    folding.result()  # a failed fold stops the build now rather than after the statements
                 conn.execute(text(statement), {"head": head})
-    if FOLDED & set(names):
-        _fold(conn, names, head)
+            folded = folding.result()
+        except BaseException:
+            stop.set()  # the executor's exit then waits at most one fetch for the thread to give up
+            raise
+        _write_folded(conn, names, folded, spool)

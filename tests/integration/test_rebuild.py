@@ -10,12 +10,15 @@ real fixtures, on a simulated fleet, and on hand-made events that the translator
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DataError
 
 from ledger.events import (
     ClaimAllocated,
@@ -255,14 +258,68 @@ def test_hand_made_edge_cases_rebuild_to_the_rows_of_every_other_path(ledger: Le
 
 def test_allocations_written_while_the_fold_reads_give_the_same_rows(ledger: LedgerHandle, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # Tiny fetches and flushes: closed allocations are copied between fetches of the server-side cursor,
-    # as they are on a long history, and open ones at the end.
+    # Tiny fetches and flushes: closed allocations are spooled in many chunks between fetches of the
+    # server-side cursor, as they are on a long history, and open ones come at the end.
     _simulated(ledger, tmp_path)
     _append(ledger, _edge_cases(ledger.cluster))
     live = ledger.snapshot()
     monkeypatch.setattr(whole_history, "_FETCH_ROWS", 3)
     monkeypatch.setattr(whole_history, "_FLUSH_ROWS", 2)
     runner.rebuild(ledger.engine)
+    assert ledger.snapshot() == live
+
+
+def _fold_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("ledger-rebuild-fold")]
+
+
+def test_a_failing_fold_rolls_the_rebuild_back_and_leaves_no_thread(ledger: LedgerHandle, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fold runs in a thread of its own; its failure (here the 50th event, as a corrupt payload would)
+    # must reach the caller, roll back every table built so far and keep the old read models.
+    _simulated(ledger, tmp_path)
+    live = ledger.snapshot()
+    original, calls = whole_history._Fold.apply, 0
+
+    def failing(self: whole_history._Fold, event_type: str, *args: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 50:
+            raise AssertionError("corrupt payload")
+        original(self, event_type, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(whole_history._Fold, "apply", failing)
+    with pytest.raises(AssertionError, match="corrupt payload"):
+        runner.rebuild(ledger.engine)
+    assert calls == 50
+    assert _fold_threads() == []
+    assert runner.lag(ledger.engine) == {p.name: 0 for p in ALL}  # checkpoints not reset
+    assert ledger.snapshot() == live
+
+
+def test_a_failing_statement_stops_the_fold_thread_at_its_next_fetch(ledger: LedgerHandle, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A statement of the build fails at once while the fold is slow (10 ms an event, one event a fetch): the
+    # error reaches the caller, and the fold gives up at its next fetch instead of reading the whole history.
+    _simulated(ledger, tmp_path)
+    live = ledger.snapshot()
+    folded = sum(1 for e in ledger.events() if e.type in whole_history._FOLD_TYPES)
+    original, calls = whole_history._Fold.apply, 0
+
+    def slow(self: whole_history._Fold, event_type: str, *args: object) -> None:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.01)
+        original(self, event_type, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(whole_history._Fold, "apply", slow)
+    monkeypatch.setattr(whole_history, "_FETCH_ROWS", 1)
+    monkeypatch.setitem(whole_history.SQL_BUILT, "claims", ("SELECT CAST(:head AS bigint) / 0",))
+    with pytest.raises(DataError, match="division by zero"):
+        runner.rebuild(ledger.engine)
+    assert folded > 100
+    assert 0 <= calls < folded
+    assert _fold_threads() == []
     assert ledger.snapshot() == live
 
 
