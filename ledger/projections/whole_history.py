@@ -16,9 +16,12 @@ Two techniques, each where it pays:
 * **Python** for ``namespace_teams``, ``device_inventory``, ``device_classes`` and
   ``device_allocations``: conflicts, relabel splits and the team / inventory lookups of an allocation
   are a fold, not a window. One pass over those event types (about one event in six), streamed in
-  global position order from a server-side cursor, then one ``COPY`` per table. The pass runs in a
-  thread on a connection of its own while the SQL statements run, so the two use both cores (see
-  :func:`build`).
+  global position order from a server-side cursor, then one ``COPY`` per table.
+
+Both cores work (:func:`build`): the build's transaction runs the first SQL-built table's ``INSERT ...
+SELECT`` while two threads, each on a connection of its own, run the fold and the other tables' queries
+(``COPY (query) TO STDOUT`` into temporary files); the transaction then copies those rows in. Only the
+build's transaction writes, so the swap stays atomic.
 
 Semantics are exactly those of ``apply_event`` in :mod:`ledger.projections.models` (the reference); a
 test compares this path with it, with live catch-up and with the batch path, row for row. The rules
@@ -34,8 +37,9 @@ in-memory teams and inventory are exactly the tables the reference would read at
 
 Snapshot invariant: every statement reads only ``global_position <= head``, the head read once after
 the checkpoints were locked, so the tables built by separate statements (each a new READ COMMITTED
-snapshot) see one and the same history even while appends go on; appends commit in position order
-(``ledger.store.postgres``), so no event at or below ``head`` can appear later.
+snapshot, on the build's connection or another one) see one and the same history even while appends go
+on; appends commit in position order (``ledger.store.postgres``), so no event at or below ``head`` can
+appear later, and events are never updated or deleted.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import tempfile
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, TypeVar
@@ -55,7 +60,7 @@ from sqlalchemy import Connection, Engine, text
 
 from ledger.projections.base import opt_str_of, str_of
 from ledger.projections.models import counter_set_of, model_of
-from ledger.store.postgres import as_json, copy_rows
+from ledger.store.postgres import as_json, copy_in, copy_out, copy_rows
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
 # _KEY_ORDER: rows are written in the order of their table's key index (cluster, then the key), not
@@ -77,8 +82,21 @@ def _opt_str(path: str) -> str:
 # nothing closes must stay open (upper NULL), not become empty.
 _UPPER = "CASE WHEN {closer} IS NOT NULL THEN greatest({lower}, {closer}) END"
 
-_POD_PHASES = f"""
-INSERT INTO pod_phases (cluster, pod_uid, namespace, name, phase, node, claims, valid)
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """One table built by SQL: its columns and the query (parameter ``head``) that gives its rows in order."""
+
+    table: str
+    columns: tuple[str, ...]
+    query: str
+
+    def insert(self) -> str:
+        """``INSERT INTO table (columns) <query>``: the rows built by the server in the caller's transaction."""
+        return f"INSERT INTO {self.table} ({', '.join(self.columns)}) {self.query}"
+
+
+_POD_PHASES = _Built(
+    "pod_phases", ("cluster", "pod_uid", "namespace", "name", "phase", "node", "claims", "valid"), f"""
 SELECT cluster, uid, namespace, name, phase, node, claims,
        tstzrange(occurred_at, {_UPPER.format(closer="next_at", lower="occurred_at")}, '[)')
 FROM (SELECT global_position, type, cluster, uid, namespace, name, phase, node, claims, occurred_at,
@@ -92,10 +110,11 @@ FROM (SELECT global_position, type, cluster, uid, namespace, name, phase, node, 
             WHERE global_position <= :head AND type IN ('PodPhaseChanged', 'PodDeleted')) AS e) AS w
 WHERE type = 'PodPhaseChanged'
 ORDER BY cluster, uid, global_position  -- key order (_KEY_ORDER); the window's order: no extra sort
-"""
+""")
 """``pod_phases`` (reference: ``models.PodPhases``): one interval per ``PodPhaseChanged``."""
 
-_CLAIM_STATES = f"""
+_CLAIM_STATES = _Built(
+    "claim_states", ("cluster", "claim_uid", "state", "node", "valid"), f"""
 WITH e AS (
     SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
            CASE WHEN type = 'ClaimAllocated' THEN {_opt_str("payload -> 'node'")} END AS node
@@ -109,17 +128,18 @@ w AS (
                PARTITION BY cluster, uid ORDER BY global_position DESC
                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS closer
     FROM e)
-INSERT INTO claim_states (cluster, claim_uid, state, node, valid)
 SELECT w.cluster, w.uid, CASE WHEN w.type = 'ClaimAllocated' THEN 'allocated' ELSE 'pending' END, w.node,
        tstzrange(w.occurred_at, {_UPPER.format(closer="c.occurred_at", lower="w.occurred_at")}, '[)')
 FROM w LEFT JOIN e AS c ON c.global_position = w.closer
 WHERE w.type <> 'ClaimDeleted'
 ORDER BY w.cluster, w.uid, w.global_position  -- key order (_KEY_ORDER)
-"""
+""")
 """``claim_states`` (reference: ``models.Claims``): ``ClaimCreated`` opens (closing nothing);
 ``ClaimAllocated`` / ``ClaimDeallocated`` close and open; ``ClaimDeleted`` closes."""
 
-_CLAIMS = f"""
+_CLAIMS = _Built(
+    "claims", ("cluster", "uid", "namespace", "name", "origin", "owner_pod", "owner_pod_uid", "requests", "state",
+               "created_at", "deletion_requested_at", "deleted_at"), f"""
 WITH e AS (
     SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
            CASE WHEN type = 'ClaimCreated' THEN payload END AS payload  -- only ClaimCreated's is read
@@ -141,17 +161,16 @@ later AS (  -- what the events after it changed: the last of each kind wins
     FROM e JOIN created AS c ON c.cluster = e.cluster AND c.uid = e.uid AND e.global_position > c.global_position
     WHERE e.type <> 'ClaimCreated'
     GROUP BY e.cluster, e.uid)
-INSERT INTO claims (cluster, uid, namespace, name, origin, owner_pod, owner_pod_uid, requests, state, created_at,
-                    deletion_requested_at, deleted_at)
 SELECT c.cluster, c.uid, c.payload ->> 'namespace', c.payload ->> 'name', c.payload ->> 'origin',
        {_opt_str("c.payload -> 'ownerPod'")}, {_opt_str("c.payload -> 'ownerPodUID'")}, c.payload -> 'requests',
        coalesce(l.state, 'pending'), c.occurred_at, l.deletion_requested_at, l.deleted_at
 FROM created AS c LEFT JOIN later AS l ON l.cluster = c.cluster AND l.uid = c.uid
 ORDER BY c.cluster, c.uid  -- key order (_KEY_ORDER)
-"""
+""")
 """``claims`` (reference: ``models.Claims``): the current state of each claim."""
 
-_CLAIM_CONSUMERS = f"""
+_CLAIM_CONSUMERS = _Built(
+    "claim_consumers", ("cluster", "claim_uid", "resource", "api_group", "name", "uid", "valid"), f"""
 WITH e AS (
     SELECT global_position, type, cluster, occurred_at, payload ->> 'uid' AS uid,
            payload -> 'consumer' ->> 'resource' AS resource, payload -> 'consumer' ->> 'name' AS name,
@@ -169,21 +188,20 @@ w AS (
                      PARTITION BY cluster, uid ORDER BY global_position DESC
                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) AS closer
     FROM e)
-INSERT INTO claim_consumers (cluster, claim_uid, resource, api_group, name, uid, valid)
 SELECT w.cluster, w.uid, w.resource, w.api_group, w.name, w.consumer_uid,
        tstzrange(w.occurred_at, {_UPPER.format(closer="c.occurred_at", lower="w.occurred_at")}, '[)')
 FROM w LEFT JOIN e AS c ON c.global_position = w.closer
 WHERE w.type = 'ClaimReserved'
 ORDER BY w.cluster, w.uid, w.global_position  -- key order (_KEY_ORDER)
-"""
+""")
 """``claim_consumers`` (reference: ``models.ClaimConsumers``): one interval per ``ClaimReserved``."""
 
-SQL_BUILT: dict[str, tuple[str, ...]] = {
+SQL_BUILT: dict[str, tuple[_Built, ...]] = {
     "pod_phases": (_POD_PHASES,),
     "claims": (_CLAIMS, _CLAIM_STATES),
     "claim_consumers": (_CLAIM_CONSUMERS,),
 }
-"""Projection name -> the statements that fill its tables from ``events`` (parameter ``head``)."""
+"""Projection name -> the tables it has and the queries that fill them from ``events``."""
 
 FOLDED = frozenset({"namespace_teams", "device_inventory", "device_classes", "device_allocations"})
 """Projections built by the Python fold (:class:`_Fold`)."""
@@ -559,28 +577,65 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
     # Sorts of the window statements stay in memory at this size (the default 4 MB spills them to disk);
     # SET LOCAL ends with the transaction.
     conn.execute(text("SET LOCAL work_mem = '64MB'"))
-    statements = [s for name, group in SQL_BUILT.items() if name in names for s in group]
-    if not FOLDED & set(names):
-        for statement in statements:
-            conn.execute(text(statement), {"head": head})
-        return
-    # The fold (Python, one core) runs in a thread on a connection of its own while this transaction's
-    # statements run on the server (another core; psycopg releases the GIL while it waits). Its rows wait
-    # in a temporary file and are copied in after the statements, since one connection runs one
-    # statement at a time. At 476,642 events the statements took 7.9 s and the fold 5.8 s, one after the
-    # other before; now the fold's time is mostly hidden behind the statements'.
+    built = [b for name, group in SQL_BUILT.items() if name in names for b in group]
+    folded = bool(FOLDED & set(names))
+    # Work spread over both cores: this transaction's connection runs the first table's INSERT ... SELECT;
+    # meanwhile two threads with connections of their own run the fold (Python) and the queries of the
+    # other SQL-built tables, whose rows they spool to temporary files as COPY text; this connection then
+    # copies the spools in, as raw bytes (one connection runs one statement at a time, and only this
+    # one writes, so the swap stays atomic). psycopg releases the GIL while it waits on the server.
+    direct, piped = built[:1], built[1:]
     stop = threading.Event()
-    with tempfile.TemporaryFile(prefix="ledger-rebuild-") as spool, \
-            ThreadPoolExecutor(1, thread_name_prefix="ledger-rebuild-fold") as executor:
-        folding: Future[_Folded] = executor.submit(_fold_events, conn.engine, head, spool, stop,
-                                                    allocations="device_allocations" in names)
+    with ExitStack() as stack:
+        spool = stack.enter_context(tempfile.TemporaryFile(prefix="ledger-rebuild-"))
+        outs: list[IO[bytes]] = [stack.enter_context(tempfile.TemporaryFile(prefix=f"ledger-rebuild-{b.table}-"))
+                                 for b in piped]
+        # Entered after the files, so left before them: the threads are done before their files close.
+        executor = stack.enter_context(ThreadPoolExecutor(2, thread_name_prefix="ledger-rebuild"))
+        folding = (executor.submit(_fold_events, conn.engine, head, spool, stop,
+                                   allocations="device_allocations" in names) if folded else None)
+        copying = [executor.submit(_copy_out, conn.engine, b, head, out, stop)
+                   for b, out in zip(piped, outs, strict=True)]
+        work: list[Future[_Folded] | Future[None]] = [*copying, *([folding] if folding is not None else [])]
         try:
-            for statement in statements:
-                if folding.done():
-                    folding.result()  # a failed fold stops the build now rather than after the statements
-                conn.execute(text(statement), {"head": head})
-            folded = folding.result()
+            for b in direct:
+                _raise_failed(work)  # a failed thread stops the build now rather than at the end
+                conn.execute(text(b.insert()), {"head": head})
+            for b, out, copied in zip(piped, outs, copying, strict=True):
+                copied.result()
+                out.seek(0)
+                copy_in(conn, b.table, b.columns, out)
+            if folding is not None:
+                _write_folded(conn, names, folding.result(), spool)
         except BaseException:
-            stop.set()  # the executor's exit then waits at most one fetch for the thread to give up
+            stop.set()  # the executor's exit then waits at most one read for the threads to give up
             raise
-        _write_folded(conn, names, folded, spool)
+
+
+def _raise_failed(work: Sequence[Future[_Folded] | Future[None]]) -> None:
+    """Raise the error of the first finished thread that failed, if any."""
+    for future in work:
+        if future.done():
+            future.result()
+
+
+def _copy_out(engine: Engine, built: _Built, head: GlobalPosition, out: IO[bytes], stop: threading.Event) -> None:
+    """Run ``built``'s query on a connection of its own and write its rows to ``out`` as ``COPY`` text.
+
+    Events up to ``head`` are committed and never change (see :func:`_fold_events`), so this snapshot
+    gives the rows the build's transaction would.
+
+    Raises:
+        _Stopped: ``stop`` was set.
+        sqlalchemy.exc.DBAPIError: the query failed.
+    """
+
+    def write(block: bytes) -> None:
+        if stop.is_set():
+            raise _Stopped
+        out.write(block)
+
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL work_mem = '64MB'"))  # as the build's transaction
+        # head is an int (GlobalPosition), formatted into the statement: COPY takes no parameters.
+        copy_out(conn, built.query.replace(":head", str(int(head))), write)

@@ -10,8 +10,10 @@ on ``events`` before PostgreSQL 17) lets the runtime role's grants keep the hist
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO
 
 import msgspec
 import psycopg
@@ -102,23 +104,69 @@ def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> dic
     return {str(r.digest): None if r.error is None else str(r.error) for r in rows}
 
 
+@contextmanager
+def _driver_errors(raw: psycopg.Connection, statement: str) -> Iterator[None]:
+    """Raise the block's psycopg errors wrapped as SQLAlchemy wraps every other statement's.
+
+    Callers keep deciding by the same exception types (IntegrityError, OperationalError, ...) for the
+    statements this module runs on the driver's connection directly.
+    """
+    try:
+        yield
+    except psycopg.Error as e:
+        raise DBAPIError.instance(statement, None, e, psycopg.Error, connection_invalidated=raw.closed) from e
+
+
+def _driver(conn: Connection) -> psycopg.Connection:
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    return raw
+
+
 def copy_rows(conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     """``COPY table (columns) FROM STDIN`` in the caller's transaction (psycopg 3, text format).
 
     Why COPY: one ``INSERT`` per row (even pipelined ``executemany``) costs a parse/bind/execute per
     row on the server; COPY streams the rows in one statement, several times faster for batches.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the server refused a row (its subclass says why).
     """
-    raw = conn.connection.driver_connection
-    assert isinstance(raw, psycopg.Connection)
+    raw = _driver(conn)
     statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-    try:
-        with raw.cursor() as cur, cur.copy(statement) as copy:
-            for row in rows:
-                copy.write_row(row)
-    except psycopg.Error as e:
-        # The driver's error, wrapped as SQLAlchemy wraps every other statement's (IntegrityError,
-        # OperationalError, ...), so callers keep deciding by the same exception types.
-        raise DBAPIError.instance(statement, None, e, psycopg.Error, connection_invalidated=raw.closed) from e
+    with _driver_errors(raw, statement), raw.cursor() as cur, cur.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def copy_out(conn: Connection, query: str, write: Callable[[bytes], object]) -> None:
+    """``COPY (query) TO STDOUT``: the query's rows as ``COPY`` text, handed to ``write`` in blocks.
+
+    An exception raised by ``write`` cancels the query and propagates.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the query failed.
+    """
+    raw = _driver(conn)
+    statement = f"COPY ({query}) TO STDOUT"
+    with _driver_errors(raw, statement), raw.cursor() as cur, cur.copy(statement) as copy:
+        for block in copy:
+            write(bytes(block))
+
+
+def copy_in(conn: Connection, table: str, columns: Sequence[str], data: IO[bytes], *, block: int = 1 << 20) -> None:
+    """``COPY table (columns) FROM STDIN`` of ``COPY`` text read from ``data`` (from its current offset).
+
+    The text is what :func:`copy_out` wrote for the same columns; rows are not parsed on this side.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the server refused a row.
+    """
+    raw = _driver(conn)
+    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    with _driver_errors(raw, statement), raw.cursor() as cur, cur.copy(statement) as copy:
+        while chunk := data.read(block):
+            copy.write(chunk)
 
 
 _OBSERVATION_COLUMNS = ("cluster", "digest", "status", "kind", "api_version", "namespace", "name", "uid",

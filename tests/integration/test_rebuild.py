@@ -270,7 +270,7 @@ def test_allocations_written_while_the_fold_reads_give_the_same_rows(ledger: Led
 
 
 def _fold_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("ledger-rebuild-fold")]
+    return [t for t in threading.enumerate() if t.name.startswith("ledger-rebuild")]
 
 
 def test_a_failing_fold_rolls_the_rebuild_back_and_leaves_no_thread(ledger: LedgerHandle, tmp_path: Path,
@@ -297,10 +297,11 @@ def test_a_failing_fold_rolls_the_rebuild_back_and_leaves_no_thread(ledger: Ledg
     assert ledger.snapshot() == live
 
 
-def test_a_failing_statement_stops_the_fold_thread_at_its_next_fetch(ledger: LedgerHandle, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    # A statement of the build fails at once while the fold is slow (10 ms an event, one event a fetch): the
-    # error reaches the caller, and the fold gives up at its next fetch instead of reading the whole history.
+def test_a_failing_statement_stops_the_other_threads_at_their_next_read(ledger: LedgerHandle, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The statement the build's own connection runs fails at once while the fold is slow (10 ms an event, one
+    # event a fetch): the error reaches the caller, and the fold gives up at its next fetch instead of
+    # reading the whole history.
     _simulated(ledger, tmp_path)
     live = ledger.snapshot()
     folded = sum(1 for e in ledger.events() if e.type in whole_history._FOLD_TYPES)
@@ -314,11 +315,29 @@ def test_a_failing_statement_stops_the_fold_thread_at_its_next_fetch(ledger: Led
 
     monkeypatch.setattr(whole_history._Fold, "apply", slow)
     monkeypatch.setattr(whole_history, "_FETCH_ROWS", 1)
-    monkeypatch.setitem(whole_history.SQL_BUILT, "claims", ("SELECT CAST(:head AS bigint) / 0",))
+    failing = whole_history._Built("pod_phases", ("pod_uid",), "SELECT CAST(:head AS bigint) / 0")
+    monkeypatch.setitem(whole_history.SQL_BUILT, "pod_phases", (failing,))
     with pytest.raises(DataError, match="division by zero"):
         runner.rebuild(ledger.engine)
     assert folded > 100
     assert 0 <= calls < folded
+    assert _fold_threads() == []
+    assert ledger.snapshot() == live
+
+
+@pytest.mark.parametrize("table", ["claims", "claim_states", "claim_consumers"])
+def test_a_failing_query_of_another_connection_fails_the_rebuild(ledger: LedgerHandle, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, table: str) -> None:
+    # The tables after the first are queried on connections of their own and copied in: a failure there is
+    # the same SQLAlchemy error as on the build's own connection, and the rebuild rolls back whole.
+    _simulated(ledger, tmp_path)
+    live = ledger.snapshot()
+    name = next(n for n, group in whole_history.SQL_BUILT.items() if any(b.table == table for b in group))
+    group = tuple(whole_history._Built(table, ("cluster",), "SELECT CAST(:head AS bigint) / 0")
+                  if b.table == table else b for b in whole_history.SQL_BUILT[name])
+    monkeypatch.setitem(whole_history.SQL_BUILT, name, group)
+    with pytest.raises(DataError, match="division by zero"):
+        runner.rebuild(ledger.engine)
     assert _fold_threads() == []
     assert ledger.snapshot() == live
 
