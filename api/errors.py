@@ -50,13 +50,34 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
     return _problem(500, "Internal Server Error", "the ledger failed to answer; see the server log")
 
 
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+def _client_name(request: Request[Any, Any, Any], key: object) -> object:
+    """The name the client sends for the handler argument ``key`` (``groupBy`` for ``group_by``).
+
+    Litestar's validation errors name the Python argument; the query or header alias declared on the
+    handler (``QueryParameter(name=...)``) is what the client knows. Unknown keys are returned as they are.
+    """
+    try:
+        field = request.route_handler.parsed_fn_signature.parameters.get(str(key))
+    except (AttributeError, KeyError):  # no handler resolved (a 404/405 before routing)
+        return key
+    kwarg = getattr(field, "kwarg_definition", None)
+    for alias in ("query", "header", "name"):  # QueryParameter(name=...) keeps the alias in ``name``
+        if isinstance(value := getattr(kwarg, alias, None), str) and value:
+            return value
+    return key
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     detail = exc.detail
     extra = exc.extra
     if isinstance(extra, list) and extra:
         # Litestar's parameter validation: [{"message": ..., "key": ..., "source": ...}]
-        parts = [f"{e.get('key')}: {e.get('message')}" for e in extra if isinstance(e, dict)]
+        parts = [f"{_client_name(request, e.get('key'))}: {e.get('message')}" for e in extra if isinstance(e, dict)]
         detail = "; ".join(parts) or detail
+    elif isinstance(detail, str) and detail.startswith("Missing required "):
+        # "Missing required query parameter 'from' for path /v1/usage?to=...": the path (with the query
+        # string Litestar appends) repeats what the client sent; the parameter's name is the news.
+        detail = detail.split(" for path ", 1)[0]
     title = {
         400: "Bad Request",
         401: "Unauthorized",

@@ -216,6 +216,25 @@ def test_bad_parameters_are_4xx_problem_details(client: TestClient[Litestar], pa
     assert body["status"] == status and body["detail"]
 
 
+@pytest.mark.parametrize(("path", "params", "name", "python_name"), [
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"}, "groupBy",
+     "group_by"),
+    ("/v1/claims", {"state": "sleeping"}, "state", "claim_state"),
+    ("/v1/events", {"afterPosition": "-3"}, "afterPosition", "after_position"),
+])
+def test_a_bad_parameter_is_named_as_the_client_spells_it(client: TestClient[Litestar], path: str,
+                                                          params: dict[str, str], name: str, python_name: str) -> None:
+    detail = client.get(path, params=params).json()["detail"]
+    assert detail.startswith(f"{name}: "), detail
+    assert python_name not in detail
+
+
+def test_a_missing_parameter_is_named_without_the_query_string(client: TestClient[Litestar]) -> None:
+    response = client.get("/v1/usage", params={"to": "2026-11-02T12:00:00Z"})
+    assert response.status_code == 400
+    assert response.json()["detail"] == "Missing required query parameter 'from'"
+
+
 def test_probes_and_metrics(client: TestClient[Litestar]) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
