@@ -75,6 +75,17 @@ def opt_str_of(payload: Mapping[str, JSONValue], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def request_count(spec: Mapping[str, JSONValue]) -> int:
+    """Devices an ``ExactCount`` request (``exactly`` or a ``firstAvailable`` entry of
+    ``ClaimCreated.requests[]``) asks for: its ``count``, 1 when absent.
+
+    The translator refuses a ``count`` that is not an integer from 1 up; a ledger recorded before it did
+    may still hold one, which counts as 1 in every view (quotas, pending demand, a claim's ``requested``).
+    """
+    count = spec.get("count")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+
+
 def cluster_filter(cluster: str | None, alias: str = "") -> str:
     """SQL ``AND [alias.]cluster = :cluster`` when ``cluster`` is given, else an empty string."""
     prefix = f"{alias}." if alias else ""

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, text
 
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
+from ledger.projections.base import request_count
 from ledger.projections.queries import rfc3339
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of
@@ -161,9 +162,7 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None) -> JS
             selected = {(d.driver, d.pool, d.device)
                         for d in catalog.devices_of(cls, expressions_of(spec.get("selectors")))}
             mode = spec.get("allocationMode") or "ExactCount"
-            raw = spec.get("count")
-            count = (raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 1) \
-                if mode == "ExactCount" else len(selected)
+            count = request_count(spec) if mode == "ExactCount" else len(selected)
             if spec.get("adminAccess") is True:
                 count = 0
             class_free[cls] |= {(r.cluster, *k) for k in of_class & free}

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
 from ledger.projections import counts
-from ledger.projections.base import TERMINAL, TERMINAL_SQL
+from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.types import JSONObject, JSONValue
 
@@ -675,8 +675,7 @@ def requested_counts(requests: Sequence[JSONValue]) -> dict[str, int]:
         if not isinstance(spec, dict) or not isinstance(spec.get("deviceClassName"), str):
             continue
         mode = spec.get("allocationMode") or "ExactCount"
-        count = spec.get("count")
-        n = (count if isinstance(count, int) else 1) if mode == "ExactCount" else 0
+        n = request_count(spec) if mode == "ExactCount" else 0
         if spec.get("adminAccess") is True:
             n = 0
         out[str(spec["deviceClassName"])] += n

@@ -38,6 +38,7 @@ from ledger.config import DeviceClassMapping, LedgerConfig, MappingSource
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
+from ledger.projections.base import request_count
 from ledger.projections.queries import rfc3339
 from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.quantities import as_number, quantity_value
@@ -187,8 +188,7 @@ def _units(claim: ClaimAtT) -> list[_Unit]:
         cls = exactly.get("deviceClassName")
         if not isinstance(cls, str) or not cls:
             continue
-        count = exactly.get("count")
-        n = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+        n = request_count(exactly)
         mine = [r for r in claim.results if r.request == name and not r.admin_access]
         units.append(_Unit(device_class=cls, count=n, exactly=exactly, allocated=mine, reasons=[]))
     return units

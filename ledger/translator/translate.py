@@ -430,6 +430,35 @@ def _origin(obj: JSONObject) -> tuple[str, str | None, str | None]:
     return "manual", owner_name, owner_uid
 
 
+MAX_REQUEST_COUNT = 2**63 - 1
+"""The largest ``count`` a request can carry (the API's type is int64)."""
+
+
+def _check_counts(requests: list[JSONObject]) -> None:
+    """Refuse a request ``count`` the API server would refuse: not an integer, below 1, or beyond int64.
+
+    ``count`` is how many devices an ``ExactCount`` request wants; quotas, pending demand and a claim's
+    ``requested`` are counted from it, so a claim carrying ``0``, ``-3``, ``"2"`` or ``2.5`` is corrupt
+    input, recorded as rejected, never a number that differs between those views.
+
+    Raises:
+        InvalidObject: at ``spec.devices.requests[i].exactly.count`` or ``...firstAvailable[j].count``.
+    """
+    for i, req in enumerate(requests):
+        exactly = req.get("exactly")
+        subs = req.get("firstAvailable")
+        specs = [(f"spec.devices.requests[{i}].exactly", exactly)] if isinstance(exactly, dict) else []
+        if isinstance(subs, list):
+            specs += [(f"spec.devices.requests[{i}].firstAvailable[{j}]", sub) for j, sub in enumerate(subs)
+                      if isinstance(sub, dict)]
+        for path, spec in specs:
+            with _Located(path):
+                count = opt_int(spec, "count")
+            if count is not None and not 1 <= count <= MAX_REQUEST_COUNT:
+                raise InvalidObject(f"{path}.count", f"expected a device count from 1 to {MAX_REQUEST_COUNT}, "
+                                                     f"got {count}")
+
+
 def _request_classes(requests: list[JSONObject]) -> tuple[dict[str, str | None], dict[str, bool]]:
     """Map request names (``req`` and ``req/sub``) to deviceClassName and to adminAccess."""
     classes: dict[str, str | None] = {}
@@ -514,6 +543,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     key = f"claim:{uid}"
     stream = StreamId(f"claim:{uid}")
     requests = maps_in(obj, "spec.devices.requests")
+    _check_counts(requests)
     results = _results(obj, requests)
     consumers = _consumers(obj)
     deletion = opt_str(obj, "metadata.deletionTimestamp")

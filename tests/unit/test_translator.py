@@ -177,6 +177,38 @@ def test_bad_objects_raise_located_errors_and_leave_state_untouched() -> None:
         feed("ADDED", {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}, 0)
 
 
+@pytest.mark.parametrize("count", [0, -3, -99999999999999999999999, 2**63, "2", 2.5, True])
+@pytest.mark.parametrize("where", ["exactly", "firstAvailable"])
+def test_a_request_count_the_api_server_would_refuse_rejects_the_claim(count: JSONValue, where: str) -> None:
+    # count is how many devices a request wants; quotas, pending demand and a claim's "requested" are
+    # counted from it, so 0, a negative, a string, a float or a bool is corrupt input, never a number.
+    feed, cid = Feed(), uid("claim")
+    bad = claim(name="c", claim_uid=cid)
+    requests = dig(bad, "spec", "devices")["requests"]
+    assert isinstance(requests, list) and isinstance(requests[0], dict)
+    exactly = requests[0]["exactly"]
+    assert isinstance(exactly, dict)
+    exactly["count"] = count
+    path = "spec.devices.requests[0].exactly.count"
+    if where == "firstAvailable":
+        requests[0] = {"name": "gpu", "firstAvailable": [{"name": "big", **exactly}]}
+        path = "spec.devices.requests[0].firstAvailable[0].count"
+    with pytest.raises(InvalidObject) as raised:
+        feed("ADDED", bad, 0)
+    assert raised.value.path == path
+    assert feed.state.entries == {}
+
+
+@pytest.mark.parametrize("count", [1, 8, 2**63 - 1])
+def test_a_request_count_from_1_to_int64_is_recorded_as_sent(count: int) -> None:
+    feed, cid = Feed(), uid("claim")
+    events = feed("ADDED", claim(name="c", claim_uid=cid, count=count), 0)
+    created = next(e.event for e in events if isinstance(e.event, ev.ClaimCreated))
+    request = created.requests[0]
+    assert isinstance(request, dict) and isinstance(request["exactly"], dict)
+    assert request["exactly"]["count"] == count
+
+
 def test_a_claim_or_pod_manifest_without_a_namespace_is_recorded_in_default() -> None:
     feed, cid, pid = Feed(), uid("claim"), uid("pod")
     manifest = claim(name="c", claim_uid=cid)
