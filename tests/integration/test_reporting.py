@@ -192,6 +192,29 @@ def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, gr
         reported.usage(*later, group_by=group_by)
 
 
+@pytest.mark.parametrize("step", [timedelta(minutes=7), timedelta(hours=1), timedelta(seconds=1337)])
+def test_each_bucket_of_a_stepped_usage_is_the_usage_of_its_own_window(reported: LedgerHandle,
+                                                                        step: timedelta) -> None:
+    # Buckets are filled from the intervals that overlap them (shared GPU and NIC included, split equally);
+    # each must equal the usage asked for its window alone, the last, shorter bucket too.
+    start, end = parse_time("2026-11-02T08:50:00Z"), parse_time("2026-11-02T12:10:30Z")
+    with reported.engine.connect() as conn:
+        stepped = queries.usage(conn, start=start, end=end, group_by="team", step=step)
+        rows = stepped["rows"]
+        assert isinstance(rows, list)
+        windows = sorted({(r["start"], r["end"]) for r in rows if isinstance(r, dict)})
+        assert len(windows) > 3
+        assert {w for w in windows if w[1] == "2026-11-02T12:10:30Z"}  # the last bucket, cut at `end`
+        for lo, hi in windows:
+            alone = queries.usage(conn, start=parse_time(str(lo)), end=parse_time(str(hi)), group_by="team")["rows"]
+            assert isinstance(alone, list)
+            mine = [{k: v for k, v in r.items() if k not in ("start", "end")}
+                    for r in rows if isinstance(r, dict) and (r["start"], r["end"]) == (lo, hi)]
+            assert mine == alone, (lo, hi)
+    shared = [r for r in rows if isinstance(r, dict) and r["driver"] != "gpu.example.com"]
+    assert shared  # the NIC's shares are in it
+
+
 def rolled_hours(ledger: LedgerHandle) -> dict[str, list[datetime]]:
     """The distinct hours held by each rollup table, in order."""
     with ledger.engine.connect() as conn:
