@@ -21,6 +21,7 @@ from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
 from api.deps import AppState, provide_state
 from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
+from api.parameters import known_query_parameters
 from ledger.config import LedgerConfig
 from ledger.store.database import LedgerDatabase
 
@@ -41,7 +42,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
     tokens = TokenTable.from_config(config)
     v1 = Router(
         path="/",
-        guards=[require_token],
+        guards=[require_token, known_query_parameters],
         route_handlers=[
             OccupancyController,
             ClaimsController,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections import Counter, defaultdict
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from api.parameters import query_names
 from ledger.recorded import parse_time
 from tests.paths import HISTORIES, REAL
 
@@ -227,6 +229,42 @@ def test_a_bad_parameter_is_named_as_the_client_spells_it(client: TestClient[Lit
     detail = client.get(path, params=params).json()["detail"]
     assert detail.startswith(f"{name}: "), detail
     assert python_name not in detail
+
+
+@pytest.mark.parametrize(("path", "params", "named"), [
+    ("/v1/shared", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}, "from, to"),
+    ("/v1/occupancy", {"at": "2026-11-02T09:30:00Z", "deviceclass": "gpu.example.com"}, "deviceclass"),
+    ("/v1/claims", {"group_by": "team"}, "group_by"),
+])
+def test_an_unknown_query_parameter_is_a_400_naming_it_and_the_known_ones(
+        client: TestClient[Litestar], path: str, params: dict[str, str], named: str) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith(f"unknown query parameter {named}: this endpoint takes "), detail
+    assert "at" in detail.split("takes ", 1)[1].split(", ")
+
+
+@pytest.mark.parametrize("query", ["at=2026-11-02T09:30:00Z&at=2026-11-02T12:00:00Z", "limit=1&limit=2"])
+def test_a_repeated_query_parameter_is_a_400_not_one_of_the_values(client: TestClient[Litestar], query: str) -> None:
+    response = client.get(f"/v1/occupancy?{query}")
+    assert response.status_code == 400, response.text
+    assert "given more than once" in response.json()["detail"]
+
+
+def test_every_endpoint_takes_exactly_the_query_parameters_its_openapi_document_lists(
+        client: TestClient[Litestar]) -> None:
+    documented = {path: {p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"}
+                  for path, item in client.get("/schema/openapi.json").json()["paths"].items() if "get" in item}
+    checked = 0
+    for route in client.app.routes:
+        for handler in getattr(route, "route_handlers", []):
+            path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)
+            if path.startswith("/v1/") and "GET" in handler.http_methods:
+                in_path = frozenset(re.findall(r"\{(\w+)\}", path))
+                assert query_names(handler, in_path) == documented[path], path
+                checked += 1
+    assert checked == 10
 
 
 def test_a_missing_parameter_is_named_without_the_query_string(client: TestClient[Litestar]) -> None:

@@ -1,0 +1,51 @@
+"""The ``/v1`` guard that refuses query parameters an endpoint does not take, or takes once but got twice.
+
+Litestar binds the parameters a handler declares and ignores the rest, so ``/v1/shared?from=...&to=...``
+answered for *now* and ``?at=A&at=B`` silently used one of the two: a caller could not tell that part of
+the question was dropped. Every such request is now a 400 problem that names the parameters.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.exceptions import ValidationException
+from litestar.handlers.base import BaseRouteHandler
+from litestar.params import ParameterKwarg
+
+
+@cache
+def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The query parameter names ``handler`` declares, as clients send them (aliases such as ``groupBy``).
+
+    Source: the handler's signature, each ``QueryParameter(name=...)`` / ``Parameter(query=...)``, less its
+    ``path_parameters``, the dependencies the app provides (``ctx``, ``access``) and header or cookie
+    parameters. The OpenAPI document lists the same names (tested).
+    """
+    names: set[str] = set()
+    provided = set(handler.resolve_dependencies()) | path_parameters
+    for name, field in handler.parsed_fn_signature.parameters.items():
+        kwarg = field.kwarg_definition
+        if name not in provided and isinstance(kwarg, ParameterKwarg) and not kwarg.header and not kwarg.cookie:
+            names.add(kwarg.query or kwarg.name or name)
+    return frozenset(names)
+
+
+def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """Litestar guard on ``/v1``: every query parameter is one the endpoint takes, each given once.
+
+    Raises:
+        ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
+            takes, or a repeated one.
+    """
+    allowed = query_names(handler, frozenset(connection.path_params))
+    given = connection.query_params
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        takes = ", ".join(sorted(allowed)) or "no query parameters"
+        raise ValidationException(f"unknown query parameter {', '.join(unknown)}: this endpoint takes {takes}")
+    repeated = sorted(name for name in set(given) if len(given.getall(name)) > 1)
+    if repeated:
+        raise ValidationException(f"query parameter {', '.join(repeated)} given more than once; give it once")
