@@ -16,6 +16,7 @@ from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
 from ledger.errors import Invalid
+from ledger.events import EVENT_TYPES
 
 
 class EventsController(Controller):
@@ -52,6 +53,8 @@ class EventsController(Controller):
             from litestar.exceptions import PermissionDeniedException
 
             raise PermissionDeniedException("a team-limited token cannot read the audit log")
+        if event_type is not None and event_type not in EVENT_TYPES:
+            raise Invalid(f"type: no event type {event_type!r}; the types are {', '.join(sorted(EVENT_TYPES))}")
         if page_token is not None and after_position:
             raise Invalid("give afterPosition or pageToken, not both (the token already says where to go on)")
         query = pagination.fingerprint({"type": event_type, "stream": stream})

@@ -208,6 +208,8 @@ def test_a_page_token_whose_offset_is_not_a_count_is_a_422_problem(client: TestC
     ("/v1/claims", {"state": "sleeping"}, 400),
     ("/v1/claims/ml-train/no-such-claim/history", {}, 404),
     ("/v1/events", {"afterPosition": "-3"}, 400),
+    ("/v1/events", {"type": "claimallocated"}, 422),
+    ("/v1/events", {"type": "Bogus"}, 422),
 ])
 def test_bad_parameters_are_4xx_problem_details(client: TestClient[Litestar], path: str, params: dict[str, str],
                                                 status: int) -> None:
@@ -265,6 +267,15 @@ def test_every_endpoint_takes_exactly_the_query_parameters_its_openapi_document_
                 assert query_names(handler, in_path) == documented[path], path
                 checked += 1
     assert checked == 10
+
+
+def test_events_of_one_type_and_an_unknown_type_named_with_the_known_ones(client: TestClient[Litestar]) -> None:
+    expected = json.loads((HISTORIES / "seed-lab.expected.json").read_text())
+    allocated = ok(client, "/v1/events", type="ClaimAllocated", limit="1000")["events"]
+    assert {e["type"] for e in allocated} == {"ClaimAllocated"}
+    assert len(allocated) >= expected["events_expected_min"]["ClaimAllocated"] == 5
+    detail = client.get("/v1/events", params={"type": "claimallocated"}).json()["detail"]
+    assert "no event type 'claimallocated'" in detail and "ClaimAllocated" in detail
 
 
 def test_a_missing_parameter_is_named_without_the_query_string(client: TestClient[Litestar]) -> None:
