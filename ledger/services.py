@@ -959,20 +959,22 @@ def finish_relist(db: LedgerDatabase, listed: Iterable[str], *, cluster: str, st
     if not lines:
         return record_watch_batch(db, [], cluster=cluster, state=state, checkpoint=checkpoint, settings=settings)
     size = max(1, batch_size)
-    last = (len(lines) - 1) // size
-    done = [0]
     rows = [_checkpoint_row(checkpoint)]
 
-    def last_batch_saves_checkpoint(batch: AppendBatch) -> None:
-        # Invariant: the checkpoint commits with the last deletion, never before (a failure in
-        # between leaves the old checkpoint, so the next start lists again and deletes the rest).
-        if done[0] == last:
-            batch.save_watch_checkpoints(rows)
-        done[0] += 1
+    def save_checkpoint(batch: AppendBatch) -> None:
+        batch.save_watch_checkpoints(rows)
 
+    report = IngestReport()
     with unavailable_as_error():
-        return ingest(db, lines, cluster=cluster, settings=settings, batch_size=size, state=state,
-                      on_batch=last_batch_saves_checkpoint)
+        for start in range(0, len(lines), size):
+            # Invariant: the checkpoint commits with the batch of the last deletion, never before (a failure
+            # in between leaves the old checkpoint, so the next start lists again and deletes the rest). The
+            # batch is picked by its place in ``lines``, not by counting callbacks: a batch that lost a race
+            # is translated again and runs its callback once more.
+            last = start + size >= len(lines)
+            report.merge(ingest(db, lines[start:start + size], cluster=cluster, settings=settings, batch_size=size,
+                                state=state, on_batch=save_checkpoint if last else None, pipelined=False))
+    return report
 
 
 def reconcile_relist(db: LedgerDatabase, objects: Sequence[JSONObject], *, cluster: str, state: TranslatorState,

@@ -14,14 +14,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pytest
 from kubernetes_asyncio import client as k8s
+from sqlalchemy.exc import OperationalError
 
 from ledger import services
 from ledger.recorded import BrokenLine, WatchLine, read_history
+from ledger.store import postgres as pg
 from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES
@@ -47,6 +51,29 @@ FAST = WatchSettings(server_timeout_s=30, request_timeout_s=10.0, list_page_size
 def seed_lab() -> list[WatchLine | BrokenLine]:
     """The seed-lab history lines."""
     return list(read_history(SEED_LAB))
+
+
+def insert_events_failing(monkeypatch: pytest.MonkeyPatch, failures: Mapping[int, BaseException]) -> list[int]:
+    """Make the n-th call (1-based) of ``pg.insert_events`` raise ``failures[n]``; the others pass through.
+
+    Returns the list of calls made so far (1, 2, ...), which grows as the ledger writes.
+    """
+    real = pg.insert_events
+    calls: list[int] = []
+
+    def insert_events(*args: Any, **kwargs: Any) -> None:
+        calls.append(len(calls) + 1)
+        if (error := failures.get(len(calls))) is not None:
+            raise error
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(pg, "insert_events", insert_events)
+    return calls
+
+
+def lost_connection() -> OperationalError:
+    """What SQLAlchemy raises when the server closes the connection in the middle of a statement."""
+    return OperationalError("INSERT INTO events ...", {}, Exception("server closed the connection unexpectedly"))
 
 
 def api_client(url: str) -> k8s.ApiClient:
