@@ -2,9 +2,9 @@
 
 One :class:`LedgerSink` serves every kind of one cluster. The translator state is shared by the
 kinds, so writes are serialised by an asyncio lock and run one at a time in a thread (SQLAlchemy is
-synchronous; the event loop keeps renewing the Lease meanwhile). A write that fails drops the state,
-which is loaded again from the database before the next write: what is in memory never runs ahead
-of what committed.
+synchronous; the event loop keeps renewing the Lease meanwhile). A write that fails leaves the state
+emptied and marked stale (``TranslatorState.forget``), and ``ledger.services`` loads it again once,
+before the next write: what is in memory never runs ahead of what committed.
 """
 
 from __future__ import annotations
@@ -87,18 +87,14 @@ class LedgerSink:
             except asyncio.CancelledError:
                 # The thread cannot be stopped: keep the lock until it finished, so no write overlaps.
                 await asyncio.wait([task])
-                if not task.cancelled() and task.exception() is not None:
-                    self._state = None  # (already dropped by the thread; the outcome is moot for a cancelled caller)
                 raise
 
     def _in_thread(self, call: Callable[[TranslatorState], T]) -> T:
         if self._state is None:
             self._state = services.load_state(self.db, self.cluster)
-        try:
-            return call(self._state)
-        except BaseException:
-            self._state = None  # reload from what committed before the next write
-            raise
+        # A failed call leaves the state stale (emptied), never dropped here: the services load it again before
+        # its next use, once (dropping it too made the next write load it a second time).
+        return call(self._state)
 
     async def resume_from(self, source: KubeSource) -> str | None:
         """The stored resourceVersion of ``source``'s kind, if stored for the same apiVersion.

@@ -150,7 +150,10 @@ class LedgerDatabase:
         """One append transaction under the append lock (see :mod:`ledger.store.postgres`).
 
         On a clean exit the batch's observations, events and ``state.dirty`` commit together; on an
-        error nothing is written and ``state`` is reloaded from the database so it matches again.
+        error nothing is written and ``state`` is emptied and marked stale (``TranslatorState.forget``):
+        memory may hold changes that never committed. Loading it again is the caller's (``ledger.services``
+        does it once, before the state's next use): reloaded here, the stale copy stayed referenced while
+        the fresh one loaded, and a caller that dropped the state anyway loaded it a second time.
 
         Raises:
             StreamConflict: another writer appended to one of the batch's streams.
@@ -164,8 +167,7 @@ class LedgerDatabase:
                 pg.insert_events(conn, cluster, batch.events)
                 pg.save_state(conn, cluster, state)
         except BaseException:
-            state.entries = self.load_state(cluster).entries
-            state.dirty.clear()
+            state.forget()
             raise
 
     def known_digests(self, cluster: str, digests: Sequence[str]) -> dict[str, str | None]:

@@ -32,6 +32,7 @@ from tests.paths import HISTORIES
 from workers.fake_apiserver import FakeApiServer, Released
 from workers.health import WorkerMetrics
 from workers.k8s.client import Clock
+from workers.k8s.kinds import BY_KIND
 from workers.main import run_worker
 from workers.settings import WatchSettings
 from workers.sink import LedgerSink, keep_projections_current
@@ -51,6 +52,14 @@ FAST = WatchSettings(server_timeout_s=30, request_timeout_s=10.0, list_page_size
 def seed_lab() -> list[WatchLine | BrokenLine]:
     """The seed-lab history lines."""
     return list(read_history(SEED_LAB))
+
+
+class ClaimSource:
+    """A stand-in for the ResourceClaim ``KubeSource``: what the sinks read of one (the kind, the served
+    apiVersion), for tests that hand them lists or watch events directly."""
+
+    info = BY_KIND["ResourceClaim"]
+    api_version = BY_KIND["ResourceClaim"].api_version("v1")
 
 
 def insert_events_failing(monkeypatch: pytest.MonkeyPatch, failures: Mapping[int, BaseException]) -> list[int]:
