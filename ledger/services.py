@@ -543,11 +543,14 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
-    """Bring every read model up to the newest event; returns how many events were applied.
+    """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Raises:
         StoreUnavailable: the database cannot be reached (transient: projections resume from their
             checkpoints on the next call).
+        ProjectionFailed: a batch of events could not be applied (a statement the database refused, an
+            event a projection cannot take); the read models stay at their checkpoint, named in the error,
+            and the next call retries from there.
     """
     with unavailable_as_error():
         return runner.catch_up(db.engine, progress=progress)
@@ -578,6 +581,7 @@ def refresh_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) 
 
     Raises:
         StoreUnavailable: the database cannot be reached.
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); no count was refreshed.
         sqlalchemy.exc.SQLAlchemyError: a statement failed; that cluster's transaction rolls back and its
             counts stay uncovered (the aggregate answers) until the next refresh.
     """
@@ -1156,6 +1160,9 @@ def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = 
 
     Returns:
         How many hours were recomputed (tables ``usage_rollups`` and ``usage_rollups_by_team``; idempotent).
+
+    Raises:
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); nothing was rolled up.
     """
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:
@@ -1188,6 +1195,9 @@ def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerCon
 
     Returns:
         ``{"idleClaims", "quotaRows", "pendingClasses"}``: rows written.
+
+    Raises:
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); no snapshot was stored.
     """
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:

@@ -17,40 +17,67 @@ from datetime import datetime
 from typing import TypeVar
 
 from ledger import services
-from ledger.errors import Unavailable
+from ledger.errors import ProjectionFailed, Unavailable
 from ledger.recorded import watch_line
 from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
 from workers.k8s.client import KubeSource, Listed, ListPage, WatchEvent
+from workers.settings import WatchSettings, backoff_delay_s
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-async def keep_projections_current(sink: LedgerSink, *, interval_s: float) -> None:
-    """While leader: every ``interval_s``, if ``sink`` appended events since, catch the read models up.
+async def keep_projections_current(sink: LedgerSink, *, settings: WatchSettings,
+                                   metrics: WorkerMetrics | None = None) -> None:
+    """While leader: every ``settings.catch_up_interval_s`` (s), if ``sink`` appended events since, catch the
+    read models up (``services.catch_up``: table ``events`` into the projections' tables).
 
     Runs ``services.catch_up`` in a thread (each projection commits its rows with its checkpoint, so
-    a catch-up cut short is resumed by the next). A database outage is logged and retried next tick.
-    Returns at once when ``interval_s`` is 0.
+    a catch-up cut short is resumed by the next). A failure never ends the loop: it runs beside the
+    watches (``run_worker``'s TaskGroup), so ending it stopped the recording too, and the restarted worker
+    met the same bad event again. A database outage is logged as a warning; a batch the projections cannot
+    apply (``ProjectionFailed``: they stay at their checkpoint) as an error with its traceback. Either is
+    counted (``WorkerMetrics.catch_up_failed``) and retried after ``settings.error_backoffs_s`` (the next
+    delay after each failure in a row, jittered; never sooner than the interval). Returns at once when the
+    interval is 0.
     """
+    interval_s = settings.catch_up_interval_s
     if interval_s <= 0:
         return
     seen = -1
+    failures = 0
+    delay_s = interval_s
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(delay_s)
+        delay_s = interval_s
         if sink.appended == seen:
             continue
         now = sink.appended
         try:
             applied = await asyncio.to_thread(services.catch_up, sink.db)
-        except Unavailable as e:
-            log.warning("projection catch-up failed, retrying in %.1fs: %s", interval_s, e)
+        except (Unavailable, ProjectionFailed) as e:
+            delay_s = max(interval_s, backoff_delay_s(settings, failures))
+            failures += 1
+            _report_catch_up_failure(e, delay_s=delay_s, metrics=metrics)
             continue
-        seen = now
+        seen, failures = now, 0
         if applied:
             log.debug("projections caught up: %d events applied", applied)
+
+
+def _report_catch_up_failure(error: Unavailable | ProjectionFailed, *, delay_s: float,
+                             metrics: WorkerMetrics | None) -> None:
+    if isinstance(error, Unavailable):
+        log.warning("projection catch-up failed, retrying in %.1fs: %s", delay_s, error)
+        reason = "database"
+    else:
+        log.error("projection catch-up failed, retrying in %.1fs: %s", delay_s, error, exc_info=error,
+                  extra={"position": error.after})
+        reason = "projection"
+    if metrics is not None:
+        metrics.catch_up_failed(reason)
 
 
 class LedgerSink:

@@ -25,9 +25,18 @@ from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
 
 
-def _first_line(error: OperationalError | DataError) -> str:
+def first_line(error: DBAPIError) -> str:
+    """The first line of what the database said (psycopg's message), else the error's type name."""
     text = str(error.orig if error.orig is not None else error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def connection_lost(error: DBAPIError) -> bool:
+    """Whether ``error`` is a refused or lost connection (transient for a long-running process), not a
+    statement the database refused: SQLAlchemy ``OperationalError`` / ``InterfaceError`` (psycopg
+    ``OperationalError``: refused, reset, server shutting down), or any error whose connection was
+    invalidated under it."""
+    return isinstance(error, OperationalError | InterfaceError) or error.connection_invalidated
 
 
 @dataclass(slots=True)
@@ -236,7 +245,7 @@ class LedgerDatabase:
                 yield conn
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
-            raise Invalid(f"a parameter cannot be used: {_first_line(e)}") from e
+            raise Invalid(f"a parameter cannot be used: {first_line(e)}") from e
 
     @contextmanager
     def snapshot(self) -> Iterator[Connection]:
@@ -294,8 +303,8 @@ class LedgerDatabase:
 def unavailable_as_error() -> Iterator[None]:
     """Re-raise a lost or refused database connection as :class:`~ledger.errors.StoreUnavailable`.
 
-    SQLAlchemy ``OperationalError`` / ``InterfaceError`` (psycopg ``OperationalError``: refused,
-    reset, server shutting down) are transient for a long-running writer; every other error passes.
+    A refused or lost connection (:func:`connection_lost`) is transient for a long-running writer; every
+    other error passes.
 
     Raises:
         StoreUnavailable: the block failed because the database was unreachable.
@@ -303,8 +312,6 @@ def unavailable_as_error() -> Iterator[None]:
     try:
         yield
     except DBAPIError as e:
-        # Refused/lost connections, and any statement whose connection was invalidated under it.
-        if not (isinstance(e, OperationalError | InterfaceError) or e.connection_invalidated):
+        if not connection_lost(e):
             raise
-        first = str(e.orig).strip().splitlines()[0] if e.orig is not None and str(e.orig).strip() else str(e)
-        raise StoreUnavailable(f"database unavailable: {first}") from e
+        raise StoreUnavailable(f"database unavailable: {first_line(e)}") from e

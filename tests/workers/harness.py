@@ -45,8 +45,9 @@ CLUSTER = "default"
 FAST = WatchSettings(server_timeout_s=30, request_timeout_s=10.0, list_page_size=3, batch_size=50,
                      error_backoffs_s=(0.02, 0.05, 0.1), jitter=0.2, lease_name="dra-ledger-watch",
                      lease_namespace="dra-ledger", lease_duration_s=2, renew_deadline_s=1.2, retry_period_s=0.2,
-                     health_port=-1)
-"""Small timings: backoffs of tens of ms, a 2 s Lease, list pages of 3 (so paging is exercised)."""
+                     catch_up_interval_s=0.05, health_port=-1)
+"""Small timings: backoffs of tens of ms, a 2 s Lease, list pages of 3 (so paging is exercised), a projection
+catch-up every 50 ms."""
 
 
 def seed_lab() -> list[WatchLine | BrokenLine]:
@@ -202,7 +203,7 @@ class Workers:
         sink = LedgerSink(self.db, cluster=CLUSTER, batch_size=self.settings.batch_size, metrics=metrics)
         stop = asyncio.Event()
         async def catch_up() -> None:
-            await keep_projections_current(sink, interval_s=0.05)
+            await keep_projections_current(sink, settings=self.settings, metrics=metrics)
 
         task = asyncio.ensure_future(run_worker(api_client=client, sink=sink, settings=self.settings, stop=stop,
                                                 clock=clock or self.server.now, identity=identity, elect=elect,
