@@ -57,6 +57,25 @@ class UnsupportedObject(Invalid):
     """A kind or API version the ledger does not track (e.g. ``resource.k8s.io/v1alpha3``)."""
 
 
+class ProjectionFailed(LedgerError):
+    """The read models could not apply a batch of events: a statement failed (a constraint, a value the
+    database refused) or an event did not fit a projection.
+
+    Nothing of the batch committed: ``projections``, caught up together in one transaction per batch, stay
+    at their checkpoint, global position ``after`` (1-based; the batch is the events after it, up to
+    ``through``), and the next catch-up retries from there. A bad event fails again until the data or the
+    code is fixed; it is never skipped.
+    """
+
+    def __init__(self, *, projections: tuple[str, ...], after: int, through: int, reason: str) -> None:
+        super().__init__(f"projections stopped at global position {after}, the events after it up to {through} "
+                         f"failed ({', '.join(projections)}): {reason}")
+        self.projections = projections
+        self.after = after
+        self.through = through
+        self.reason = reason
+
+
 class Unavailable(LedgerError):
     """The ledger database cannot be reached now (connection refused, server restarting); retry later."""
 

@@ -117,7 +117,9 @@ def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, clust
         at: receive time for lines that carry none (``None``: the time of recording).
         batch_size: lines per transaction.
         progress: called with the number of lines handled after each batch.
-        state: translator memory to reuse between calls (loaded from the database when ``None``).
+        state: translator memory to reuse between calls (loaded from the database when ``None``, and
+            loaded again when a failed call left it stale). After a failure it is either the database's
+            again or stale (emptied, ``TranslatorState.forget``), never ahead of what committed.
         on_batch: called with each batch before it is written, inside its transaction (the watch
             workers add their resourceVersion checkpoint there).
         pipelined: let a writer thread commit each batch while the next one is translated
@@ -135,6 +137,7 @@ def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, clust
     report = IngestReport()
     if state is None:
         state = db.load_state(cluster)
+    _load_if_stale(db, cluster, state)
     with _rare_collections():
         _ingest_all(db, lines, report, cluster=cluster, settings=settings, at=at, batch_size=batch_size,
                     progress=progress, state=state, on_batch=on_batch, pipelined=pipelined)
@@ -190,15 +193,32 @@ def _ingest_with_retries(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenL
                          settings: TranslatorSettings, at: datetime | None, state: TranslatorState,
                          on_batch: Callable[[AppendBatch], None] | None) -> IngestReport:
     for attempt in range(1, CONFLICT_RETRIES + 1):
+        _load_if_stale(db, cluster, state)
         try:
             return _ingest_chunk(db, chunk, cluster=cluster, settings=settings, at=at, state=state,
                                  on_batch=on_batch)
         except StreamConflict:
-            # Another writer appended to these streams first. db.append reloaded the translator state;
-            # translating again skips what it recorded (digests) and continues its stream positions.
+            # Another writer appended to these streams first. db.append left the translator state stale, so
+            # the next attempt loads it again: translating again skips what the other writer recorded
+            # (digests) and continues its stream positions.
             if attempt == CONFLICT_RETRIES:
                 raise
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _load_if_stale(db: LedgerDatabase, cluster: str, state: TranslatorState) -> None:
+    """Load ``state`` again, in place, from table ``translator_state`` if a failed write left it stale.
+
+    The one place where a state in use is loaded again. Its entries were dropped when it went stale
+    (``TranslatorState.forget``), so a stale copy and a fresh one are never held at once (each is the
+    whole translator memory: hundreds of MiB on a large cluster).
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the database cannot be reached; ``state`` stays stale.
+    """
+    if state.stale:
+        state.entries = db.load_state(cluster).entries
+        state.stale = False
 
 
 CONFLICT_RETRIES = 5
@@ -241,8 +261,7 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
 
     def again(chunks: Sequence[Sequence[WatchLine | BrokenLine]]) -> None:
         # Lost a race: forget the translation of the batches in hand and ingest them again under the lock.
-        state.entries = db.load_state(cluster).entries
-        state.dirty.clear()
+        state.forget()
         for lost in chunks:
             report.merge(_ingest_with_retries(db, lost, cluster=cluster, settings=settings, at=at, state=state,
                                               on_batch=None))
@@ -297,8 +316,8 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                 # write stuck on the append lock or in a stalled statement kept the process from ever stopping.
                 _stop_writes(writer, cancel)
             writer.shutdown(wait=True)
-            state.entries = db.load_state(cluster).entries  # as db.append does after a failed batch
-            state.dirty.clear()
+            state.forget()
+            _load_if_stale(db, cluster, state)  # the caller gets the database's state back (stale if this fails)
             raise
 
 
@@ -524,11 +543,14 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
-    """Bring every read model up to the newest event; returns how many events were applied.
+    """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Raises:
         StoreUnavailable: the database cannot be reached (transient: projections resume from their
             checkpoints on the next call).
+        ProjectionFailed: a batch of events could not be applied (a statement the database refused, an
+            event a projection cannot take); the read models stay at their checkpoint, named in the error,
+            and the next call retries from there.
     """
     with unavailable_as_error():
         return runner.catch_up(db.engine, progress=progress)
@@ -559,6 +581,7 @@ def refresh_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) 
 
     Raises:
         StoreUnavailable: the database cannot be reached.
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); no count was refreshed.
         sqlalchemy.exc.SQLAlchemyError: a statement failed; that cluster's transaction rolls back and its
             counts stay uncovered (the aggregate answers) until the next refresh.
     """
@@ -843,7 +866,7 @@ def record_watch_batch(db: LedgerDatabase, lines: Sequence[WatchLine | BrokenLin
 
     Raises:
         StoreUnavailable: the database cannot be reached; nothing was committed and ``state`` may be
-            stale: load it again with :func:`load_state` before the next call.
+            left stale: the next call with it loads it again.
         StreamConflict: another writer appended to the same streams (a second leader).
     """
     rows = [_checkpoint_row(checkpoint)]
@@ -902,9 +925,11 @@ def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONObject], *, clu
 
     Raises:
         StoreUnavailable: the database cannot be reached; nothing of the current batch committed and
-            ``state`` may be stale: load it again with :func:`load_state` before the next call.
+            ``state`` may be left stale: the next call with it loads it again.
         StreamConflict: another writer appended to the same streams (a second leader).
     """
+    with unavailable_as_error():
+        _load_if_stale(db, cluster, state)  # read below (known objects) before ingest would load it
     lines: list[WatchLine | BrokenLine] = []
     keys: list[str] = []
     for number, obj in enumerate(objects, first_line):
@@ -954,25 +979,29 @@ def finish_relist(db: LedgerDatabase, listed: Iterable[str], *, cluster: str, st
         StoreUnavailable: as for :func:`record_watch_batch`.
         StreamConflict: another writer appended to the same streams.
     """
+    with unavailable_as_error():
+        _load_if_stale(db, cluster, state)  # a stale (emptied) state would find nothing vanished
     lines = [watch_line(source=source, line=number, event_type="DELETED", observed_at=observed_at, obj=obj)
              for number, obj in enumerate(relist.vanished(state, checkpoint.kind, listed), first_line)]
     if not lines:
         return record_watch_batch(db, [], cluster=cluster, state=state, checkpoint=checkpoint, settings=settings)
     size = max(1, batch_size)
-    last = (len(lines) - 1) // size
-    done = [0]
     rows = [_checkpoint_row(checkpoint)]
 
-    def last_batch_saves_checkpoint(batch: AppendBatch) -> None:
-        # Invariant: the checkpoint commits with the last deletion, never before (a failure in
-        # between leaves the old checkpoint, so the next start lists again and deletes the rest).
-        if done[0] == last:
-            batch.save_watch_checkpoints(rows)
-        done[0] += 1
+    def save_checkpoint(batch: AppendBatch) -> None:
+        batch.save_watch_checkpoints(rows)
 
+    report = IngestReport()
     with unavailable_as_error():
-        return ingest(db, lines, cluster=cluster, settings=settings, batch_size=size, state=state,
-                      on_batch=last_batch_saves_checkpoint)
+        for start in range(0, len(lines), size):
+            # Invariant: the checkpoint commits with the batch of the last deletion, never before (a failure
+            # in between leaves the old checkpoint, so the next start lists again and deletes the rest). The
+            # batch is picked by its place in ``lines``, not by counting callbacks: a batch that lost a race
+            # is translated again and runs its callback once more.
+            last = start + size >= len(lines)
+            report.merge(ingest(db, lines[start:start + size], cluster=cluster, settings=settings, batch_size=size,
+                                state=state, on_batch=save_checkpoint if last else None, pipelined=False))
+    return report
 
 
 def reconcile_relist(db: LedgerDatabase, objects: Sequence[JSONObject], *, cluster: str, state: TranslatorState,
@@ -1131,6 +1160,9 @@ def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = 
 
     Returns:
         How many hours were recomputed (tables ``usage_rollups`` and ``usage_rollups_by_team``; idempotent).
+
+    Raises:
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); nothing was rolled up.
     """
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:
@@ -1163,6 +1195,9 @@ def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerCon
 
     Returns:
         ``{"idleClaims", "quotaRows", "pendingClasses"}``: rows written.
+
+    Raises:
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); no snapshot was stored.
     """
     runner.catch_up(db.engine)
     with db.engine.begin() as conn:

@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
                 return await asyncio.to_thread(services.database_ready, db)
 
             async def catch_up() -> None:
-                await keep_projections_current(sink, interval_s=watch_settings.catch_up_interval_s)
+                await keep_projections_current(sink, settings=watch_settings, metrics=metrics)
 
             async def report_jobs() -> None:
                 scheduler = build_scheduler(db, config=ledger_config, cluster=settings.cluster)

@@ -7,8 +7,9 @@ Metrics (all labelled by ``kind`` where it applies):
 ``dra_ledger_watch_restarts_total{kind,reason}`` watches started again (timeout, http-5xx, http-429,
 connection, database), ``dra_ledger_watch_expired_total{kind}`` 410 Gone answers,
 ``dra_ledger_watch_resource_version{kind}`` last stored resourceVersion (when numeric; it is opaque,
-for progress graphs only), ``dra_ledger_watch_seconds_since_last_event{kind}``, and
-``dra_ledger_leader`` (1 leader and writing, 0 standby).
+for progress graphs only), ``dra_ledger_watch_seconds_since_last_event{kind}``,
+``dra_ledger_projection_catch_up_failures_total{reason}`` projection catch-ups that failed (database,
+projection), and ``dra_ledger_leader`` (1 leader and writing, 0 standby).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class WorkerMetrics:
         self.resource_version = Gauge("dra_ledger_watch_resource_version",
                                       "Last stored resourceVersion when numeric (opaque: for progress only)",
                                       ["kind"], registry=r)
+        self.catch_up_failures = Counter("dra_ledger_projection_catch_up_failures",
+                                         "Projection catch-ups that failed, per reason (database: unreachable; "
+                                         "projection: a batch of events the read models cannot apply)",
+                                         ["reason"], registry=r)
         self.leader = Gauge("dra_ledger_leader", "1 when this replica holds the Lease and writes, 0 on standby",
                             registry=r)
         self._since = _SinceLastEvent()
@@ -97,6 +102,10 @@ class WorkerMetrics:
     def expired(self, kind: str) -> None:
         """A 410 Gone was answered for ``kind``."""
         self.expirations.labels(kind=kind).inc()
+
+    def catch_up_failed(self, reason: str) -> None:
+        """A projection catch-up failed: ``database`` (unreachable) or ``projection`` (a batch it cannot apply)."""
+        self.catch_up_failures.labels(reason=reason).inc()
 
     def set_leader(self, leader: bool) -> None:
         """Record whether this replica is the leader (1) or a standby (0)."""

@@ -63,28 +63,34 @@ class RecordSink:
         """Write the list as its pages arrive: ADDED (MODIFIED if seen before) per item, then DELETED for
         each object seen before that the whole list lacks (the sink keeps every object it saw anyway).
 
+        Returns:
+            The number of distinct objects listed (by uid, else namespace/name) and the list's resourceVersion.
+
         Raises:
-            WatchExpired / TransientApiError / ApiError: from ``pages``; the lines already written stay.
+            WatchExpired / TransientApiError / ApiError: from ``pages``; the lines already written stay, and
+                so do their objects among those seen: the next list writes DELETED for those it lacks.
         """
         seen = self._seen.setdefault(source.info.kind, {})
-        now: dict[str, JSONObject] = {}
+        listed: set[str] = set()
         first: tuple[str, datetime] | None = None
         async for page in pages:
             first = first or (page.resource_version, page.received_at)
             for obj in page.items:
                 key = _identity(obj)
                 self._write(first[1], "MODIFIED" if key in seen else "ADDED", obj)
-                now[key] = obj
+                # Seen as soon as written, as the ledger worker commits each page: kept only until the list
+                # ended, an object written ADDED by a list that a 410 cut short never got its DELETED line.
+                seen[key] = obj
+                listed.add(key)
             self._out.flush()
         if first is None:
             raise RuntimeError(f"relist {source.info.kind}: the list yielded no page")
         version, received_at = first
-        for key in sorted(set(seen) - set(now)):
-            self._write(received_at, "DELETED", seen[key])
-        self._seen[source.info.kind] = now
+        for key in sorted(set(seen) - listed):
+            self._write(received_at, "DELETED", seen.pop(key))
         self.resource_versions[source.info.kind] = version
         self._out.flush()
-        return Listed(count=len(now), resource_version=version)
+        return Listed(count=len(listed), resource_version=version)
 
     async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
         """Write each event as received (BOOKMARKs too)."""

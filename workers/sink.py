@@ -2,9 +2,9 @@
 
 One :class:`LedgerSink` serves every kind of one cluster. The translator state is shared by the
 kinds, so writes are serialised by an asyncio lock and run one at a time in a thread (SQLAlchemy is
-synchronous; the event loop keeps renewing the Lease meanwhile). A write that fails drops the state,
-which is loaded again from the database before the next write: what is in memory never runs ahead
-of what committed.
+synchronous; the event loop keeps renewing the Lease meanwhile). A write that fails leaves the state
+emptied and marked stale (``TranslatorState.forget``), and ``ledger.services`` loads it again once,
+before the next write: what is in memory never runs ahead of what committed.
 """
 
 from __future__ import annotations
@@ -17,40 +17,67 @@ from datetime import datetime
 from typing import TypeVar
 
 from ledger import services
-from ledger.errors import Unavailable
+from ledger.errors import ProjectionFailed, Unavailable
 from ledger.recorded import watch_line
 from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
 from workers.k8s.client import KubeSource, Listed, ListPage, WatchEvent
+from workers.settings import WatchSettings, backoff_delay_s
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-async def keep_projections_current(sink: LedgerSink, *, interval_s: float) -> None:
-    """While leader: every ``interval_s``, if ``sink`` appended events since, catch the read models up.
+async def keep_projections_current(sink: LedgerSink, *, settings: WatchSettings,
+                                   metrics: WorkerMetrics | None = None) -> None:
+    """While leader: every ``settings.catch_up_interval_s`` (s), if ``sink`` appended events since, catch the
+    read models up (``services.catch_up``: table ``events`` into the projections' tables).
 
     Runs ``services.catch_up`` in a thread (each projection commits its rows with its checkpoint, so
-    a catch-up cut short is resumed by the next). A database outage is logged and retried next tick.
-    Returns at once when ``interval_s`` is 0.
+    a catch-up cut short is resumed by the next). A failure never ends the loop: it runs beside the
+    watches (``run_worker``'s TaskGroup), so ending it stopped the recording too, and the restarted worker
+    met the same bad event again. A database outage is logged as a warning; a batch the projections cannot
+    apply (``ProjectionFailed``: they stay at their checkpoint) as an error with its traceback. Either is
+    counted (``WorkerMetrics.catch_up_failed``) and retried after ``settings.error_backoffs_s`` (the next
+    delay after each failure in a row, jittered; never sooner than the interval). Returns at once when the
+    interval is 0.
     """
+    interval_s = settings.catch_up_interval_s
     if interval_s <= 0:
         return
     seen = -1
+    failures = 0
+    delay_s = interval_s
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(delay_s)
+        delay_s = interval_s
         if sink.appended == seen:
             continue
         now = sink.appended
         try:
             applied = await asyncio.to_thread(services.catch_up, sink.db)
-        except Unavailable as e:
-            log.warning("projection catch-up failed, retrying in %.1fs: %s", interval_s, e)
+        except (Unavailable, ProjectionFailed) as e:
+            delay_s = max(interval_s, backoff_delay_s(settings, failures))
+            failures += 1
+            _report_catch_up_failure(e, delay_s=delay_s, metrics=metrics)
             continue
-        seen = now
+        seen, failures = now, 0
         if applied:
             log.debug("projections caught up: %d events applied", applied)
+
+
+def _report_catch_up_failure(error: Unavailable | ProjectionFailed, *, delay_s: float,
+                             metrics: WorkerMetrics | None) -> None:
+    if isinstance(error, Unavailable):
+        log.warning("projection catch-up failed, retrying in %.1fs: %s", delay_s, error)
+        reason = "database"
+    else:
+        log.error("projection catch-up failed, retrying in %.1fs: %s", delay_s, error, exc_info=error,
+                  extra={"position": error.after})
+        reason = "projection"
+    if metrics is not None:
+        metrics.catch_up_failed(reason)
 
 
 class LedgerSink:
@@ -87,18 +114,14 @@ class LedgerSink:
             except asyncio.CancelledError:
                 # The thread cannot be stopped: keep the lock until it finished, so no write overlaps.
                 await asyncio.wait([task])
-                if not task.cancelled() and task.exception() is not None:
-                    self._state = None  # (already dropped by the thread; the outcome is moot for a cancelled caller)
                 raise
 
     def _in_thread(self, call: Callable[[TranslatorState], T]) -> T:
         if self._state is None:
             self._state = services.load_state(self.db, self.cluster)
-        try:
-            return call(self._state)
-        except BaseException:
-            self._state = None  # reload from what committed before the next write
-            raise
+        # A failed call leaves the state stale (emptied), never dropped here: the services load it again before
+        # its next use, once (dropping it too made the next write load it a second time).
+        return call(self._state)
 
     async def resume_from(self, source: KubeSource) -> str | None:
         """The stored resourceVersion of ``source``'s kind, if stored for the same apiVersion.

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
+from ledger.errors import LedgerError, ProjectionFailed
 from ledger.events import RecordedEvent
 from ledger.projections import counts
 from ledger.projections import whole_history as whole
@@ -20,6 +22,7 @@ from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
+from ledger.store.database import connection_lost, first_line
 from ledger.store.postgres import read_all
 from ledger.types import GlobalPosition
 
@@ -86,21 +89,40 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         How many events were applied (0 = already caught up).
 
     Raises:
-        sqlalchemy.exc.SQLAlchemyError: a batch failed; it is rolled back with its checkpoints and
-            retried from there on the next call (a bad event stops the projection, never is skipped).
+        ProjectionFailed: a batch failed (a statement the database refused, or an event a projection could
+            not take); it is rolled back with its checkpoints and retried from there on the next call (a
+            bad event stops the projections, never is skipped).
+        sqlalchemy.exc.SQLAlchemyError: the database could not be reached (``connection_lost``), or reading
+            the checkpoints or the events failed.
     """
     applied = 0
     names = [p.name for p in projections]
     while True:
-        with engine.begin() as conn:
-            positions = _lock_checkpoints(conn, names)
-            batch = read_all(conn, after=GlobalPosition(min(positions.values())), limit=batch_size, with_source=False)
-            if not batch:
-                return applied
-            _apply_batch(conn, projections, positions, batch)
+        span: tuple[int, int] | None = None  # global positions: the checkpoint, the batch's last event
+        try:
+            with engine.begin() as conn:
+                positions = _lock_checkpoints(conn, names)
+                after = min(positions.values())
+                batch = read_all(conn, after=GlobalPosition(after), limit=batch_size, with_source=False)
+                if not batch:
+                    return applied
+                span = (after, batch[-1].global_position)
+                _apply_batch(conn, projections, positions, batch)
+        except BATCH_FAILURES as e:
+            if span is None or (isinstance(e, DBAPIError) and connection_lost(e)):
+                raise
+            reason = first_line(e) if isinstance(e, DBAPIError) else f"{type(e).__name__}: {e}"
+            raise ProjectionFailed(projections=tuple(names), after=span[0], through=span[1], reason=reason) from e
         applied += len(batch)
         if progress is not None:
             progress(len(batch))
+
+
+BATCH_FAILURES = (DBAPIError, LedgerError, LookupError, ValueError, TypeError, AttributeError, ArithmeticError)
+"""What applying a batch raises for an event the projections cannot take: a statement the database refuses (a
+constraint, a value out of range), or a payload without a field, a value of the wrong type, an invalid quantity.
+:func:`catch_up` reports them as :class:`~ledger.errors.ProjectionFailed` (a lost connection excepted), so the
+worker keeps recording and retries later."""
 
 
 def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 5000,

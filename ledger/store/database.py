@@ -25,9 +25,18 @@ from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
 
 
-def _first_line(error: OperationalError | DataError) -> str:
+def first_line(error: DBAPIError) -> str:
+    """The first line of what the database said (psycopg's message), else the error's type name."""
     text = str(error.orig if error.orig is not None else error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def connection_lost(error: DBAPIError) -> bool:
+    """Whether ``error`` is a refused or lost connection (transient for a long-running process), not a
+    statement the database refused: SQLAlchemy ``OperationalError`` / ``InterfaceError`` (psycopg
+    ``OperationalError``: refused, reset, server shutting down), or any error whose connection was
+    invalidated under it."""
+    return isinstance(error, OperationalError | InterfaceError) or error.connection_invalidated
 
 
 @dataclass(slots=True)
@@ -150,7 +159,10 @@ class LedgerDatabase:
         """One append transaction under the append lock (see :mod:`ledger.store.postgres`).
 
         On a clean exit the batch's observations, events and ``state.dirty`` commit together; on an
-        error nothing is written and ``state`` is reloaded from the database so it matches again.
+        error nothing is written and ``state`` is emptied and marked stale (``TranslatorState.forget``):
+        memory may hold changes that never committed. Loading it again is the caller's (``ledger.services``
+        does it once, before the state's next use): reloaded here, the stale copy stayed referenced while
+        the fresh one loaded, and a caller that dropped the state anyway loaded it a second time.
 
         Raises:
             StreamConflict: another writer appended to one of the batch's streams.
@@ -164,8 +176,7 @@ class LedgerDatabase:
                 pg.insert_events(conn, cluster, batch.events)
                 pg.save_state(conn, cluster, state)
         except BaseException:
-            state.entries = self.load_state(cluster).entries
-            state.dirty.clear()
+            state.forget()
             raise
 
     def known_digests(self, cluster: str, digests: Sequence[str]) -> dict[str, str | None]:
@@ -234,7 +245,7 @@ class LedgerDatabase:
                 yield conn
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
-            raise Invalid(f"a parameter cannot be used: {_first_line(e)}") from e
+            raise Invalid(f"a parameter cannot be used: {first_line(e)}") from e
 
     @contextmanager
     def snapshot(self) -> Iterator[Connection]:
@@ -292,8 +303,8 @@ class LedgerDatabase:
 def unavailable_as_error() -> Iterator[None]:
     """Re-raise a lost or refused database connection as :class:`~ledger.errors.StoreUnavailable`.
 
-    SQLAlchemy ``OperationalError`` / ``InterfaceError`` (psycopg ``OperationalError``: refused,
-    reset, server shutting down) are transient for a long-running writer; every other error passes.
+    A refused or lost connection (:func:`connection_lost`) is transient for a long-running writer; every
+    other error passes.
 
     Raises:
         StoreUnavailable: the block failed because the database was unreachable.
@@ -301,8 +312,6 @@ def unavailable_as_error() -> Iterator[None]:
     try:
         yield
     except DBAPIError as e:
-        # Refused/lost connections, and any statement whose connection was invalidated under it.
-        if not (isinstance(e, OperationalError | InterfaceError) or e.connection_invalidated):
+        if not connection_lost(e):
             raise
-        first = str(e.orig).strip().splitlines()[0] if e.orig is not None and str(e.orig).strip() else str(e)
-        raise StoreUnavailable(f"database unavailable: {first}") from e
+        raise StoreUnavailable(f"database unavailable: {first_line(e)}") from e

@@ -60,6 +60,16 @@ class TranslatorState:
 
     entries: StateEntries = field(default_factory=StateEntries)
     dirty: set[str] = field(default_factory=set)
+    stale: bool = False
+    """``True`` after :meth:`forget`: ``entries`` is empty and must be loaded again before any use."""
+
+    def forget(self) -> None:
+        """Drop every entry and mark the state stale (a write with it failed, so memory may hold changes that
+        never committed). Whoever uses it next loads it again (``ledger.services`` does before each write);
+        dropping the entries first means the stale copy is freed before the fresh one is loaded."""
+        self.entries = StateEntries()
+        self.dirty.clear()
+        self.stale = True
 
     def get(self, key: str) -> JSONObject | None:
         """Return a new copy of the entry for ``key`` (the caller may edit it freely), or ``None``."""

@@ -14,20 +14,25 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pytest
 from kubernetes_asyncio import client as k8s
+from sqlalchemy.exc import OperationalError
 
 from ledger import services
 from ledger.recorded import BrokenLine, WatchLine, read_history
+from ledger.store import postgres as pg
 from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES
 from workers.fake_apiserver import FakeApiServer, Released
 from workers.health import WorkerMetrics
 from workers.k8s.client import Clock
+from workers.k8s.kinds import BY_KIND
 from workers.main import run_worker
 from workers.settings import WatchSettings
 from workers.sink import LedgerSink, keep_projections_current
@@ -40,13 +45,45 @@ CLUSTER = "default"
 FAST = WatchSettings(server_timeout_s=30, request_timeout_s=10.0, list_page_size=3, batch_size=50,
                      error_backoffs_s=(0.02, 0.05, 0.1), jitter=0.2, lease_name="dra-ledger-watch",
                      lease_namespace="dra-ledger", lease_duration_s=2, renew_deadline_s=1.2, retry_period_s=0.2,
-                     health_port=-1)
-"""Small timings: backoffs of tens of ms, a 2 s Lease, list pages of 3 (so paging is exercised)."""
+                     catch_up_interval_s=0.05, health_port=-1)
+"""Small timings: backoffs of tens of ms, a 2 s Lease, list pages of 3 (so paging is exercised), a projection
+catch-up every 50 ms."""
 
 
 def seed_lab() -> list[WatchLine | BrokenLine]:
     """The seed-lab history lines."""
     return list(read_history(SEED_LAB))
+
+
+class ClaimSource:
+    """A stand-in for the ResourceClaim ``KubeSource``: what the sinks read of one (the kind, the served
+    apiVersion), for tests that hand them lists or watch events directly."""
+
+    info = BY_KIND["ResourceClaim"]
+    api_version = BY_KIND["ResourceClaim"].api_version("v1")
+
+
+def insert_events_failing(monkeypatch: pytest.MonkeyPatch, failures: Mapping[int, BaseException]) -> list[int]:
+    """Make the n-th call (1-based) of ``pg.insert_events`` raise ``failures[n]``; the others pass through.
+
+    Returns the list of calls made so far (1, 2, ...), which grows as the ledger writes.
+    """
+    real = pg.insert_events
+    calls: list[int] = []
+
+    def insert_events(*args: Any, **kwargs: Any) -> None:
+        calls.append(len(calls) + 1)
+        if (error := failures.get(len(calls))) is not None:
+            raise error
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(pg, "insert_events", insert_events)
+    return calls
+
+
+def lost_connection() -> OperationalError:
+    """What SQLAlchemy raises when the server closes the connection in the middle of a statement."""
+    return OperationalError("INSERT INTO events ...", {}, Exception("server closed the connection unexpectedly"))
 
 
 def api_client(url: str) -> k8s.ApiClient:
@@ -166,7 +203,7 @@ class Workers:
         sink = LedgerSink(self.db, cluster=CLUSTER, batch_size=self.settings.batch_size, metrics=metrics)
         stop = asyncio.Event()
         async def catch_up() -> None:
-            await keep_projections_current(sink, interval_s=0.05)
+            await keep_projections_current(sink, settings=self.settings, metrics=metrics)
 
         task = asyncio.ensure_future(run_worker(api_client=client, sink=sink, settings=self.settings, stop=stop,
                                                 clock=clock or self.server.now, identity=identity, elect=elect,

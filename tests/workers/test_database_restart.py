@@ -1,31 +1,45 @@
-"""PostgreSQL restarted while the worker is inside an append transaction: nothing lost, nothing doubled."""
+"""PostgreSQL restarted while the worker is inside an append transaction: nothing lost, nothing doubled,
+and the translator state loaded again once, not twice."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Callable
+from datetime import UTC, datetime
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from ledger import services
 from ledger.embedded import EmbeddedPostgres
+from ledger.errors import StoreUnavailable
+from ledger.recorded import WatchLine
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
 from ledger.testing import pg
 from ledger.testing.handle import LedgerHandle
+from ledger.translator.translate import TranslatorState
 from tests.workers.harness import (
+    CLUSTER,
     SEED_LAB,
     WAIT_S,
+    ClaimSource,
     assert_same_ledger,
     eventually,
     fake_cluster,
     free_port,
+    insert_events_failing,
     lockstep,
+    lost_connection,
     run,
+    seed_lab,
     wait_stored,
 )
 from workers.health import WorkerMetrics
+from workers.k8s.client import WatchEvent
+from workers.sink import LedgerSink
 
 _BLOCKED = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' AND query ILIKE '%translator_state%'")
@@ -82,3 +96,42 @@ def test_postgresql_restarted_during_ingest_leaves_the_ledger_identical_to_a_cle
             if db is not None:
                 db.dispose()
             server.stop()
+
+
+def test_a_write_cut_by_a_lost_connection_loads_the_translator_state_again_once(
+        ledger_factory: Callable[[], LedgerHandle], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sink's first write loads the state; a write that then fails (the connection lost mid-batch) needs
+    # ONE load before the next write. LedgerDatabase.append used to load it again in its ``except``, with the
+    # old copy still referenced (two whole states in memory for the length of the load), and the sink then
+    # dropped that fresh copy, so the next write loaded it a third time.
+    handle = ledger_factory()
+    services.ingest(handle.db, seed_lab()[:30], cluster=CLUSTER)
+    sink = LedgerSink(handle.db, cluster=CLUSTER)
+    loads: list[int] = []  # entries the sink's state still held at each load (0: no second copy while loading)
+    real_load = LedgerDatabase.load_state
+
+    def counting_load(self: LedgerDatabase, cluster: str) -> TranslatorState:
+        loads.append(len(sink._state.entries) if sink._state is not None else 0)
+        return real_load(self, cluster)
+
+    monkeypatch.setattr(LedgerDatabase, "load_state", counting_load)
+    at = datetime(2026, 11, 2, 10, 40, tzinfo=UTC)
+    claims = [x for x in seed_lab() if isinstance(x, WatchLine) and x.object.get("kind") == "ResourceClaim"]
+    events = [WatchEvent(type=x.type, object=x.object, resource_version=str(100 + i), received_at=at)
+              for i, x in enumerate(claims[:2])]
+    source = ClaimSource()
+
+    async def scenario() -> None:
+        await sink.observed(source, events[:1], "100")  # type: ignore[arg-type]  # a stand-in source
+        assert len(loads) == 1
+        calls = insert_events_failing(monkeypatch, {1: lost_connection()})
+        with pytest.raises(StoreUnavailable):
+            await sink.observed(source, events[1:], "101")  # type: ignore[arg-type]
+        assert calls == [1]
+        await sink.observed(source, events[1:], "101")  # type: ignore[arg-type]
+        assert calls == [1, 2]
+
+    asyncio.run(scenario())
+    assert len(loads) == 2, f"the translator state was loaded {len(loads)} times for one failed write"
+    assert loads == [0, 0], "the stale state was still held while the fresh one loaded"
+    assert services.load_watch_checkpoints(handle.db, CLUSTER)["ResourceClaim"].resource_version == "101"

@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import io
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from ledger.recorded import WatchLine
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import FAST, SEED_LAB, api_client, assert_same_ledger, eventually, run, seed_lab
+from tests.workers.harness import (
+    FAST,
+    SEED_LAB,
+    ClaimSource,
+    api_client,
+    assert_same_ledger,
+    eventually,
+    run,
+    seed_lab,
+)
 from workers.fake_apiserver import FakeApiServer, Fault
+from workers.k8s.client import ListPage, WatchExpired
 from workers.main import run_worker
 from workers.record import RecordSink
 
@@ -47,3 +63,33 @@ def test_record_then_replay_round_trips_to_the_same_ledger(ledger_factory: Calla
     report = replayed.replay(recording)
     assert report.rejected == []
     assert_same_ledger(replayed, clean)
+
+
+def test_an_object_written_by_a_list_cut_by_a_410_is_deleted_when_the_next_list_lacks_it() -> None:
+    # The first list writes page 1 (claim X, new to the recorder) as ADDED, then its continue token expires
+    # (410); X is deleted; the list made again lacks X. The file must carry a DELETED line for X, as the
+    # ledger worker records one (its pages commit as they come, and finish_relist deletes what the state
+    # holds). The cut list's objects were kept only until the list ended, so X was in neither the objects
+    # seen nor the new list: replaying the file left X live for ever.
+    claim = next(x.object for x in seed_lab() if isinstance(x, WatchLine) and x.object.get("kind") == "ResourceClaim")
+    at = datetime(2026, 11, 2, 10, 40, tzinfo=UTC)
+    out = io.StringIO()
+    sink = RecordSink(out)
+
+    async def cut_list() -> AsyncIterator[ListPage]:
+        yield ListPage(items=[claim], offset=0, resource_version="10", received_at=at, last=False)
+        raise WatchExpired("list resourceclaims: HTTP 410 the continue token has expired", status=410)
+
+    async def list_without_x() -> AsyncIterator[ListPage]:
+        yield ListPage(items=[], offset=0, resource_version="20", received_at=at, last=True)
+
+    async def scenario() -> None:
+        with pytest.raises(WatchExpired):
+            await sink.relisted(ClaimSource(), cut_list())  # type: ignore[arg-type]  # a stand-in source
+        listed = await sink.relisted(ClaimSource(), list_without_x())  # type: ignore[arg-type]
+        assert (listed.count, listed.resource_version) == (0, "20")
+
+    asyncio.run(scenario())
+    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [x["type"] for x in written] == ["ADDED", "DELETED"], "the claim the cut list wrote is never deleted"
+    assert written[1]["object"] == claim

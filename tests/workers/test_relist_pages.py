@@ -3,21 +3,31 @@
 The ledger first holds seed-lab up to 09:25 (six claims, seven pods); the server then holds the whole
 history, in which one claim and three pods were deleted since. Listing with pages of 2 must record
 what one page of 500 records, delete the missing objects only after the last page, and move the
-checkpoint only then.
+checkpoint only then: with the last batch of deletions, even when a batch of them was retried.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes_asyncio import client as k8s
 from sqlalchemy import text
 
 from ledger import services
+from ledger.errors import StoreUnavailable, StreamConflict
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import CLUSTER, api_client, assert_same_ledger, run, seed_lab
+from tests.workers.harness import (
+    CLUSTER,
+    api_client,
+    assert_same_ledger,
+    insert_events_failing,
+    lost_connection,
+    run,
+    seed_lab,
+)
 from workers.fake_apiserver import FakeApiServer
 from workers.k8s.client import KubeSource, ListPage, WatchExpired
 from workers.k8s.kinds import BY_KIND
@@ -30,12 +40,15 @@ OLD_VERSION = "1"
 """The ResourceClaim checkpoint stored before the relist."""
 
 
+def _claim_list_checkpoint(version: str) -> services.WatchCheckpoint:
+    return services.WatchCheckpoint(kind="ResourceClaim", api_version=BY_KIND["ResourceClaim"].api_version("v1"),
+                                    resource_version=version)
+
+
 def _seeded(handle: LedgerHandle) -> LedgerHandle:
     services.ingest(handle.db, seed_lab()[:SEEDED], cluster=CLUSTER)
-    checkpoint = services.WatchCheckpoint(kind="ResourceClaim", api_version=BY_KIND["ResourceClaim"].api_version("v1"),
-                                          resource_version=OLD_VERSION)
     services.record_watch_batch(handle.db, [], cluster=CLUSTER, state=services.load_state(handle.db, CLUSTER),
-                                checkpoint=checkpoint)
+                                checkpoint=_claim_list_checkpoint(OLD_VERSION))
     return handle
 
 
@@ -66,6 +79,11 @@ async def _relist(server: FakeApiServer, client: k8s.ApiClient, handle: LedgerHa
 def _claim_checkpoint(handle: LedgerHandle) -> str | None:
     stored = services.load_watch_checkpoints(handle.db, CLUSTER).get("ResourceClaim")
     return stored.resource_version if stored else None
+
+
+def _live_claims(handle: LedgerHandle) -> list[str]:
+    state = services.load_state(handle.db, CLUSTER)
+    return sorted(k for k in state.entries if k.startswith("claim:") and not state.entries[k].get("deleted"))
 
 
 def _relist_origins(handle: LedgerHandle, kind: str) -> list[int]:
@@ -149,3 +167,49 @@ def test_a_list_cut_by_an_expired_continue_token_keeps_the_checkpoint_and_a_fres
 
     run(scenario)
     assert_same_ledger(cut, whole)
+
+
+LISTED_VERSION = "999"
+"""The resourceVersion of the list that :func:`services.finish_relist` closes in the tests below."""
+LISTED_AT = datetime(2026, 11, 2, 10, 40, tzinfo=UTC)
+
+
+def test_a_retried_batch_of_deletions_does_not_store_the_checkpoint_before_the_last_deletion(
+        ledger_factory: Callable[[], LedgerHandle], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two claims vanished, one deletion per batch. Batch 1 loses a race once (StreamConflict, retried by
+    # ingest), then the database goes away during batch 2. The old checkpoint must stay: only a list (which
+    # the old, expired checkpoint forces) records the second deletion. The last batch was once picked by
+    # counting callbacks, and the retry of batch 1 counted as batch 2: it stored the list's checkpoint, a
+    # restart watched from it, and the second claim stayed live in the ledger for ever.
+    handle = _seeded(ledger_factory())
+    claims = _live_claims(handle)
+    state = services.load_state(handle.db, CLUSTER)
+    insert_events_failing(monkeypatch, {1: StreamConflict(stream="claim:x", expected=0), 3: lost_connection()})
+
+    with pytest.raises(StoreUnavailable):
+        services.finish_relist(handle.db, claims[2:], cluster=CLUSTER, state=state,
+                               checkpoint=_claim_list_checkpoint(LISTED_VERSION), observed_at=LISTED_AT,
+                               source="relist:ResourceClaim", first_line=4, batch_size=1)
+
+    monkeypatch.undo()
+    assert _live_claims(handle) == claims[1:]  # the first deletion committed, the second did not
+    assert _relist_origins(handle, "ResourceClaim") == [4]  # numbered from first_line, whatever the batches
+    assert _claim_checkpoint(handle) == OLD_VERSION, "the checkpoint committed before the deletion it covers"
+
+
+def test_a_retried_single_batch_of_deletions_still_stores_the_checkpoint(
+        ledger_factory: Callable[[], LedgerHandle], monkeypatch: pytest.MonkeyPatch) -> None:
+    # One claim vanished; its only batch loses a race once and is retried. Counted, the retry's callback was
+    # the second, never the last (the first): the list's checkpoint was never stored.
+    handle = _seeded(ledger_factory())
+    claims = _live_claims(handle)
+    state = services.load_state(handle.db, CLUSTER)
+    insert_events_failing(monkeypatch, {1: StreamConflict(stream="claim:x", expected=0)})
+
+    services.finish_relist(handle.db, claims[1:], cluster=CLUSTER, state=state,
+                           checkpoint=_claim_list_checkpoint(LISTED_VERSION), observed_at=LISTED_AT,
+                           source="relist:ResourceClaim", first_line=1, batch_size=1)
+
+    monkeypatch.undo()
+    assert _live_claims(handle) == claims[1:]
+    assert _claim_checkpoint(handle) == LISTED_VERSION, "the list's checkpoint was never stored"

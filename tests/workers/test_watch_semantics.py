@@ -1,17 +1,33 @@
 """Watch details: bookmarks and server timeouts move the checkpoint, lists are paged, backoff is jittered,
-and the health server answers."""
+a projection that cannot apply a batch stops neither the watches nor the worker, and the health server answers."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
+from sqlalchemy.exc import IntegrityError
 
+from ledger import services
+from ledger.projections import runner
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import FAST, caught_up, fake_cluster, lockstep, run, stored_version, wait_stored
+from tests.workers.harness import (
+    FAST,
+    SEED_LAB,
+    assert_same_ledger,
+    caught_up,
+    eventually,
+    fake_cluster,
+    lockstep,
+    run,
+    stored_version,
+    wait_stored,
+)
 from workers.health import HealthServer, WorkerMetrics
 from workers.settings import WatchSettings, backoff_delay_s
 
@@ -76,6 +92,50 @@ def test_lists_are_read_page_by_page(ledger_factory: Callable[[], LedgerHandle])
     assert sum("continue=" in r for r in pod_lists) == 2
 
 
+def test_a_batch_the_projections_cannot_apply_is_logged_and_retried_while_the_watches_go_on(
+        ledger_factory: Callable[[], LedgerHandle], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A bad event stops the projections at their checkpoint and the next tick retries. The catch-up loop runs
+    # in run_worker's TaskGroup beside the watches, and it let anything but a database outage out: here a
+    # constraint violation, which cancelled every watch and ended the worker (restarted, it would meet the
+    # same event again as soon as it leads, and record nothing meanwhile).
+    live, clean = ledger_factory(), ledger_factory()
+    clean.replay(SEED_LAB)
+    real_apply_batch = runner._apply_batch
+    applied: list[int] = []
+
+    def apply_batch(*args: Any, **kwargs: Any) -> None:
+        applied.append(len(applied) + 1)
+        if len(applied) == 1:
+            raise IntegrityError("INSERT INTO device_allocations ...", {},
+                                 Exception('duplicate key value violates unique constraint "device_allocations_pkey"'))
+        real_apply_batch(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_apply_batch", apply_batch)
+    failures: list[float | None] = []
+
+    async def scenario() -> None:
+        async with fake_cluster(live.db) as cluster:
+            cluster.server.advance(4)
+            worker = cluster.start(elect=False)
+            await lockstep(cluster.server, live.db)  # the watches record the whole history meanwhile
+            await eventually(lambda: not any(services.projection_lag(live.db).values()),
+                             "the projections caught up after the failed batch")
+            assert not worker.task.done(), "the worker stopped"
+            failures.append(worker.metrics.registry.get_sample_value(
+                "dra_ledger_projection_catch_up_failures_total", {"reason": "projection"}))
+
+    with caplog.at_level(logging.WARNING, logger="workers.sink"):
+        run(scenario)
+    assert failures == [1.0]
+    errors = [r for r in caplog.records if r.name == "workers.sink" and r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "projections stopped at global position 0" in errors[0].getMessage()
+    assert "device_allocations_pkey" in errors[0].getMessage()
+    assert getattr(errors[0], "position", None) == 0
+    assert_same_ledger(live, clean)
+
+
 def test_backoff_follows_the_settings_with_jitter_and_retry_after_wins() -> None:
     settings = WatchSettings(error_backoffs_s=(1.0, 4.0), jitter=0.25)
     rng = random.Random(7)
@@ -92,6 +152,7 @@ def test_the_health_server_answers_liveness_readiness_and_metrics(ready: bool) -
         metrics = WorkerMetrics()
         metrics.set_leader(True)
         metrics.observed_events("ResourceClaim", ["ADDED", "MODIFIED", "BOOKMARK"], "1042")
+        metrics.catch_up_failed("projection")
 
         async def readiness() -> bool:
             return ready
@@ -112,6 +173,7 @@ def test_the_health_server_answers_liveness_readiness_and_metrics(ready: bool) -
         assert 'dra_ledger_watch_events_total{kind="ResourceClaim",type="MODIFIED"} 1.0' in body
         assert 'dra_ledger_watch_resource_version{kind="ResourceClaim"} 1042.0' in body
         assert 'dra_ledger_watch_seconds_since_last_event{kind="ResourceClaim"}' in body
+        assert 'dra_ledger_projection_catch_up_failures_total{reason="projection"} 1.0' in body
         assert metrics.stored_events == 2
 
     run(lambda: asyncio.wait_for(scenario(), 10))
