@@ -37,7 +37,7 @@ from ledger.translator.translate import TranslatorSettings
 from ledger.types import JSONObject, JSONValue
 
 app = typer.Typer(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown")
 db_app = typer.Typer(help="Database: schema migrations and the embedded PostgreSQL server.",
                      no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -415,7 +415,7 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed);
-    with ``[[prices]]`` in the configuration, priced rows carry a cost."""
+    with prices in the configuration file (its prices tables), priced rows carry a cost."""
     t0, t1 = _time(start, "--from"), _time(end, "--to")
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")

@@ -142,8 +142,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Follow a cluster's five DRA-related kinds into the ledger (list, then watch; leader-elected).
 
-        While leader it also keeps the read models caught up and runs the report jobs (``--no-jobs``
-        when ``dra-ledger jobs`` runs them in a process of its own).
+        While leader it also keeps the read models caught up and runs the report jobs (--no-jobs
+        when 'dra-ledger jobs' runs them in a process of its own).
         """
         configure_logging()
         try:
