@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -14,8 +15,8 @@ from ledger.errors import LedgerError
 from ledger.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8472
-"""The API's default port: unassigned by IANA, so it rarely collides with other local services."""
+DEFAULT_PORT = cli.DEMO_PORT
+"""The API's default port (8472): unassigned by IANA, so it rarely collides with other local services."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -25,6 +26,22 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _check_free(host: str, port: int) -> None:
+    """Bind ``host:port`` once (as uvicorn will, with SO_REUSEADDR) to fail early with a clear error.
+
+    Raises:
+        LedgerError: the address is taken or cannot be bound, with what to do about it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise LedgerError(f"cannot listen on {host}:{port}: {e.strerror or e}; another process may hold the "
+                              "port: stop it or pass --port") from e
 
 
 def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None) -> None:
@@ -44,6 +61,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
             f"no API tokens are configured: refusing to serve on {host}; configure [[api.tokens]] "
             "in the configuration file or pass --allow-unauthenticated"
         )
+    _check_free(host, port)
     db = services.open_ledger(settings)
     services.catch_up(db)
     app = create_app(db=db, config=config, cluster=cluster)
@@ -78,12 +96,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from e
 
-    def serve_demo(settings: Settings) -> None:
+    def serve_demo(settings: Settings, port: int) -> None:
         typer.echo(
             f"Serving the API for the demo ledger; try: curl -s "
-            f"'http://{DEFAULT_HOST}:{DEFAULT_PORT}/v1/occupancy?at=2026-11-02T09:30:00Z'  (Ctrl-C stops)",
+            f"'http://{DEFAULT_HOST}:{port}/v1/occupancy?at=2026-11-02T09:30:00Z'  (Ctrl-C stops)",
             err=True,
         )
-        serve_api(settings, host=DEFAULT_HOST, port=DEFAULT_PORT, allow_open=False, cluster=cli.DEMO_CLUSTER)
+        serve_api(settings, host=DEFAULT_HOST, port=port, allow_open=False, cluster=cli.DEMO_CLUSTER)
 
     cli.DEMO_FOLLOWUPS.append(serve_demo)

@@ -662,14 +662,20 @@ def seed_lab_path() -> Path:
     return Path(str(importlib.resources.files("ledger") / "data" / "seed-lab.jsonl"))
 
 
-DEMO_FOLLOWUPS: list[Callable[[Settings], None]] = []
-"""Run after the demo printed the ledger (the API plugin registers one that serves the API)."""
+DEMO_FOLLOWUPS: list[Callable[[Settings, int], None]] = []
+"""Run after the demo printed the ledger, with the settings and ``--port`` (the API plugin registers one
+that serves the API on that port)."""
+
+DEMO_PORT = 8472
+"""Default port of the API the demo serves (the API's default: unassigned by IANA)."""
 
 
 @app.command()
 def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
          serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the REST API afterwards "
-                                             "(when the API is installed).")] = True) -> None:
+                                             "(when the API is installed).")] = True,
+         port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port of the API the demo serves "
+                                           "on 127.0.0.1.")] = DEMO_PORT) -> None:
     """Replay the bundled seed-lab history (cluster 'seed-lab') and print what the ledger knows.
 
     Replaying is idempotent, so running the demo again adds nothing; the embedded server stays up so
@@ -713,7 +719,7 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
     if serve:
         with _errors():
             for followup in DEMO_FOLLOWUPS:
-                followup(settings)
+                followup(settings, port)
 
 
 COMMAND_GROUP = "dra_ledger.commands"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import typer
 
@@ -25,5 +27,32 @@ def test_registering_adds_serve_and_makes_the_demo_serve_the_api() -> None:
     try:
         assert [c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands] == ["serve"]
         assert len(cli.DEMO_FOLLOWUPS) == before + 1
+    finally:
+        del cli.DEMO_FOLLOWUPS[before:]
+
+
+def test_a_port_another_process_listens_on_is_a_clear_error_before_the_database_is_touched() -> None:
+    # The database URL leads nowhere: the port check must come first and name what to do.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LedgerError, match=f"cannot listen on 127.0.0.1:{port}: .*pass --port"):
+            serve_api(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), host="127.0.0.1", port=port,
+                      allow_open=False)
+
+
+def test_the_demo_serves_on_its_port_option() -> None:
+    app = typer.Typer()
+    before = len(cli.DEMO_FOLLOWUPS)
+    register(app)
+    try:
+        followup = cli.DEMO_FOLLOWUPS[before]
+        with socket.socket() as taken:  # a taken port: serve_api stops at its port check, naming the port
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with pytest.raises(LedgerError, match=f"127.0.0.1:{port}"):
+                followup(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), port)
     finally:
         del cli.DEMO_FOLLOWUPS[before:]
