@@ -109,7 +109,8 @@ class DevicesController(Controller):
         t0 = parse_instant(start, "from", default=datetime(1970, 1, 1, tzinfo=UTC))
         t1 = parse_instant(end, "to")
         if not t0 < t1:
-            raise Invalid("from must be before to")
+            given = "from" if start is not None else "from (by default 1970-01-01T00:00:00Z)"
+            raise Invalid(f"{given} must be before to")
         body: Any = services.device_timeline(
             ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=cluster or ctx.cluster
         )

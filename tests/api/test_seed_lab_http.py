@@ -121,6 +121,9 @@ def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestC
     ]
     missing = client.get("/v1/devices/gpu.example.com/lab-node/gpu-99/timeline")
     assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
+    early = client.get("/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", params={"to": "1960-01-01T00:00:00Z"})
+    assert early.status_code == 422
+    assert early.json()["detail"] == "from (by default 1970-01-01T00:00:00Z) must be before to"
 
 
 def test_walking_every_page_of_claims_and_events_returns_each_row_once(client: TestClient[Litestar]) -> None:
