@@ -67,7 +67,9 @@ def decode(token: str | None, *, query: str) -> Page:
         offset, at, q, after = data["o"], data["at"], data["q"], data.get("k")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise Invalid("pageToken is not a token this API issued") from e
-    if type(offset) is not int or offset < 0 or not (at is None or isinstance(at, str)) or q != query:
+    if type(offset) is not int or offset < 0 or not (at is None or isinstance(at, str)):
+        raise Invalid("pageToken is not a token this API issued")
+    if q != query:
         raise Invalid("pageToken does not belong to this query (its parameters changed)")
     if after is not None and not (isinstance(after, list) and all(isinstance(k, str) for k in after)):
         raise Invalid("pageToken is not a token this API issued")
