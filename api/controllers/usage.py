@@ -96,7 +96,8 @@ class UsageController(Controller):
             step=bucket,
             config=ctx.config,
         )
-        if "text/csv" in request.headers.get("accept", ""):
+        # Content negotiation with q-values (Litestar's Accept): JSON unless CSV is preferred.
+        if request.accept.best_match(["application/json", "text/csv"], default="application/json") == "text/csv":
             return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
         query = pagination.fingerprint(
             {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": cluster or ctx.cluster}

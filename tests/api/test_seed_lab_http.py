@@ -96,6 +96,18 @@ def test_csv_export_opens_as_a_table_with_the_documented_columns(client: TestCli
     assert {r["group"]: float(r["deviceHours"]) for r in table} == pytest.approx(window["by_team"], abs=0.01)
 
 
+@pytest.mark.parametrize(("accept", "csv_wanted"), [
+    ("text/csv;q=0.1, application/json", False), ("application/json;q=0.5, text/csv", True), ("text/*", True),
+    ("*/*", False), ("application/json", False),
+])
+def test_usage_answers_csv_only_when_the_client_prefers_it(client: TestClient[Litestar], accept: str,
+                                                          csv_wanted: bool) -> None:
+    window = EXPECTED["device_hours"]
+    response = client.get("/v1/usage", params={"from": window["from"], "to": window["to"]}, headers={"Accept": accept})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/csv" if csv_wanted else "application/json")
+
+
 def test_shared_gpu_history_is_in_order_with_times(client: TestClient[Litestar]) -> None:
     body = ok(client, "/v1/claims/ml-serve/shared-gpu/history")
     seen = [(e["type"], e["occurredAt"]) for e in body["events"]]
