@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from litestar import Request
-from pydantic import TypeAdapter, ValidationError
 
+from ledger import recorded
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
-CALENDAR_UNITS = re.compile(r"^-?P[^T]*[YM]")
-"""An ISO 8601 duration with years or months (P1M, P1Y2D): calendar units, not a fixed length."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +53,6 @@ def parse_duration(value: str | None, name: str) -> timedelta | None:
     """Parse an ISO 8601 duration (``PT30M``) or a number of seconds; ``None`` when absent.
 
     Raises:
-        Invalid: neither form, negative, or longer than 100 years.
+        Invalid: see :func:`ledger.recorded.parse_duration`.
     """
-    if value is None:
-        return None
-    if CALENDAR_UNITS.match(value):
-        raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), got {value!r}")
-    try:
-        raw: object = float(value)
-    except ValueError:
-        raw = value
-    try:
-        parsed = TypeAdapter(timedelta).validate_python(raw)
-    except (ValidationError, OverflowError) as e:
-        raise Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds, got {value!r}") from e
-    if parsed < timedelta(0) or parsed > timedelta(days=36_500):
-        raise Invalid(f"{name}: must be between 0 and 100 years, got {value!r}")
-    return parsed
+    return None if value is None else recorded.parse_duration(value, name)

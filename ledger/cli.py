@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -29,7 +29,7 @@ from ledger import services
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
-from ledger.recorded import parse_time
+from ledger.recorded import parse_duration, parse_time
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
@@ -76,14 +76,9 @@ def _time(value: str | None, option: str) -> datetime:
 
 def _duration(value: str, option: str) -> timedelta:
     try:
-        parsed = TypeAdapter(timedelta).validate_python(float(value) if value.replace(".", "", 1).isdigit()
-                                                        else value)
-    except ValidationError as e:
-        raise typer.BadParameter(f"expected ISO 8601 (PT30M) or seconds, got {value!r}",
-                                 param_hint=option) from e
-    if parsed < timedelta(0):
-        raise typer.BadParameter("must not be negative", param_hint=option)
-    return parsed
+        return parse_duration(value, option)
+    except Invalid as e:
+        raise typer.BadParameter(str(e).removeprefix(f"{option}: "), param_hint=option) from e
 
 
 def settings_from(url: str | None, data_dir: Path | None) -> Settings:

@@ -133,6 +133,49 @@ _RFC3339: Final = re.compile(
 )
 
 
+_CALENDAR_UNITS: Final = re.compile(r"^-?P[^T]*[YM]")
+"""An ISO 8601 duration with years or months (P1M, P1Y2D): calendar units, not a fixed length."""
+
+_NUMBER = r"\d+(?:[.,]\d+)?"
+_ISO_DURATION: Final = re.compile(rf"^-?P(?=[\dT])(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
+                                  rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?$")
+"""The ISO 8601 duration shape: weeks, days, then T hours, minutes, seconds, each at most once, in order
+(pydantic's parser alone also takes ``PT1H1H``, adding the two)."""
+
+
+def parse_duration(value: str, name: str) -> timedelta:
+    """Parse an ISO 8601 duration (``PT30M``, ``P1DT2H``) or a number of seconds (``1800``, ``0.5``).
+
+    The shape is checked here; pydantic's ``timedelta`` parser does the arithmetic.
+
+    Args:
+        value: the text given.
+        name: the parameter or option it came from, for the error message.
+
+    Raises:
+        Invalid: neither form (``PT1H1H`` included), years or months (no fixed length), negative, or longer
+            than 100 years.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    if _CALENDAR_UNITS.match(value):
+        raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), got {value!r}")
+    bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds, got {value!r}")
+    try:
+        raw: object = float(value)
+    except ValueError:
+        raw = value
+        if not _ISO_DURATION.match(value):
+            raise bad from None
+    try:
+        parsed = TypeAdapter(timedelta).validate_python(raw)
+    except (ValidationError, OverflowError) as e:
+        raise bad from e
+    if parsed < timedelta(0) or parsed > timedelta(days=36_500):
+        raise Invalid(f"{name}: must be between 0 and 100 years, got {value!r}")
+    return parsed
+
+
 def parse_time(value: str) -> datetime:
     """Parse an RFC 3339 timestamp that carries a zone.
 

@@ -221,6 +221,8 @@ def test_a_page_token_whose_offset_is_not_a_count_is_a_422_problem(client: TestC
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT1S"}, 422),
     ("/v1/usage", {"to": "2026-11-02T12:00:00Z"}, 400),
     ("/v1/reports/idle-claims", {"minIdle": "soon"}, 422),
+    ("/v1/reports/idle-claims", {"minIdle": "PT1H1H"}, 422),  # pydantic alone adds the two hours
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT30M30M"}, 422),
     ("/v1/claims", {"state": "sleeping"}, 400),
     ("/v1/claims/ml-train/no-such-claim/history", {}, 404),
     ("/v1/events", {"afterPosition": "-3"}, 400),

@@ -5,13 +5,22 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from ledger.errors import Invalid
-from ledger.recorded import MAX_DEPTH, MAX_TEXT_CHARS, BrokenLine, WatchLine, parse_time, read_history, read_text
+from ledger.recorded import (
+    MAX_DEPTH,
+    MAX_TEXT_CHARS,
+    BrokenLine,
+    WatchLine,
+    parse_duration,
+    parse_time,
+    read_history,
+    read_text,
+)
 from tests.paths import HISTORIES, REAL
 
 SEED_LAB = HISTORIES / "seed-lab.jsonl"
@@ -639,3 +648,21 @@ def test_a_nul_escape_in_any_string_is_flagged_and_a_plain_object_is_not() -> No
                        '{"kind": "Pod", "metadata": {"name": "p\\u0000"}}}')
 
     assert [x.holds_nul for x in plain + in_key + in_value] == [False, True, True]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("PT30M", timedelta(minutes=30)), ("P1DT2H", timedelta(days=1, hours=2)), ("P2W", timedelta(weeks=2)),
+    ("PT0.5S", timedelta(seconds=0.5)), ("1800", timedelta(minutes=30)), ("0.25", timedelta(seconds=0.25)),
+])
+def test_a_duration_is_iso_8601_or_seconds(value: str, expected: timedelta) -> None:
+    assert parse_duration(value, "minIdle") == expected
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("PT1H1H", "ISO 8601"), ("PT30M30M", "ISO 8601"), ("PT1M1H", "ISO 8601"), ("P", "ISO 8601"), ("PT", "ISO 8601"),
+    ("soon", "ISO 8601"), ("1 day", "ISO 8601"), ("P1M", "no fixed length"), ("P1Y2D", "no fixed length"),
+    ("-PT1H", "between 0 and 100 years"), ("P36600D", "between 0 and 100 years"),
+])
+def test_a_duration_in_another_shape_is_refused_naming_the_parameter(value: str, reason: str) -> None:
+    with pytest.raises(Invalid, match=f"^minIdle: .*{reason}"):
+        parse_duration(value, "minIdle")
