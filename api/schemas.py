@@ -195,8 +195,9 @@ class ClaimHistory(msgspec.Struct, kw_only=True):
 
 
 class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """An inventory or allocation interval of one device; ``to`` is ``null`` while it lasts."""
+    """An inventory or allocation interval of one device in one cluster; ``to`` is ``null`` while it lasts."""
 
+    cluster: str
     kind: str
     from_: str = msgspec.field(name="from")
     to: str | None

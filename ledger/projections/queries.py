@@ -869,7 +869,8 @@ def device_timeline(conn: Connection, *, driver: str, pool: str, device: str, st
     """Inventory and allocation intervals of one device overlapping ``[start, end)``, by start time.
 
     Sources: ``device_inventory`` (``kind: inventory``: published by a slice, with node and slice) and
-    ``device_allocations`` (``kind: allocation``: held by a claim). ``to`` is ``None`` while open.
+    ``device_allocations`` (``kind: allocation``: held by a claim). ``to`` is ``None`` while open. Each
+    entry names its ``cluster`` (without ``cluster``, devices of one name in several clusters all show).
 
     Raises:
         UnknownDevice: the ledger never recorded the device (in inventory or in an allocation).
@@ -885,20 +886,21 @@ def device_timeline(conn: Connection, *, driver: str, pool: str, device: str, st
         raise UnknownDevice(f"no device {driver}/{pool}/{device} was ever recorded")
     window = " AND NOT isempty(valid) AND valid && tstzrange(:start, :end, '[)')"
     inventory = conn.execute(text(
-        f"SELECT lower(valid) AS s, upper(valid) AS e, node, slice_name FROM device_inventory WHERE {key}{window}"),
+        f"SELECT cluster, lower(valid) AS s, upper(valid) AS e, node, slice_name FROM device_inventory "
+        f"WHERE {key}{window}"),
         params).all()
     allocations = conn.execute(text(
-        f"SELECT lower(valid) AS s, upper(valid) AS e, namespace, claim, team, share_id, admin_access, node "
+        f"SELECT cluster, lower(valid) AS s, upper(valid) AS e, namespace, claim, team, share_id, admin_access, node "
         f"FROM device_allocations WHERE {key}{window}"), params).all()
     entries: list[tuple[datetime, int, JSONObject]] = []
     for r in inventory:
-        entries.append((r.s, 0, {"kind": "inventory", "from": rfc3339(r.s), "to": rfc3339(r.e) if r.e else None,
-                                 "node": r.node, "sliceName": r.slice_name}))
+        entries.append((r.s, 0, {"cluster": r.cluster, "kind": "inventory", "from": rfc3339(r.s),
+                                 "to": rfc3339(r.e) if r.e else None, "node": r.node, "sliceName": r.slice_name}))
     for r in allocations:
-        entries.append((r.s, 1, {"kind": "allocation", "from": rfc3339(r.s), "to": rfc3339(r.e) if r.e else None,
-                                 "namespace": r.namespace, "claim": r.claim, "team": r.team,
-                                 "shareID": r.share_id, "adminAccess": r.admin_access, "node": r.node}))
-    entries.sort(key=lambda e: (e[0], e[1], str(e[2].get("claim"))))
+        entries.append((r.s, 1, {"cluster": r.cluster, "kind": "allocation", "from": rfc3339(r.s),
+                                 "to": rfc3339(r.e) if r.e else None, "namespace": r.namespace, "claim": r.claim,
+                                 "team": r.team, "shareID": r.share_id, "adminAccess": r.admin_access, "node": r.node}))
+    entries.sort(key=lambda e: (e[0], e[1], str(e[2]["cluster"]), str(e[2].get("claim"))))
     return {"driver": driver, "pool": pool, "device": device, "from": rfc3339(start), "to": rfc3339(end),
             "entries": [e[2] for e in entries]}
 

@@ -15,7 +15,9 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from api.parameters import query_names
+from ledger import services
 from ledger.recorded import parse_time
+from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES, REAL
 
 EXPECTED: dict[str, Any] = json.loads((HISTORIES / "seed-lab.expected.json").read_text())
@@ -124,9 +126,11 @@ def test_shared_gpu_history_is_in_order_with_times(client: TestClient[Litestar])
     assert [e["streamPosition"] for e in body["events"]] == [1, 2, 3, 4, 5, 6]
 
 
-def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestClient[Litestar]) -> None:
+def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestClient[Litestar],
+                                                                   seeded: LedgerHandle) -> None:
     body = ok(client, "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline",
               **{"from": "2026-11-02T08:00:00Z", "to": "2026-11-02T13:00:00Z"})
+    assert {e["cluster"] for e in body["entries"]} == {seeded.cluster}
     assert [(e["kind"], e["from"], e["to"], e.get("claim")) for e in body["entries"]] == [
         ("inventory", "2026-11-02T08:50:00Z", None, None),  # the slice's creationTimestamp
         ("allocation", "2026-11-02T09:10:00Z", None, "shared-gpu"),
@@ -136,6 +140,17 @@ def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestC
     early = client.get("/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", params={"to": "1960-01-01T00:00:00Z"})
     assert early.status_code == 422
     assert early.json()["detail"] == "from (by default 1970-01-01T00:00:00Z) must be before to"
+
+
+def test_a_device_of_one_name_in_two_clusters_has_entries_that_name_their_cluster(
+        client: TestClient[Litestar], seeded: LedgerHandle) -> None:
+    services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
+    path, window = "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", {"from": "2026-11-02T08:00:00Z"}
+    both = ok(client, path, **window, to="2026-11-02T13:00:00Z")["entries"]
+    assert sorted((e["cluster"], e["kind"]) for e in both) == sorted(
+        (c, k) for c in (seeded.cluster, "lab-2") for k in ("inventory", "allocation"))
+    one = ok(client, path, **window, to="2026-11-02T13:00:00Z", cluster="lab-2")["entries"]
+    assert [(e["cluster"], e["kind"]) for e in one] == [("lab-2", "inventory"), ("lab-2", "allocation")]
 
 
 def test_walking_every_page_of_claims_and_events_returns_each_row_once(client: TestClient[Litestar]) -> None:
