@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 
 from ledger import cli, services
 from ledger.config import load_config
+from ledger.embedded import port_unavailable
 from ledger.errors import LedgerError
 from ledger.settings import Settings
 
@@ -29,19 +29,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_free(host: str, port: int) -> None:
-    """Bind ``host:port`` once (as uvicorn will, with SO_REUSEADDR) to fail early with a clear error.
+    """Fail early, with what to do, when ``host:port`` cannot be listened on.
 
     Raises:
-        LedgerError: the address is taken or cannot be bound, with what to do about it.
+        LedgerError: the address is taken or cannot be bound.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise LedgerError(f"cannot listen on {host}:{port}: {e.strerror or e}; another process may hold the "
-                              "port: stop it or pass --port") from e
+    reason = port_unavailable(host, port)
+    if reason is not None:
+        raise LedgerError(f"cannot listen on {host}:{port}: {reason}; another process may hold the port: "
+                          "stop it or pass --port")
 
 
 def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None) -> None:

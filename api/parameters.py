@@ -45,7 +45,9 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     unknown = sorted(set(given) - allowed)
     if unknown:
         takes = ", ".join(sorted(allowed)) or "no query parameters"
-        raise ValidationException(f"unknown query parameter {', '.join(unknown)}: this endpoint takes {takes}")
+        noun = "parameter" if len(unknown) == 1 else "parameters"
+        raise ValidationException(f"unknown query {noun} {', '.join(unknown)}: this endpoint takes {takes}")
     repeated = sorted(name for name in set(given) if len(given.getall(name)) > 1)
     if repeated:
-        raise ValidationException(f"query parameter {', '.join(repeated)} given more than once; give it once")
+        noun = "parameter" if len(repeated) == 1 else "parameters"
+        raise ValidationException(f"query {noun} {', '.join(repeated)} given more than once; give each once")

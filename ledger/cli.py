@@ -680,6 +680,13 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
 
     settings = settings_from(url, data_dir)
     history = seed_lab_path()
+    if serve and DEMO_FOLLOWUPS:
+        from ledger.embedded import port_unavailable
+
+        if (reason := port_unavailable("127.0.0.1", port)) is not None:  # say so before the replay, not after it
+            err.print(f"error: cannot serve the API on 127.0.0.1:{port}: {reason}; another process may hold the "
+                      "port: stop it, pass --port, or --no-serve")
+            raise typer.Exit(2)
     with _errors():
         if not settings.database_url:
             from ledger.embedded import EmbeddedPostgres, default_data_dir
@@ -708,9 +715,14 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
         render_idle(services.idle_claims(db, at=end, cluster=c))
     where = ("the embedded server keeps running for the next command (stop it with `dra-ledger db stop`)"
              if not settings.database_url else "it is in the database of LEDGER_DATABASE_URL")
+    # The hints name the ledger the demo used: without them a query would start (or ask) another one.
+    same = f" --data-dir {data_dir}" if data_dir else ""
+    if url:
+        same += " --database-url ...  (the same URL)"  # not printed: it may carry a password
     out.print(f"The seed-lab history stays in the ledger as cluster 'seed-lab'; {where}. Try:\n"
-              "  dra-ledger occupancy --at 2026-11-02T10:40:00Z --output json\n"
-              "  dra-ledger usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team")
+              f"  dra-ledger occupancy --at 2026-11-02T10:40:00Z --output json{same}\n"
+              f"  dra-ledger usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team{same}",
+              soft_wrap=True)  # commands to copy: never broken across lines
     if serve:
         with _errors():
             for followup in DEMO_FOLLOWUPS:

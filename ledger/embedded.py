@@ -375,16 +375,7 @@ class EmbeddedPostgres:
             port = int(self._port_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # As PostgreSQL binds its listen socket: with SO_REUSEADDR. Stopping the server leaves the port's
-            # closed connections in FIN-WAIT-2 / TIME-WAIT while clients (a running API) still hold theirs, and a
-            # plain bind refused the port then, so every restart moved to a new one.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((_HOST, port))
-            except OSError:
-                return None
-        return port
+        return None if port_unavailable(_HOST, port) else port
 
     def _read_log(self, offset: int) -> str:
         try:
@@ -403,6 +394,23 @@ class EmbeddedPostgres:
 
 def _url(port: int, database: str) -> str:
     return f"postgresql+psycopg://{_SUPERUSER}@{_HOST}:{port}/{quote(database, safe='')}"
+
+
+def port_unavailable(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (the OS's reason), or ``None`` when it can.
+
+    Binds once as servers bind their listen socket, with SO_REUSEADDR: stopping a server leaves its
+    closed connections in FIN-WAIT-2 / TIME-WAIT while clients (a running API) still hold theirs, and a
+    plain bind would refuse the port then (an embedded PostgreSQL restart moved to a new port each time).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def _free_port() -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from typer.testing import CliRunner
 
+from ledger import cli
 from ledger.cli import app
 from ledger.testing.pg import create_database, drop_database
 
@@ -23,6 +25,9 @@ def test_the_demo_replays_the_bundled_history_and_prints_its_tables(ledger_engin
     assert "devices 8, allocated 6, free 2, shared 1" in result.output
     assert "devices 8, allocated 5, free 3, shared 0" in result.output
     assert "ml-train/big" in result.output
+    # The hints point at this ledger (a bare command would open the default embedded one), never print the URL.
+    assert "--output json --database-url ...  (the same URL)" in result.output
+    assert _url(ledger_engine) not in result.output
     again = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine)])
     assert "39 lines: 0 recorded, 39 already recorded" in again.output
 
@@ -138,3 +143,21 @@ def test_an_interrupted_replay_says_how_to_resume_and_the_next_run_records_the_r
     assert stored in (20, 30)
     assert resumed.exit_code == 0, resumed.output
     assert f"39 lines: {39 - stored} recorded, {stored} already recorded" in resumed.output
+
+
+def test_the_demo_stops_before_replaying_when_its_api_port_is_taken(ledger_engine: Engine) -> None:
+    served: list[int] = []
+    cli.DEMO_FOLLOWUPS.append(lambda settings, port: served.append(port))  # what the API plugin adds
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            result = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine), "--port", str(port)])
+    finally:
+        cli.DEMO_FOLLOWUPS.pop()
+    assert result.exit_code == 2, result.output
+    assert f"cannot serve the API on 127.0.0.1:{port}" in result.output
+    assert served == []
+    with ledger_engine.connect() as conn:  # nothing replayed
+        assert conn.execute(text("SELECT count(*) FROM events")).scalar_one() == 0
