@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
@@ -50,21 +50,32 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
     return _problem(500, "Internal Server Error", "the ledger failed to answer; see the server log")
 
 
+def _field(request: Request[Any, Any, Any], key: object) -> Any:
+    """The handler's signature field of argument ``key`` (``None`` before routing, or for another key)."""
+    try:
+        return request.route_handler.parsed_fn_signature.parameters.get(str(key))
+    except (AttributeError, KeyError):  # no handler resolved (a 404/405 before routing)
+        return None
+
+
 def _client_name(request: Request[Any, Any, Any], key: object) -> object:
     """The name the client sends for the handler argument ``key`` (``groupBy`` for ``group_by``).
 
     Litestar's validation errors name the Python argument; the query or header alias declared on the
     handler (``QueryParameter(name=...)``) is what the client knows. Unknown keys are returned as they are.
     """
-    try:
-        field = request.route_handler.parsed_fn_signature.parameters.get(str(key))
-    except (AttributeError, KeyError):  # no handler resolved (a 404/405 before routing)
-        return key
-    kwarg = getattr(field, "kwarg_definition", None)
+    kwarg = getattr(_field(request, key), "kwarg_definition", None)
     for alias in ("query", "header", "name"):  # QueryParameter(name=...) keeps the alias in ``name``
         if isinstance(value := getattr(kwarg, alias, None), str) and value:
             return value
     return key
+
+
+def _choices(request: Request[Any, Any, Any], key: object) -> str:
+    """`` (one of: a, b)`` for an argument declared as a ``Literal`` of strings, else an empty string."""
+    annotation = getattr(_field(request, key), "annotation", None)
+    values = [v for v in get_args(annotation) if isinstance(v, str)] if get_origin(annotation) is Literal else []
+    return f" (one of: {', '.join(values)})" if values else ""
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -72,7 +83,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     extra = exc.extra
     if isinstance(extra, list) and extra:
         # Litestar's parameter validation: [{"message": ..., "key": ..., "source": ...}]
-        parts = [f"{_client_name(request, e.get('key'))}: {e.get('message')}" for e in extra if isinstance(e, dict)]
+        parts = [f"{_client_name(request, e.get('key'))}: {e.get('message')}{_choices(request, e.get('key'))}"
+                 for e in extra if isinstance(e, dict)]
         detail = "; ".join(parts) or detail
     elif isinstance(detail, str) and detail.startswith("Missing required "):
         # "Missing required query parameter 'from' for path /v1/usage?to=...": the path (with the query

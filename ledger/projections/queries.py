@@ -8,6 +8,7 @@ Times in results are RFC 3339 strings in UTC; device-hours are floats (hours).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -580,8 +581,13 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
-    if step is not None and (step <= timedelta(0) or (end - start) / step > MAX_STEPS):
-        raise Invalid(f"step must be positive and give at most {MAX_STEPS} buckets")
+    if step is not None and step <= timedelta(0):
+        raise Invalid("step must be positive")
+    if step is not None and (end - start) / step > MAX_STEPS:
+        smallest = (end - start) / MAX_STEPS
+        raise Invalid(f"step {step.total_seconds():g} s gives {math.ceil((end - start) / step)} buckets over this "
+                      f"window; at most {MAX_STEPS} are answered, so the step must be at least "
+                      f"{math.ceil(smallest.total_seconds())} s here")
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "

@@ -266,6 +266,26 @@ def test_a_bad_parameter_is_named_as_the_client_spells_it(client: TestClient[Lit
     assert python_name not in detail
 
 
+def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: TestClient[Litestar]) -> None:
+    # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, so 2 s.
+    response = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
+                                               "step": "1"})
+    assert response.status_code == 422
+    assert response.json()["detail"] == ("step 1 s gives 10800 buckets over this window; at most 10000 are "
+                                         "answered, so the step must be at least 2 s here")
+
+
+@pytest.mark.parametrize(("path", "params", "choices"), [
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"},
+     "team, namespace, deviceClass, model, node"),
+    ("/v1/claims", {"state": "sleeping"}, "pending, allocated, deleted, all"),
+])
+def test_a_value_outside_a_fixed_set_is_answered_with_the_set(client: TestClient[Litestar], path: str,
+                                                              params: dict[str, str], choices: str) -> None:
+    detail = client.get(path, params=params).json()["detail"]
+    assert detail.endswith(f"(one of: {choices})"), detail
+
+
 @pytest.mark.parametrize(("path", "params", "prefix"), [
     ("/v1/shared", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}, "unknown query parameters from, to"),
     ("/v1/occupancy", {"at": "2026-11-02T09:30:00Z", "deviceclass": "gpu.example.com"},
