@@ -55,12 +55,11 @@ from datetime import datetime
 from typing import IO, TypeVar
 
 import msgspec
-import psycopg
 from sqlalchemy import Connection, Engine, text
 
 from ledger.projections.base import opt_str_of, str_of
 from ledger.projections.models import counter_set_of, model_of
-from ledger.store.postgres import as_json, copy_in, copy_out, copy_rows
+from ledger.store.postgres import as_json, copy_in, copy_out, copy_rows, stream_rows
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
 # _KEY_ORDER: rows are written in the order of their table's key index (cluster, then the key), not
@@ -492,29 +491,24 @@ def _fold_events(engine: Engine, head: GlobalPosition, spool: IO[bytes], stop: t
     Raises:
         _Stopped: ``stop`` was set.
         AssertionError: a payload lacks a field the translator always writes.
-        sqlalchemy.exc.SQLAlchemyError, psycopg.Error: reading the events failed.
+        sqlalchemy.exc.SQLAlchemyError: reading the events failed.
     """
     fold, chunks = _Fold(), 0
-    with engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        # A server-side cursor streams the events (a client-side one would hold the whole history).
-        with raw.cursor(name="ledger_rebuild_fold") as cur:
-            cur.execute("SELECT type, cluster, occurred_at, payload::text FROM events "
-                        "WHERE global_position <= %s AND type = ANY(%s) ORDER BY global_position",
-                        (head, list(_FOLD_TYPES)))
-            while batch := cur.fetchmany(_FETCH_ROWS):
-                if stop.is_set():
-                    raise _Stopped
-                for event_type, cluster, at, payload in batch:
-                    assert isinstance(event_type, str) and isinstance(cluster, str) and isinstance(at, datetime)
-                    assert isinstance(payload, str)
-                    fold.apply(event_type, cluster, at, _DECODER.decode(payload))
-                if len(fold.closed) >= _FLUSH_ROWS:
-                    closed = fold.take_closed()
-                    if allocations:
-                        pickle.dump(_by_device(closed), spool, protocol=pickle.HIGHEST_PROTOCOL)
-                        chunks += 1
+    with engine.begin() as conn:
+        for batch in stream_rows(conn, "SELECT type, cluster, occurred_at, payload::text FROM events "
+                                 "WHERE global_position <= %s AND type = ANY(%s) ORDER BY global_position",
+                                 (head, list(_FOLD_TYPES)), size=_FETCH_ROWS):
+            if stop.is_set():
+                raise _Stopped
+            for event_type, cluster, at, payload in batch:
+                assert isinstance(event_type, str) and isinstance(cluster, str) and isinstance(at, datetime)
+                assert isinstance(payload, str)
+                fold.apply(event_type, cluster, at, _DECODER.decode(payload))
+            if len(fold.closed) >= _FLUSH_ROWS:
+                closed = fold.take_closed()
+                if allocations:
+                    pickle.dump(_by_device(closed), spool, protocol=pickle.HIGHEST_PROTOCOL)
+                    chunks += 1
     # namespace_teams and device_inventory keep creation order, not _KEY_ORDER: the batch path of later
     # catch-ups breaks ties between intervals of one key with equal starts by row id (the one inserted
     # last), as _latest_containing does here.
@@ -568,9 +562,9 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
         ValueError: :func:`supports` refuses ``names``.
         AssertionError: a payload lacks a field the translator always writes (a corrupt event stops the
             rebuild, which rolls back whole).
-        psycopg.Error: the fold's read of ``events`` or a ``COPY`` failed (the transaction rolls back).
-        sqlalchemy.exc.SQLAlchemyError: a statement failed (e.g. a NOT NULL column got no value from a
-            payload); the transaction rolls back and the old read models stay.
+        sqlalchemy.exc.SQLAlchemyError: a statement, a query of another connection or a ``COPY`` failed (e.g.
+            a NOT NULL column got no value from a payload); the transaction rolls back and the old read
+            models stay.
     """
     if not supports(names):
         raise ValueError(f"cannot rebuild {sorted(names)} from the whole history at once")

@@ -123,6 +123,23 @@ def _driver(conn: Connection) -> psycopg.Connection:
     return raw
 
 
+def stream_rows(conn: Connection, query: str, params: Sequence[object], *,
+                size: int) -> Iterator[list[tuple[object, ...]]]:
+    """Rows of ``query`` (psycopg placeholders ``%s``) in batches of at most ``size``, from a server-side cursor.
+
+    A server-side cursor keeps the result on the server and fetches ``size`` rows a round trip, so a
+    caller walking the whole history holds one batch at a time. Needs a transaction (``conn`` in one).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the query or a fetch failed.
+    """
+    raw = _driver(conn)
+    with _driver_errors(raw, query), raw.cursor(name="ledger_stream") as cur:
+        cur.execute(query, params)
+        while batch := cur.fetchmany(size):
+            yield batch
+
+
 def copy_rows(conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     """``COPY table (columns) FROM STDIN`` in the caller's transaction (psycopg 3, text format).
 
