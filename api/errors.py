@@ -16,6 +16,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
+from api.parameters import client_name
 from ledger.errors import Conflict, Invalid, LedgerError, NotFound, Unavailable
 
 _log = logging.getLogger(__name__)
@@ -59,16 +60,10 @@ def _field(request: Request[Any, Any, Any], key: object) -> Any:
 
 
 def _client_name(request: Request[Any, Any, Any], key: object) -> object:
-    """The name the client sends for the handler argument ``key`` (``groupBy`` for ``group_by``).
-
-    Litestar's validation errors name the Python argument; the query or header alias declared on the
-    handler (``QueryParameter(name=...)``) is what the client knows. Unknown keys are returned as they are.
-    """
-    kwarg = getattr(_field(request, key), "kwarg_definition", None)
-    for alias in ("query", "header", "name"):  # QueryParameter(name=...) keeps the alias in ``name``
-        if isinstance(value := getattr(kwarg, alias, None), str) and value:
-            return value
-    return key
+    """The name the client sends for the handler argument ``key`` (``groupBy`` for ``group_by``): Litestar's
+    validation errors name the Python argument. Unknown keys are returned as they are."""
+    field = _field(request, key)
+    return key if field is None else client_name(field, str(key))
 
 
 def _choices(request: Request[Any, Any, Any], key: object) -> str:

@@ -16,6 +16,19 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import ParameterKwarg
 
 
+def client_name(field: Any, name: str) -> str:
+    """The name a client sends for handler argument ``name`` whose signature field is ``field``.
+
+    The alias declared on the handler (``QueryParameter(name=...)`` keeps it in ``name``;
+    ``Parameter(query=...)`` / ``Parameter(header=...)``), else the argument's own name.
+    """
+    kwarg = getattr(field, "kwarg_definition", None)
+    for alias in ("query", "header", "name"):
+        if isinstance(value := getattr(kwarg, alias, None), str) and value:
+            return value
+    return name
+
+
 @cache
 def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = frozenset()) -> frozenset[str]:
     """The query parameter names ``handler`` declares, as clients send them (aliases such as ``groupBy``).
@@ -29,7 +42,7 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
     for name, field in handler.parsed_fn_signature.parameters.items():
         kwarg = field.kwarg_definition
         if name not in provided and isinstance(kwarg, ParameterKwarg) and not kwarg.header and not kwarg.cookie:
-            names.add(kwarg.query or kwarg.name or name)
+            names.add(client_name(field, name))
     return frozenset(names)
 
 
