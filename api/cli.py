@@ -10,7 +10,7 @@ import typer
 
 from ledger import cli, services
 from ledger.config import load_config
-from ledger.embedded import port_unavailable
+from ledger.embedded import require_port
 from ledger.errors import LedgerError
 from ledger.settings import Settings
 
@@ -26,18 +26,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _check_free(host: str, port: int) -> None:
-    """Fail early, with what to do, when ``host:port`` cannot be listened on.
-
-    Raises:
-        LedgerError: the address is taken or cannot be bound.
-    """
-    reason = port_unavailable(host, port)
-    if reason is not None:
-        raise LedgerError(f"cannot listen on {host}:{port}: {reason}; another process may hold the port: "
-                          "stop it or pass --port")
 
 
 def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None) -> None:
@@ -57,7 +45,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
             f"no API tokens are configured: refusing to serve on {host}; configure [[api.tokens]] "
             "in the configuration file or pass --allow-unauthenticated"
         )
-    _check_free(host, port)
+    require_port(host, port)
     db = services.open_ledger(settings)
     services.catch_up(db)
     app = create_app(db=db, config=config, cluster=cluster)

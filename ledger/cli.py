@@ -681,12 +681,10 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
     settings = settings_from(url, data_dir)
     history = seed_lab_path()
     if serve and DEMO_FOLLOWUPS:
-        from ledger.embedded import port_unavailable
+        from ledger.embedded import require_port
 
-        if (reason := port_unavailable("127.0.0.1", port)) is not None:  # say so before the replay, not after it
-            err.print(f"error: cannot serve the API on 127.0.0.1:{port}: {reason}; another process may hold the "
-                      "port: stop it, pass --port, or --no-serve")
-            raise typer.Exit(2)
+        with _errors():
+            require_port("127.0.0.1", port, doing="serve the API")  # said before the replay, not after it
     with _errors():
         if not settings.database_url:
             from ledger.embedded import EmbeddedPostgres, default_data_dir

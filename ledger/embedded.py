@@ -413,6 +413,19 @@ def port_unavailable(host: str, port: int) -> str | None:
     return None
 
 
+def require_port(host: str, port: int, *, doing: str = "listen") -> None:
+    """Fail early, saying what to do, when a server of ours (the API) cannot listen on ``host:port``.
+
+    ``doing`` names what needed the port in the message ("cannot {doing} on host:port").
+
+    Raises:
+        LedgerError: the address is taken or cannot be bound (the OS's reason, and ``--port``).
+    """
+    if (reason := port_unavailable(host, port)) is not None:
+        raise LedgerError(f"cannot {doing} on {host}:{port}: {reason}; another process may hold the port: "
+                          "stop it or pass --port")
+
+
 def _free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick for port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
