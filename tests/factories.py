@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -148,3 +151,12 @@ def history(path: Path, events: list[tuple[str, JSONObject, float]]) -> Path:
     lines = [json.dumps({"observedAt": stamp(m), "type": t, "object": o}) for t, o, m in events]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that a socket listens on until the block ends (another process's port)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield int(taken.getsockname()[1])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 from ledger import cli
 from ledger.cli import app
 from ledger.testing.pg import create_database, drop_database
+from tests.factories import taken_port
 
 
 def _url(engine: Engine) -> str:
@@ -149,10 +149,7 @@ def test_the_demo_stops_before_replaying_when_its_api_port_is_taken(ledger_engin
     served: list[int] = []
     cli.DEMO_FOLLOWUPS.append(lambda settings, port: served.append(port))  # what the API plugin adds
     try:
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
-            port = taken.getsockname()[1]
+        with taken_port() as port:
             result = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine), "--port", str(port)])
     finally:
         cli.DEMO_FOLLOWUPS.pop()
