@@ -31,7 +31,7 @@ from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watc
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
-from ledger.store.postgres import EVICTED_PREFIXES, ObservationRow, WatchCheckpointRow, dirty_rows
+from ledger.store.postgres import EVICTED_PREFIXES, ObservationKey, ObservationRow, WatchCheckpointRow, dirty_rows
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
@@ -272,7 +272,7 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
         try:
             for chunk in _chunks(lines, batch_size):
                 recorded_at = datetime.now(UTC)
-                known = db.known_digests(cluster, [x.digest for x in chunk])
+                known = db.known_digests(cluster, _keys(chunk))
                 pending = in_flight.touched if in_flight is not None else set()
                 if in_flight is not None:
                     known = {**in_flight.known, **known}
@@ -360,7 +360,7 @@ def _ingest_chunk(db: LedgerDatabase, chunk: Sequence[WatchLine | BrokenLine], *
     """One append transaction for ``chunk`` (see :func:`ingest`)."""
     recorded_at = datetime.now(UTC)
     with db.append(cluster, state) as batch:
-        known = batch.known([x.digest for x in chunk])
+        known = batch.known(_keys(chunk))
         # Tombstones of claims and pods live in the database only: fetch those this chunk's lines touch.
         fetched = batch.load_entries(_absent_keys(chunk, set(known), state))
         for key, body in fetched.items():
@@ -447,6 +447,12 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
         chunk_report.recorded += 1
     chunk_report.events = len(events)
     return chunk_report
+
+
+def _keys(chunk: Sequence[WatchLine | BrokenLine]) -> list[ObservationKey]:
+    """The observation keys of ``chunk``: (receive time, digest), the time ``None`` for a broken line or a line
+    without one (as ``observations.observed_at`` stores them)."""
+    return [(x.observed_at, x.digest) if isinstance(x, WatchLine) else (None, x.digest) for x in chunk]
 
 
 def _absent_keys(chunk: Sequence[WatchLine | BrokenLine], seen: set[str], state: TranslatorState) -> list[str]:

@@ -20,7 +20,7 @@ from ledger.errors import Invalid, ObservationConflict, StoreUnavailable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema
-from ledger.store.postgres import ObservationRow
+from ledger.store.postgres import ObservationKey, ObservationRow
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
 
@@ -51,10 +51,10 @@ class AppendBatch:
     observations: list[ObservationRow] = field(default_factory=list)
     events: list[NewEvent] = field(default_factory=list)
 
-    def known(self, digests: Sequence[str]) -> dict[str, str | None]:
-        """Return which observation digests are already stored for this cluster, each with its rejection
-        reason (``None`` when it was recorded)."""
-        return pg.known_digests(self.conn, self.cluster, digests)
+    def known(self, keys: Sequence[ObservationKey]) -> dict[str, str | None]:
+        """Return the digests of the observations of ``keys`` ((receive time or ``None``, digest) pairs) already
+        stored for this cluster, each with its rejection reason (``None`` when it was recorded)."""
+        return pg.known_digests(self.conn, self.cluster, keys)
 
     def load_entries(self, keys: Sequence[str]) -> dict[str, str]:
         """Return the stored translator state entries of ``keys`` as JSON text (tombstones kept out of
@@ -179,15 +179,16 @@ class LedgerDatabase:
             state.forget()
             raise
 
-    def known_digests(self, cluster: str, digests: Sequence[str]) -> dict[str, str | None]:
-        """Which observation ``digests`` are stored for ``cluster``, each with its rejection reason (``None``:
-        recorded); read outside the append lock, for a pipelined ingest (one writer per cluster).
+    def known_digests(self, cluster: str, keys: Sequence[ObservationKey]) -> dict[str, str | None]:
+        """The digests of the observations of ``keys`` ((receive time or ``None``, digest) pairs) stored for
+        ``cluster``, each with its rejection reason (``None``: recorded); read outside the append lock, for a
+        pipelined ingest (one writer per cluster).
 
         Raises:
             StoreUnavailable: the database cannot be reached.
         """
         with self.reading() as conn:
-            return pg.known_digests(conn, cluster, digests)
+            return pg.known_digests(conn, cluster, keys)
 
     def load_entries(self, cluster: str, keys: Sequence[str]) -> dict[str, str]:
         """The stored translator state entries of ``keys`` as JSON text (see :func:`pg.load_entries`).
@@ -221,7 +222,7 @@ class LedgerDatabase:
                     try:
                         pg.insert_observations(conn, cluster, rows.observations)
                     except IntegrityError as e:
-                        if pg.constraint_of(e) != "observations_cluster_digest_key":
+                        if pg.constraint_of(e) != "observations_cluster_observed_at_digest_key":
                             raise
                         raise ObservationConflict("another writer recorded an observation of this batch first") from e
                     pg.insert_events(conn, cluster, rows.events)

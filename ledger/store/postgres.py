@@ -13,7 +13,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO
+from datetime import datetime
+from typing import IO, TypeAlias
 
 import msgspec
 import psycopg
@@ -84,23 +85,44 @@ class ObservationRow:
     body: object
 
 
-def known_digests(conn: Connection, cluster: str, digests: Sequence[str]) -> dict[str, str | None]:
-    """Return which of ``digests`` are already in ``observations`` for ``cluster``, each with its stored
-    ``error`` (the rejection reason; ``None`` for a recorded observation)."""
-    if not digests:
+ObservationKey: TypeAlias = tuple[datetime | None, str]
+"""An observation's key beside its cluster: (receive time ``observed_at`` or ``None``, ``digest``)."""
+
+
+def known_digests(conn: Connection, cluster: str, keys: Sequence[ObservationKey]) -> dict[str, str | None]:
+    """Return which observations of ``keys`` are already in ``observations`` for ``cluster``: their digests,
+    each with its stored ``error`` (the rejection reason; ``None`` for a recorded observation).
+
+    Looked up on ``observations_cluster_observed_at_digest_key`` by receive time and digest, so that a batch
+    of lines received close together reads the last pages of the index only (see migration 0006). A key
+    without a receive time is looked up by digest among the rows without one (the key's ``NULLS NOT
+    DISTINCT``).
+    """
+    timed = [(t, d) for t, d in keys if t is not None]
+    untimed = [d for t, d in keys if t is None]
+    params: dict[str, object] = {"c": cluster}
+    parts = []
+    # One comma-joined text the server splits: psycopg dumps a list parameter element by element in Python,
+    # which was 5 % of a file replay's samples for 5,000 digests a batch. The list form for digests the join
+    # cannot carry (never the hex digests of ledger.recorded; kept correct anyway): a comma would split one,
+    # and a lone empty one joins to '', which string_to_array splits into no element at all.
+    joinable = all(d and "," not in d for _, d in keys)
+    if timed:
+        # ISO 8601 times hold no comma; the join works for them always.
+        params["t"] = ",".join(t.isoformat() for t, _ in timed)
+        digests = "string_to_array(:d, ',')" if joinable else "CAST(:d AS text[])"
+        params["d"] = ",".join(d for _, d in timed) if joinable else [d for _, d in timed]
+        parts.append("SELECT o.digest, o.error FROM observations o JOIN "
+                     f"unnest(CAST(string_to_array(:t, ',') AS timestamptz[]), {digests}) AS k(observed_at, digest) "
+                     "ON o.observed_at = k.observed_at AND o.digest = k.digest WHERE o.cluster = :c")
+    if untimed:
+        digests = "string_to_array(:u, ',')" if joinable else "CAST(:u AS text[])"
+        params["u"] = ",".join(untimed) if joinable else untimed
+        parts.append(f"SELECT digest, error FROM observations WHERE cluster = :c AND observed_at IS NULL "
+                     f"AND digest = ANY({digests})")
+    if not parts:
         return {}
-    # The list form for digests the joined text cannot carry (never the hex digests of ledger.recorded; kept
-    # correct anyway): a comma would split one, and a lone empty one joins to '', which string_to_array splits
-    # into no element at all.
-    if any("," in d or not d for d in digests):
-        rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c AND digest = ANY(:d)"),
-                            {"c": cluster, "d": list(digests)}).all()
-    else:
-        # One comma-joined text the server splits: psycopg dumps a list parameter element by element in Python,
-        # which was 5 % of a file replay's samples for 5,000 digests a batch.
-        rows = conn.execute(text("SELECT digest, error FROM observations WHERE cluster = :c "
-                                 "AND digest = ANY(string_to_array(:d, ','))"),
-                            {"c": cluster, "d": ",".join(digests)}).all()
+    rows = conn.execute(text(" UNION ALL ".join(parts)), params).all()
     return {str(r.digest): None if r.error is None else str(r.error) for r in rows}
 
 
@@ -195,7 +217,7 @@ def insert_observations(conn: Connection, cluster: str, rows: Sequence[Observati
 
     Idempotence: the caller holds the append lock and filtered ``rows`` through :func:`known_digests`
     in the same transaction, so no stored digest can reach the COPY (one writer per cluster); should
-    one anyway, ``observations_cluster_digest_key`` refuses it and the batch rolls back, never a
+    one anyway, ``observations_cluster_observed_at_digest_key`` refuses it and the batch rolls back, never a
     silent duplicate.
     """
     if not rows:

@@ -51,7 +51,10 @@ observations = Table(
     Column("origin", Text, nullable=False, comment="where the line came from: FILE:LINE or watch:KIND"),
     Column("error", Text),
     Column("body", JSONB, comment="the object as received; the raw text (as a JSON string) when rejected"),
-    UniqueConstraint("cluster", "digest", name="observations_cluster_digest_key"),
+    # Receive time first, so that a batch's lookups and inserts land on the index's last pages (hashes spread
+    # them over all of it); the digest covers the receive time, so the key refuses what (cluster, digest) did.
+    UniqueConstraint("cluster", "observed_at", "digest", name="observations_cluster_observed_at_digest_key",
+                     postgresql_nulls_not_distinct=True),
 )
 
 events = Table(

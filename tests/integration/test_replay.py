@@ -320,23 +320,31 @@ def test_a_replay_failing_mid_file_commits_the_batch_in_flight_and_resumes(
 def test_the_duplicate_check_finds_every_stored_digest_whatever_its_characters(ledger: LedgerHandle) -> None:
     # known_digests sends a batch's digests as one comma-joined text the server splits, and keeps a list
     # parameter for digests the join cannot carry. An empty digest is one of those: string_to_array('', ',')
-    # is the empty array, so a lone empty digest was never found and its line would be written twice.
+    # is the empty array, so a lone empty digest was never found and its line would be written twice. Keys
+    # with a receive time are looked up by (time, digest), keys without one among the rows without one.
     from ledger.store import postgres as pg
     from ledger.store.postgres import ObservationRow
 
     digests = ["", ",", "a,b", "plain", " spaced "]
+    times = [None, _t("2026-11-02T09:00:00Z"), None, _t("2026-11-02T09:00:00.000001Z"), _t("2026-11-02T10:00:00Z")]
     rows = [ObservationRow(digest=d, status="rejected", kind=None, api_version=None, namespace=None, name=None,
-                           uid=None, resource_version=None, watch_type=None, observed_at=None,
+                           uid=None, resource_version=None, watch_type=None, observed_at=t,
                            recorded_at=_t("2026-11-02T09:00:00Z"), origin=f"test:{i}", error=f"reason {i}",
-                           body="x") for i, d in enumerate(digests)]
+                           body="x") for i, (d, t) in enumerate(zip(digests, times, strict=True))]
     with ledger.engine.begin() as conn:
         pg.insert_observations(conn, ledger.cluster, rows)
+    keys = list(zip(times, digests, strict=True))
     with ledger.engine.connect() as conn:
-        for i, digest in enumerate(digests):
-            assert pg.known_digests(conn, ledger.cluster, [digest]) == {digest: f"reason {i}"}, digest
-            assert pg.known_digests(conn, ledger.cluster, [digest, "absent"]) == {digest: f"reason {i}"}, digest
-        assert pg.known_digests(conn, ledger.cluster, digests) == {d: f"reason {i}" for i, d in enumerate(digests)}
-
+        for i, key in enumerate(keys):
+            digest = key[1]
+            assert pg.known_digests(conn, ledger.cluster, [key]) == {digest: f"reason {i}"}, digest
+            assert pg.known_digests(conn, ledger.cluster, [key, (None, "absent"), (times[1], "absent")]) == {
+                digest: f"reason {i}"}, digest
+            # The same digest at another receive time is another key (a digest covers its line's time).
+            other = _t("2026-11-02T11:00:00Z") if key[0] is None else None
+            assert pg.known_digests(conn, ledger.cluster, [(other, digest)]) == {}, digest
+        assert pg.known_digests(conn, ledger.cluster, keys) == {d: f"reason {i}" for i, d in enumerate(digests)}
+        assert pg.known_digests(conn, ledger.cluster, []) == {}
 
 
 class _WritesHeldBack:
