@@ -182,7 +182,7 @@ class _Emitter:
         self.out.append(NewEvent(
             stream=stream, stream_position=StreamPosition(position), event=event, occurred_at=at,
             recorded_at=self.obs.recorded_at, source=self.source,
-            event_id=event_id_for(self.obs.digest, len(self.out)),
+            event_id=event_id_for(self.obs.digest, len(self.out), self.obs.observed_at),
         ))
 
 

@@ -160,3 +160,48 @@ def test_settled_occupancy_answers_as_the_query_and_follows_the_checkpoints(ledg
     write_history(SMALL, path)
     ledger.replay(path)  # the checkpoints move: the cached page is stale and must not be served
     assert settled_page(later) == ledger.occupancy(later)
+
+
+def test_an_ingest_batch_looks_up_and_inserts_its_keys_in_time_order(ledger: LedgerHandle, tmp_path: Path) -> None:
+    # An ingest batch's duplicate check and its inserts must follow the receive time, so that a batch reads the
+    # last pages of the observation and event-id indexes, not one page per line anywhere in them (hashes).
+    from sqlalchemy import event
+
+    from ledger.store import postgres as pg
+
+    path = tmp_path / "fleet.jsonl"
+    write_history(SMALL, path)
+    ledger.replay(path)
+    with ledger.engine.connect() as conn:
+        keys = [(r.observed_at, r.digest) for r in conn.execute(text(
+            "SELECT observed_at, digest FROM observations ORDER BY observation_id DESC LIMIT 50"))]
+        ids = [r.event_id for r in conn.execute(text("SELECT event_id FROM events ORDER BY global_position"))]
+    assert len(ids) > 100 and all(t is not None for t, _ in keys)
+    # Event ids begin with the receive time: in append order, each id's first 48 bits are at least the last's.
+    prefixes = [i.bytes[:6] for i in ids]
+    assert prefixes == sorted(prefixes) and len(set(prefixes)) > 10
+
+    statements: list[tuple[str, object]] = []
+
+    def capture(conn: object, cursor: object, statement: str, parameters: object, context: object,
+                executemany: bool) -> None:
+        statements.append((statement, parameters))
+
+    event.listen(ledger.engine, "before_cursor_execute", capture)
+    try:
+        with ledger.engine.connect() as conn:
+            found = pg.known_digests(conn, ledger.cluster, keys)
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", capture)
+    assert found == {d: None for _, d in keys}
+    [(sql, params)] = statements
+    with ledger.engine.begin() as conn:
+        conn.execute(text("ANALYZE observations"))
+        conn.execute(text("SET LOCAL enable_seqscan = off"))  # a small table is cheapest to scan whole
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(str(r[0]) for r in cursor.fetchall())
+    assert "observations_cluster_observed_at_digest_key" in plan, plan
+    # Each key is one probe of the unique key, the receive time ahead of the digest in its index condition.
+    conditions = [line for line in plan.splitlines() if "Index Cond" in line]
+    assert any("observed_at = k.observed_at" in c and "digest = k.digest" in c for c in conditions), plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -247,10 +248,32 @@ def test_translating_a_whole_history_never_edits_an_object_it_was_given(tmp_path
     assert changed == []
 
 
-@given(digest=st.text(max_size=80), index=st.integers(min_value=0, max_value=10_000))
-def test_event_ids_are_the_version_5_uuids_earlier_releases_stored(digest: str, index: int) -> None:
-    # Ids derive from the observation and are stored with the history: computed faster now, they must stay the
-    # values uuid.uuid5 gave, so one observation gives the same ids in every release.
-    expected = uuid.uuid5(uuid.NAMESPACE_URL, f"dra-ledger:{digest}:{index}")
-    assert ev.event_id_for(digest, index) == expected
-    assert ev.event_id_for(digest, index).version == 5
+@given(digest=st.text(max_size=80), index=st.integers(min_value=0, max_value=10_000),
+       other=st.text(max_size=80), millis=st.integers(min_value=0, max_value=253_402_300_799_998))
+def test_event_ids_start_with_the_receive_time_and_stay_unique(digest: str, index: int, other: str,
+                                                                millis: int) -> None:
+    # Ids are keys of events_event_id_key: led by the receive time in milliseconds, a batch's inserts land on
+    # the index's last pages; the hash of (digest, index) behind it keeps them unique and deterministic.
+    when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis, microseconds=999)
+    first = ev.event_id_for(digest, index, when)
+    assert first == ev.event_id_for(digest, index, when)
+    assert (first.version, first.variant) == (8, uuid.RFC_4122)
+    assert first.hex[:12] == f"{millis:012x}"
+    assert ev.event_id_for(digest, index + 1, when) != first
+    if other != digest:
+        assert ev.event_id_for(other, index, when) != first
+    # A later millisecond sorts after, whatever the hash: PostgreSQL compares uuid values byte by byte.
+    assert ev.event_id_for(other, index, when + timedelta(milliseconds=1)).bytes > first.bytes
+
+
+def test_event_id_times_by_hand() -> None:
+    # 2026-11-02T09:00:00.123Z: 20,759 days after 1970-01-01 (56 years with 14 leap days, then 305 days of 2026)
+    # plus 9 hours, in milliseconds.
+    when = datetime(2026, 11, 2, 9, 0, 0, 123_000, tzinfo=UTC)
+    assert ((2026 - 1970) * 365 + 14 + 305) == 20_759
+    assert ev.event_id_for("d", 0, when).hex[:12] == f"{(20_759 * 86_400 + 9 * 3600) * 1000 + 123:012x}"
+    # Before 1970 the time is clamped to 0, never wrapped into another part of the index (48 bits of milliseconds
+    # reach past the year 9999, the last a datetime holds).
+    assert ev.event_id_for("d", 0, datetime(1969, 12, 31, tzinfo=UTC)).hex[:12] == "0" * 12
+    assert ev.event_id_for("d", 0, datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)).hex[:12] == (
+        f"{253_402_300_799_999:012x}")
