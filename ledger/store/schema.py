@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 
-from ledger.errors import SchemaNotReady
+from ledger.errors import Invalid, SchemaNotReady
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 """The Alembic script directory shipped beside the ``ledger`` package (also inside the wheel)."""
@@ -44,10 +44,23 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+OLDEST_SERVER = 150000
+"""Oldest PostgreSQL the schema needs (``server_version_num``): 15, for ``UNIQUE NULLS NOT DISTINCT``."""
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database behind ``engine`` to ``revision`` (idempotent when already there)."""
+    """Migrate the database behind ``engine`` to ``revision`` (idempotent when already there).
+
+    Raises:
+        Invalid: the server is older than :data:`OLDEST_SERVER` (checked before any migration runs).
+    """
     config = alembic_config()
     with engine.begin() as conn:
+        number, version = conn.execute(text("SELECT current_setting('server_version_num')::int, "
+                                            "current_setting('server_version')")).one()
+        if number < OLDEST_SERVER:
+            raise Invalid(f"the database server runs PostgreSQL {version}; the ledger needs PostgreSQL "
+                          f"{OLDEST_SERVER // 10000} or later")
         # Two processes starting on a fresh database must not both run the migrations: the second waits
         # here, then finds the schema at head and does nothing.
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})

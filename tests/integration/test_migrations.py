@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
 from ledger import services
-from ledger.recorded import parse_time
+from ledger.errors import Invalid
+from ledger.recorded import parse_time, read_history
 from ledger.store import schema
 from ledger.store.tables import metadata
 from ledger.testing.handle import LedgerHandle
@@ -37,3 +39,30 @@ def test_upgrading_to_0005_fills_the_rollup_by_team_from_the_hours_already_rolle
     schema.downgrade(ledger.engine, "0004")
     schema.upgrade(ledger.engine)
     assert ledger.rows("usage_rollups_by_team") == written
+
+
+def test_upgrading_to_0006_keeps_every_observation_and_its_duplicate_check(ledger: LedgerHandle) -> None:
+    # The observations' unique key gains the receive time; rows stored under the old key must still be found
+    # by the duplicate check, so that a history replayed again records nothing twice.
+    history = HISTORIES / "seed-lab.jsonl"
+    schema.downgrade(ledger.engine, "0005")
+    ledger.replay(history)
+    stored = ledger.rows("observations")
+    schema.upgrade(ledger.engine)
+    assert ledger.rows("observations") == stored
+    again = services.ingest(ledger.db, read_history(history), cluster=ledger.cluster)
+    assert (again.recorded, again.duplicates) == (0, len(stored))
+    assert ledger.rows("observations") == stored
+    with ledger.engine.connect() as conn:
+        keys = {c["name"]: c["column_names"] for c in inspect(conn).get_unique_constraints("observations")}
+    assert keys == {"observations_cluster_observed_at_digest_key": ["cluster", "observed_at", "digest"]}
+
+
+def test_an_upgrade_refuses_a_server_older_than_the_schema_needs(ledger_engine: Engine,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # No PostgreSQL 14 here: raise the bar past the server under test instead, and check nothing was migrated.
+    schema.downgrade(ledger_engine, "0005")
+    monkeypatch.setattr(schema, "OLDEST_SERVER", 990000)
+    with pytest.raises(Invalid, match=r"runs PostgreSQL \d+.*; the ledger needs PostgreSQL 99 or later"):
+        schema.upgrade(ledger_engine)
+    assert schema.current_revision(ledger_engine) == "0005"
