@@ -65,6 +65,25 @@ OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
 
 
+PACKAGE = "dra-ledger"
+"""Distribution name whose metadata gives ``--version`` (``[project].name`` in pyproject.toml)."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PACKAGE} {importlib.metadata.version(PACKAGE)}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the installed version and exit.")] = False,
+) -> None:
+    # Options of `dra-ledger` itself, before any command; --version acts in its callback and exits.
+    pass
+
+
 def _time(value: str | None, option: str) -> datetime:
     if value is None:
         return datetime.now(UTC)
