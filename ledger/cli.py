@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -366,18 +366,26 @@ def render_claims(body: JSONObject) -> None:
 
 
 def render_usage(body: JSONObject) -> None:
-    """Print a usage body as a table of device-hours."""
+    """Print a usage body as a table of device-hours.
+
+    A stepped body (``step`` in seconds, each row with its bucket's ``start`` / ``end``) gets the bucket as
+    the first two columns, rows in the body's order (bucket, then group), and the step in the title.
+    """
     key = str(body["groupBy"])
     rows_in = body["rows"]
     assert isinstance(rows_in, list)
-    rows = [[_s(r[key]), _s(r["deviceClass"]), _s(r["driver"]), f"{r['deviceHours']:.3f}"]
-            for r in rows_in if isinstance(r, dict)]
-    if key == "deviceClass":  # the group is the class itself: one column
-        rows = [[cls, drv, hours] for _, cls, drv, hours in rows]
-        columns = ["deviceClass", "driver", "device-hours"]
-    else:
-        columns = [key, "deviceClass", "driver", "device-hours"]
-    _table(f"Device-hours from {body['from']} to {body['to']}", columns, rows)
+    records = [r for r in rows_in if isinstance(r, dict)]
+    step = body.get("step")
+    bucket = ["start", "end"] if isinstance(step, int | float) else []
+    groups = [key] if key != "deviceClass" else []  # grouped by class: the class column says it once
+    columns = [*bucket, *groups, "deviceClass", "driver", "device-hours"]
+    rows = [[*(_s(r[c]) for c in [*bucket, *groups, "deviceClass", "driver"]), f"{r['deviceHours']:.3f}"]
+            for r in records]
+    title = f"Device-hours from {body['from']} to {body['to']}"
+    if isinstance(step, int | float):
+        # ISO 8601 as the option takes it (PT1H), written by pydantic, which also parses it.
+        title += f" in steps of {TypeAdapter(timedelta).dump_python(timedelta(seconds=step), mode='json')}"
+    _table(title, columns, rows)
 
 
 def render_idle(body: JSONObject) -> None:
@@ -426,6 +434,9 @@ class GroupBy(enum.StrEnum):
 def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3339).")],
           end: Annotated[str, typer.Option("--to", help="Window end, exclusive (RFC 3339).")],
           group_by: Annotated[GroupBy, typer.Option("--group-by")] = GroupBy.team,
+          step: Annotated[str | None, typer.Option(
+              "--step", help="Split the window into buckets this long (ISO 8601 duration such as PT1H, or "
+              "seconds); the last bucket ends at --to.")] = None,
           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed);
@@ -433,10 +444,13 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     t0, t1 = _time(start, "--from"), _time(end, "--to")
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
+    # The API's parser and, in services.usage, the API's bucket limits: the same answers and messages.
+    bucket = _duration(step, "--step") if step is not None else None
     prices = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster, config=prices)
+        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster, step=bucket,
+                              config=prices)
 
     _emit(_query(settings_from(url, data_dir), run), output, render_usage)
 
