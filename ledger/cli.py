@@ -398,6 +398,16 @@ def render_idle(body: JSONObject) -> None:
                                             "wasted device-hours"], rows)
 
 
+def _whole_page(body: JSONObject) -> JSONObject:
+    """``body`` as the REST API's last page of the same query: every row, and ``"nextPageToken": null``.
+
+    The CLI does not page: it prints the whole result at once, so there is never a next page. Used by the
+    commands whose API endpoint is paged, so that their ``--output json`` is the API's body (which always
+    carries ``nextPageToken``) whenever the result fits in one API page.
+    """
+    return {**body, "nextPageToken": None}
+
+
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
     with _errors():
         db = services.open_ledger(settings)
@@ -415,7 +425,7 @@ def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="O
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
+        return _whole_page(services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_occupancy)
 
@@ -449,8 +459,8 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     prices = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster, step=bucket,
-                              config=prices)
+        return _whole_page(services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster,
+                                         step=bucket, config=prices))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_usage)
 
@@ -473,7 +483,7 @@ def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = Cl
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace)
+        return _whole_page(services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_claims)
 
@@ -489,7 +499,7 @@ def idle_claims(at: AtOpt = None,
     threshold = _duration(min_idle, "--min-idle") if min_idle is not None else None
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster)
+        return _whole_page(services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_idle)
 
@@ -593,7 +603,7 @@ def quotas(at: AtOpt = None,
         if start is not None and end is not None:
             return services.quota_history(db, start=_time(start, "--from"), end=_time(end, "--to"), config=cfg,
                                           cluster=cluster)
-        return services.quotas(db, at=_time(at, "--at"), config=cfg, cluster=cluster)
+        return _whole_page(services.quotas(db, at=_time(at, "--at"), config=cfg, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_quotas)
 
@@ -641,7 +651,7 @@ def pending(at: AtOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Ou
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.pending(db, at=when, cluster=cluster)
+        return _whole_page(services.pending(db, at=when, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_pending)
 
@@ -679,7 +689,7 @@ def report_idle_claims(at: AtOpt = None,
     if output_format is ReportFormat.csv:
         sys.stdout.write(services.idle_report_csv(body))
     else:
-        _emit(body, Output(output_format.value), render_idle)
+        _emit(_whole_page(body), Output(output_format.value), render_idle)
 
 
 # --- demo ----------------------------------------------------------------------------------------

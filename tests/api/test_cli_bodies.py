@@ -1,7 +1,8 @@
 """The CLI's query commands answer as the REST API does, on the bundled seed-lab history.
 
 ``usage --step`` gives the hours of each bucket (worked out by hand below) and refuses a bad step with
-the API's words.
+the API's words; ``--output json`` of every query command is the API's JSON body for the same query,
+through Litestar's test client, ``"nextPageToken": null`` included.
 """
 
 from __future__ import annotations
@@ -99,3 +100,46 @@ def test_a_bad_step_is_refused_with_the_words_the_api_uses(seeded: LedgerHandle,
 
     assert code == 2
     assert detail in output
+
+
+LAB = {"from": WINDOW["from"], "to": WINDOW["to"]}
+SAME_QUERIES = [
+    # CLI arguments, API path, API query: one question asked both ways.
+    pytest.param(["occupancy", "--at", "2026-11-02T09:30:00Z"], "/v1/occupancy", {"at": "2026-11-02T09:30:00Z"},
+                 id="occupancy"),
+    pytest.param(["occupancy", "--at", "2026-11-02T12:00:00Z", "--node", "lab-node"], "/v1/occupancy",
+                 {"at": "2026-11-02T12:00:00Z", "node": "lab-node"}, id="occupancy of a node"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"]], "/v1/usage", LAB, id="usage"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--group-by", "node"], "/v1/usage",
+                 {**LAB, "groupBy": "node"}, id="usage by node"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--step", "PT1H"], "/v1/usage",
+                 {**LAB, "step": "PT1H"}, id="usage hourly"),
+    pytest.param(["claims", "--state", "pending", "--at", "2026-11-02T09:30:00Z"], "/v1/claims",
+                 {"state": "pending", "at": "2026-11-02T09:30:00Z"}, id="pending claims"),
+    pytest.param(["claims", "--at", "2026-11-02T12:00:00Z"], "/v1/claims", {"at": "2026-11-02T12:00:00Z"},
+                 id="claims"),
+    pytest.param(["idle-claims", "--at", "2026-11-02T12:00:00Z"], "/v1/reports/idle-claims",
+                 {"at": "2026-11-02T12:00:00Z"}, id="idle-claims"),
+    pytest.param(["report", "idle-claims", "--at", "2026-11-02T12:00:00Z", "--format", "json"],
+                 "/v1/reports/idle-claims", {"at": "2026-11-02T12:00:00Z"}, id="report idle-claims"),
+    pytest.param(["quotas", "--at", "2026-11-02T09:30:00Z"], "/v1/quotas", {"at": "2026-11-02T09:30:00Z"},
+                 id="quotas"),
+    pytest.param(["pending", "--at", "2026-11-02T09:30:00Z"], "/v1/pending", {"at": "2026-11-02T09:30:00Z"},
+                 id="pending"),
+    pytest.param(["shared", "--at", "2026-11-02T09:30:00Z"], "/v1/shared", {"at": "2026-11-02T09:30:00Z"},
+                 id="shared (not paged)"),
+]
+
+
+@pytest.mark.parametrize(("args", "path", "query"), SAME_QUERIES)
+def test_cli_json_is_the_api_body_for_the_same_query(seeded: LedgerHandle, client: TestClient[Litestar],
+                                                     args: list[str], path: str, query: dict[str, str]) -> None:
+    # Every answer here fits in one API page, so the API too says "nextPageToken": null.
+    response = client.get(path, params=query)
+    assert response.status_code == 200, response.text
+    output_option = [] if "--format" in args else ["--output", "json"]
+
+    code, output = run_cli(seeded, *args, *output_option)
+
+    assert code == 0, output
+    assert json.loads(output) == response.json()
