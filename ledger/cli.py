@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -63,6 +63,25 @@ ClusterOpt = Annotated[str | None, typer.Option(
     "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default' when writing, all when reading).")]
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
+
+
+PACKAGE = "dra-ledger"
+"""Distribution name whose metadata gives ``--version`` (``[project].name`` in pyproject.toml)."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PACKAGE} {importlib.metadata.version(PACKAGE)}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the installed version and exit.")] = False,
+) -> None:
+    # Options of `dra-ledger` itself, before any command; --version acts in its callback and exits.
+    pass
 
 
 def _time(value: str | None, option: str) -> datetime:
@@ -347,18 +366,26 @@ def render_claims(body: JSONObject) -> None:
 
 
 def render_usage(body: JSONObject) -> None:
-    """Print a usage body as a table of device-hours."""
+    """Print a usage body as a table of device-hours.
+
+    A stepped body (``step`` in seconds, each row with its bucket's ``start`` / ``end``) gets the bucket as
+    the first two columns, rows in the body's order (bucket, then group), and the step in the title.
+    """
     key = str(body["groupBy"])
     rows_in = body["rows"]
     assert isinstance(rows_in, list)
-    rows = [[_s(r[key]), _s(r["deviceClass"]), _s(r["driver"]), f"{r['deviceHours']:.3f}"]
-            for r in rows_in if isinstance(r, dict)]
-    if key == "deviceClass":  # the group is the class itself: one column
-        rows = [[cls, drv, hours] for _, cls, drv, hours in rows]
-        columns = ["deviceClass", "driver", "device-hours"]
-    else:
-        columns = [key, "deviceClass", "driver", "device-hours"]
-    _table(f"Device-hours from {body['from']} to {body['to']}", columns, rows)
+    records = [r for r in rows_in if isinstance(r, dict)]
+    step = body.get("step")
+    bucket = ["start", "end"] if isinstance(step, int | float) else []
+    groups = [key] if key != "deviceClass" else []  # grouped by class: the class column says it once
+    columns = [*bucket, *groups, "deviceClass", "driver", "device-hours"]
+    rows = [[*(_s(r[c]) for c in [*bucket, *groups, "deviceClass", "driver"]), f"{r['deviceHours']:.3f}"]
+            for r in records]
+    title = f"Device-hours from {body['from']} to {body['to']}"
+    if isinstance(step, int | float):
+        # ISO 8601 as the option takes it (PT1H), written by pydantic, which also parses it.
+        title += f" in steps of {TypeAdapter(timedelta).dump_python(timedelta(seconds=step), mode='json')}"
+    _table(title, columns, rows)
 
 
 def render_idle(body: JSONObject) -> None:
@@ -369,6 +396,16 @@ def render_idle(body: JSONObject) -> None:
              _s(c["devices"]), f"{c['wastedDeviceHours']:.3f}"] for c in claims if isinstance(c, dict)]
     _table(f"Idle claims at {body['at']}", ["claim", "team", "category", "idle since", "devices",
                                             "wasted device-hours"], rows)
+
+
+def _whole_page(body: JSONObject) -> JSONObject:
+    """``body`` as the REST API's last page of the same query: every row, and ``"nextPageToken": null``.
+
+    The CLI does not page: it prints the whole result at once, so there is never a next page. Used by the
+    commands whose API endpoint is paged, so that their ``--output json`` is the API's body (which always
+    carries ``nextPageToken``) whenever the result fits in one API page.
+    """
+    return {**body, "nextPageToken": None}
 
 
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
@@ -388,7 +425,7 @@ def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="O
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool)
+        return _whole_page(services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_occupancy)
 
@@ -407,6 +444,9 @@ class GroupBy(enum.StrEnum):
 def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3339).")],
           end: Annotated[str, typer.Option("--to", help="Window end, exclusive (RFC 3339).")],
           group_by: Annotated[GroupBy, typer.Option("--group-by")] = GroupBy.team,
+          step: Annotated[str | None, typer.Option(
+              "--step", help="Split the window into buckets this long (ISO 8601 duration such as PT1H, or "
+              "seconds); the last bucket ends at --to.")] = None,
           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed);
@@ -414,10 +454,13 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     t0, t1 = _time(start, "--from"), _time(end, "--to")
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
+    # The API's parser and, in services.usage, the API's bucket limits: the same answers and messages.
+    bucket = _duration(step, "--step") if step is not None else None
     prices = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster, config=prices)
+        return _whole_page(services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster,
+                                         step=bucket, config=prices))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_usage)
 
@@ -440,7 +483,7 @@ def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = Cl
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace)
+        return _whole_page(services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_claims)
 
@@ -456,7 +499,7 @@ def idle_claims(at: AtOpt = None,
     threshold = _duration(min_idle, "--min-idle") if min_idle is not None else None
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster)
+        return _whole_page(services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_idle)
 
@@ -560,7 +603,7 @@ def quotas(at: AtOpt = None,
         if start is not None and end is not None:
             return services.quota_history(db, start=_time(start, "--from"), end=_time(end, "--to"), config=cfg,
                                           cluster=cluster)
-        return services.quotas(db, at=_time(at, "--at"), config=cfg, cluster=cluster)
+        return _whole_page(services.quotas(db, at=_time(at, "--at"), config=cfg, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_quotas)
 
@@ -608,7 +651,7 @@ def pending(at: AtOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Ou
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.pending(db, at=when, cluster=cluster)
+        return _whole_page(services.pending(db, at=when, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_pending)
 
@@ -646,7 +689,7 @@ def report_idle_claims(at: AtOpt = None,
     if output_format is ReportFormat.csv:
         sys.stdout.write(services.idle_report_csv(body))
     else:
-        _emit(body, Output(output_format.value), render_idle)
+        _emit(_whole_page(body), Output(output_format.value), render_idle)
 
 
 # --- demo ----------------------------------------------------------------------------------------

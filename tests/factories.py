@@ -5,6 +5,7 @@ Names and uids come from a counter so tests never share ids.
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 import socket
@@ -14,6 +15,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
+import typer
+
+from ledger import cli
 from ledger.events import NewEvent
 from ledger.translator.translate import Observation, TranslatorState, translate
 from ledger.types import JSONObject, JSONValue
@@ -160,3 +164,21 @@ def taken_port() -> Iterator[int]:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         yield int(taken.getsockname()[1])
+
+
+@contextmanager
+def plugin_commands() -> Iterator[typer.Typer]:
+    """A fresh Typer app holding the commands other packages register through ``ledger.cli.COMMAND_GROUP``
+    (serve, jobs, watch, record, fake-apiserver), as ``dra-ledger`` loads them.
+
+    ``ledger.cli.DEMO_FOLLOWUPS`` is restored when the block ends: ``api.cli.register`` makes the demo
+    serve the API until interrupted, and a later in-process ``demo`` test would hang.
+    """
+    app = typer.Typer()
+    followups = list(cli.DEMO_FOLLOWUPS)
+    try:
+        for entry in importlib.metadata.entry_points(group=cli.COMMAND_GROUP):
+            entry.load()(app)
+        yield app
+    finally:
+        cli.DEMO_FOLLOWUPS[:] = followups

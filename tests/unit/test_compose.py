@@ -7,7 +7,6 @@ The schema is the official ``compose-spec.json`` (compose-spec/compose-spec) as 
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import json
 import re
 from importlib.resources import files
@@ -16,8 +15,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-import typer
 import yaml
+
+from tests.factories import plugin_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (ROOT / "compose.yaml").read_text()
@@ -81,21 +81,12 @@ def test_every_environment_variable_the_file_reads_is_documented_in_its_header()
 
 
 def test_the_commands_the_services_run_exist() -> None:
-    from ledger import cli
-
-    app = typer.Typer()
-    followups = list(cli.DEMO_FOLLOWUPS)
-    try:
-        for entry in importlib.metadata.entry_points(group="dra_ledger.commands"):
-            entry.load()(app)
-    finally:
-        # api.cli.register makes the demo serve the API forever: a later in-process `demo` test would hang.
-        cli.DEMO_FOLLOWUPS[:] = followups
-    plugin_commands = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    with plugin_commands() as app:
+        registered = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
     services = compose()["services"]
     for name, wanted in (("workers", "watch"), ("jobs", "jobs"), ("api", "serve")):
         assert f"dra-ledger {wanted}" in services[name]["command"][-1], name
-        assert wanted in plugin_commands, wanted
+        assert wanted in registered, wanted
 
 
 def test_the_example_configuration_file_the_stack_mounts_is_valid() -> None:

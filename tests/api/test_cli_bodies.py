@@ -1,0 +1,145 @@
+"""The CLI's query commands answer as the REST API does, on the bundled seed-lab history.
+
+``usage --step`` gives the hours of each bucket (worked out by hand below) and refuses a bad step with
+the API's words; ``--output json`` of every query command is the API's JSON body for the same query,
+through Litestar's test client, ``"nextPageToken": null`` included.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+from typer.testing import CliRunner
+
+from ledger import cli
+from ledger.testing.handle import LedgerHandle
+from tests.paths import HISTORIES
+
+EXPECTED: dict[str, Any] = json.loads((HISTORIES / "seed-lab.expected.json").read_text())
+WINDOW = EXPECTED["device_hours"]  # 2026-11-02 09:00 .. 12:00, device-hours per team
+WIDE = {"COLUMNS": "250"}  # one table row, or one error message, per line
+
+
+@pytest.fixture()
+def seeded(ledger: LedgerHandle) -> LedgerHandle:
+    """The ledger of the ``client`` fixture (tests/api/conftest.py), holding the history the CLI bundles."""
+    ledger.replay(cli.seed_lab_path())
+    return ledger
+
+
+def run_cli(ledger: LedgerHandle, *args: str) -> tuple[int, str]:
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(cli.app, [*args, "--database-url", url], env=WIDE)
+    return result.exit_code, result.output
+
+
+# Hours per bucket, from the allocations of seed-lab.jsonl (start: allocationTimestamp; end: the line
+# that shows the allocation gone). vision (namespace ml-train): train-0 holds gpu-0 09:02:04-10:00:01,
+# pick-seven gpu-7 from 09:05:00, pair-0 gpu-2 and gpu-3 from 09:15:00. nlp (ml-serve): shared-gpu
+# holds gpu-1 from 09:10:00 (one allocation, however many pods use it), ext-0 gpu-4 from 09:20:00.
+#   09-10 vision 3476 + 3300 + 2 x 2700 = 12176 s; nlp 3000 + 2400 = 5400 s
+#   10-11 vision 1 + 3600 + 2 x 3600 = 10801 s;   nlp 2 x 3600 = 7200 s
+#   11-12 vision 3 x 3600 = 10800 s;              nlp 7200 s
+HOURLY = {
+    ("2026-11-02T09:00:00Z", "vision"): 12176 / 3600,
+    ("2026-11-02T09:00:00Z", "nlp"): 5400 / 3600,
+    ("2026-11-02T10:00:00Z", "vision"): 10801 / 3600,
+    ("2026-11-02T10:00:00Z", "nlp"): 7200 / 3600,
+    ("2026-11-02T11:00:00Z", "vision"): 10800 / 3600,
+    ("2026-11-02T11:00:00Z", "nlp"): 7200 / 3600,
+}
+
+
+def test_hourly_steps_on_the_cli_give_each_hour_its_hand_worked_device_hours(seeded: LedgerHandle) -> None:
+    code, output = run_cli(seeded, "usage", "--from", WINDOW["from"], "--to", WINDOW["to"], "--step", "PT1H",
+                           "--output", "json")
+
+    assert code == 0, output
+    body = json.loads(output)
+    assert body["step"] == 3600
+    got = {(r["start"], r["team"]): r["deviceHours"] for r in body["rows"]}
+    assert got == pytest.approx(HOURLY, abs=1e-6)  # the body rounds hours to 6 decimals
+    ends = {"2026-11-02T09:00:00Z": "2026-11-02T10:00:00Z", "2026-11-02T10:00:00Z": "2026-11-02T11:00:00Z",
+            "2026-11-02T11:00:00Z": "2026-11-02T12:00:00Z"}
+    assert {(r["start"], r["end"]) for r in body["rows"]} == set(ends.items())
+    for team, hours in WINDOW["by_team"].items():  # the buckets add up to the expected window totals
+        assert sum(h for (_, t), h in got.items() if t == team) == pytest.approx(hours, abs=WINDOW["tolerance_hours"])
+
+
+def test_a_stepped_usage_table_gives_each_row_its_bucket(seeded: LedgerHandle) -> None:
+    # 90-minute buckets, the same allocations as HOURLY:
+    #   vision 09:00-10:30: gpu-0 3477 s, gpu-7 5100 s, gpu-2/3 2 x 4500 s = 17577 s = 4.8825 h
+    #   vision 10:30-12:00: 3 devices x 5400 s = 16200 s = 4.500 h
+    #   nlp    09:00-10:30: gpu-1 4800 s + gpu-4 4200 s = 9000 s = 2.500 h; 10:30-12:00: 2 x 5400 s = 3.000 h
+    code, output = run_cli(seeded, "usage", "--from", WINDOW["from"], "--to", WINDOW["to"], "--step", "5400")
+
+    assert code == 0, output
+    assert "in steps of PT1H30M" in output
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in output.splitlines() if line.startswith("│")]
+    assert cells == [
+        ["2026-11-02T09:00:00Z", "2026-11-02T10:30:00Z", "nlp", "gpu.example.com", "gpu.example.com", "2.500"],
+        ["2026-11-02T09:00:00Z", "2026-11-02T10:30:00Z", "vision", "gpu.example.com", "gpu.example.com", "4.883"],
+        ["2026-11-02T10:30:00Z", "2026-11-02T12:00:00Z", "nlp", "gpu.example.com", "gpu.example.com", "3.000"],
+        ["2026-11-02T10:30:00Z", "2026-11-02T12:00:00Z", "vision", "gpu.example.com", "gpu.example.com", "4.500"],
+    ]
+
+
+@pytest.mark.parametrize("step", ["soon", "PT30M30M", "P1M", "-5", "0", "1"])
+def test_a_bad_step_is_refused_with_the_words_the_api_uses(seeded: LedgerHandle, client: TestClient[Litestar],
+                                                          step: str) -> None:
+    window = {"from": WINDOW["from"], "to": WINDOW["to"]}
+    problem = client.get("/v1/usage", params={**window, "step": step})
+    assert problem.status_code == 422
+    detail = problem.json()["detail"].removeprefix("step: ")  # the API names its parameter, the CLI its option
+
+    code, output = run_cli(seeded, "usage", "--from", WINDOW["from"], "--to", WINDOW["to"], "--step", step)
+
+    assert code == 2
+    assert detail in output
+
+
+LAB = {"from": WINDOW["from"], "to": WINDOW["to"]}
+SAME_QUERIES = [
+    # CLI arguments, API path, API query: one question asked both ways.
+    pytest.param(["occupancy", "--at", "2026-11-02T09:30:00Z"], "/v1/occupancy", {"at": "2026-11-02T09:30:00Z"},
+                 id="occupancy"),
+    pytest.param(["occupancy", "--at", "2026-11-02T12:00:00Z", "--node", "lab-node"], "/v1/occupancy",
+                 {"at": "2026-11-02T12:00:00Z", "node": "lab-node"}, id="occupancy of a node"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"]], "/v1/usage", LAB, id="usage"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--group-by", "node"], "/v1/usage",
+                 {**LAB, "groupBy": "node"}, id="usage by node"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--step", "PT1H"], "/v1/usage",
+                 {**LAB, "step": "PT1H"}, id="usage hourly"),
+    pytest.param(["claims", "--state", "pending", "--at", "2026-11-02T09:30:00Z"], "/v1/claims",
+                 {"state": "pending", "at": "2026-11-02T09:30:00Z"}, id="pending claims"),
+    pytest.param(["claims", "--at", "2026-11-02T12:00:00Z"], "/v1/claims", {"at": "2026-11-02T12:00:00Z"},
+                 id="claims"),
+    pytest.param(["idle-claims", "--at", "2026-11-02T12:00:00Z"], "/v1/reports/idle-claims",
+                 {"at": "2026-11-02T12:00:00Z"}, id="idle-claims"),
+    pytest.param(["report", "idle-claims", "--at", "2026-11-02T12:00:00Z", "--format", "json"],
+                 "/v1/reports/idle-claims", {"at": "2026-11-02T12:00:00Z"}, id="report idle-claims"),
+    pytest.param(["quotas", "--at", "2026-11-02T09:30:00Z"], "/v1/quotas", {"at": "2026-11-02T09:30:00Z"},
+                 id="quotas"),
+    pytest.param(["pending", "--at", "2026-11-02T09:30:00Z"], "/v1/pending", {"at": "2026-11-02T09:30:00Z"},
+                 id="pending"),
+    pytest.param(["shared", "--at", "2026-11-02T09:30:00Z"], "/v1/shared", {"at": "2026-11-02T09:30:00Z"},
+                 id="shared (not paged)"),
+]
+
+
+@pytest.mark.parametrize(("args", "path", "query"), SAME_QUERIES)
+def test_cli_json_is_the_api_body_for_the_same_query(seeded: LedgerHandle, client: TestClient[Litestar],
+                                                     args: list[str], path: str, query: dict[str, str]) -> None:
+    # Every answer here fits in one API page, so the API too says "nextPageToken": null.
+    response = client.get(path, params=query)
+    assert response.status_code == 200, response.text
+    output_option = [] if "--format" in args else ["--output", "json"]
+
+    code, output = run_cli(seeded, *args, *output_option)
+
+    assert code == 0, output
+    assert json.loads(output) == response.json()
