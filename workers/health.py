@@ -4,6 +4,8 @@ and Prometheus ``/metrics`` (prometheus-client, one registry per worker so tests
 Metrics (all labelled by ``kind`` where it applies):
 ``dra_ledger_watch_events_total{kind,type}`` watch events received and stored,
 ``dra_ledger_watch_ledger_events_total{kind}`` ledger events they produced,
+``dra_ledger_watch_rejected_total{kind}`` watch lines and listed objects stored as rejected observations
+(a line that is no watch event, an object the translator refuses; one already stored so counts again),
 ``dra_ledger_watch_restarts_total{kind,reason}`` watches started again (timeout, http-5xx, http-429,
 connection, database), ``dra_ledger_watch_expired_total{kind}`` 410 Gone answers,
 ``dra_ledger_watch_resource_version{kind}`` last stored resourceVersion (when numeric; it is opaque,
@@ -50,6 +52,9 @@ class WorkerMetrics:
                               ["kind", "type"], registry=r)
         self.ledger_events = Counter("dra_ledger_watch_ledger_events", "Ledger events appended from watches",
                                      ["kind"], registry=r)
+        self.rejections = Counter("dra_ledger_watch_rejected",
+                                  "Watch lines and listed objects stored as rejected observations (or found "
+                                  "already stored so), per kind", ["kind"], registry=r)
         self.restarts = Counter("dra_ledger_watch_restarts", "Watches started again, per kind and reason",
                                 ["kind", "reason"], registry=r)
         self.expirations = Counter("dra_ledger_watch_expired", "410 Gone answers (resourceVersion too old)",
@@ -94,6 +99,10 @@ class WorkerMetrics:
     def appended(self, kind: str, events: int) -> None:
         """``events`` ledger events were appended from watch events of ``kind``."""
         self.ledger_events.labels(kind=kind).inc(events)
+
+    def rejected(self, kind: str, lines: int) -> None:
+        """``lines`` watch lines or listed objects of ``kind`` were rejected (see ``observations.error``)."""
+        self.rejections.labels(kind=kind).inc(lines)
 
     def restarted(self, kind: str, reason: str) -> None:
         """The watch of ``kind`` starts again (``timeout``, ``http-500``, ``connection``, ``database``...)."""
