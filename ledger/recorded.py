@@ -24,7 +24,7 @@ import json
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
 from itertools import chain
@@ -45,6 +45,8 @@ __all__ = [
     "BrokenLine",
     "WatchLine",
     "WatchType",
+    "broken_watch_line",
+    "envelope_problem",
     "parse_time",
     "read_history",
     "read_text",
@@ -118,6 +120,9 @@ class BrokenLine:
     """The offending raw text, cut to :data:`MAX_TEXT_CHARS` characters."""
     digest: str
     """Hex SHA-256 of the whole raw text (its bytes when they are not UTF-8): independent of ``source``."""
+    observed_at: datetime | None = None
+    """Receive time (tz-aware UTC) of a line of a live watch stream (:func:`broken_watch_line`); ``None``
+    for a line read from a file, whose ``observedAt`` is part of what could not be read."""
 
 
 ReadResult: TypeAlias = WatchLine | BrokenLine
@@ -431,23 +436,10 @@ def _watch_event(
     fast: bool = False
 ) -> ReadResult:
     """Check the watch envelope ``{observedAt?, type, object}`` and build the line."""
-    if not isinstance(decoded, dict):
-        return _broken(source, line, f"not a JSON object (found {_json_type(decoded)})", raw)
-    event_type = decoded.get("type")
-    obj = decoded.get("object")
-    if "type" not in decoded:
-        return _broken(source, line, "missing field 'type'", raw)
-    if event_type == "ERROR":
-        message = obj.get("message") if isinstance(obj, dict) else None
-        return _broken(source, line, f"type: ERROR events cannot be replayed (message: {message!r})", raw)
-    if not isinstance(event_type, str) or event_type not in WATCH_TYPES:
-        return _broken(
-            source, line, f"type: {_short_repr(event_type)} is not ADDED, MODIFIED, DELETED or BOOKMARK", raw
-        )
-    if "object" not in decoded:
-        return _broken(source, line, "missing field 'object'", raw)
-    if not isinstance(obj, dict):
-        return _broken(source, line, f"object: not a JSON object (found {_json_type(obj)})", raw)
+    if (problem := envelope_problem(decoded)) is not None:
+        return _broken(source, line, problem, raw)
+    decoded = cast(dict[str, JSONValue], decoded)
+    event_type, obj = decoded["type"], decoded["object"]
     observed_at = at
     if "observedAt" in decoded:
         value = decoded["observedAt"]
@@ -460,6 +452,38 @@ def _watch_event(
     elif observed_at is None and time_required:
         return _broken(source, line, "missing field 'observedAt' (and no default time given)", raw)
     return _watch_line(source, line, cast(WatchType, event_type), observed_at, cast(JSONObject, obj), raw, fast=fast)
+
+
+def envelope_problem(decoded: object) -> str | None:
+    """Why a decoded watch event is not one the ledger can take, or ``None`` when it is.
+
+    Checks only the envelope ``{"type": ..., "object": {...}}`` of a recorded line or of a line of a live
+    watch stream (``observedAt`` and the object's own fields are checked elsewhere), in this order:
+    a JSON object, a ``type`` present, not ``ERROR``, one of :data:`WATCH_TYPES`, an ``object`` present,
+    and a JSON object.
+
+    Args:
+        decoded: the line as ``json.loads`` returns it (any JSON value).
+
+    Returns:
+        ``None`` for a well-formed envelope, else the reason a :class:`BrokenLine` carries, naming the
+        field, e.g. ``missing field 'type'`` or ``object: not a JSON object (found string)``. Never raises.
+    """
+    if not isinstance(decoded, dict):
+        return f"not a JSON object (found {_json_type(decoded)})"
+    if "type" not in decoded:
+        return "missing field 'type'"
+    event_type, obj = decoded["type"], decoded.get("object")
+    if event_type == "ERROR":
+        message = obj.get("message") if isinstance(obj, dict) else None
+        return f"type: ERROR events cannot be replayed (message: {message!r})"
+    if not isinstance(event_type, str) or event_type not in WATCH_TYPES:
+        return f"type: {_short_repr(event_type)} is not ADDED, MODIFIED, DELETED or BOOKMARK"
+    if "object" not in decoded:
+        return "missing field 'object'"
+    if not isinstance(obj, dict):
+        return f"object: not a JSON object (found {_json_type(obj)})"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -869,3 +893,26 @@ def watch_line(
     """
     at = _as_utc(observed_at)
     return _watch_line(source, line, event_type, at, obj, _dump(obj))
+
+
+def broken_watch_line(*, source: str, line: int, reason: str, observed_at: datetime, text: str) -> BrokenLine:
+    """Build the rejected line for a line of a live watch stream that is no watch event the ledger can take.
+
+    The counterpart of :func:`watch_line` for the lines :func:`envelope_problem` refuses: the watch
+    workers store it as a rejected observation, as a replay stores a broken line of a file.
+
+    Args:
+        source: where the line came from, e.g. ``"watch:ResourceClaim"``.
+        line: 1-based sequence number of the line from that source.
+        reason: why it was refused (:func:`envelope_problem`).
+        observed_at: receive time; must be tz-aware (converted to UTC).
+        text: the line as the API server sent it, without its newline; kept up to :data:`MAX_TEXT_CHARS`.
+
+    Returns:
+        A :class:`BrokenLine` whose digest is the SHA-256 of ``text`` alone, so the same line delivered
+        again (a watch resumed from before it) is stored once.
+
+    Raises:
+        Invalid: ``observed_at`` is naive.
+    """
+    return replace(_broken(source, line, reason, text), observed_at=_as_utc(observed_at))

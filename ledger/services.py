@@ -414,7 +414,7 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
         if isinstance(item, BrokenLine):
             observations.append(ObservationRow(
                 digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
-                name=None, uid=None, resource_version=None, watch_type=None, observed_at=None,
+                name=None, uid=None, resource_version=None, watch_type=None, observed_at=item.observed_at,
                 recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason), body=_no_nul(item.text)))
             chunk_report.rejected.append(Rejection(origin=origin, reason=_no_nul(item.reason)))
             continue

@@ -15,8 +15,9 @@ history's exact ``observedAt``, which is what makes a live follow comparable wit
 
 Faults, one-shot and in order (:class:`Fault`, ``POST /fake/faults``): answer a list or watch with a
 status (410, 429 with ``Retry-After``, 500...), drop a watch stream after N events (optionally in
-the middle of a line), or end it with an in-stream ``ERROR`` 410; :meth:`FakeApiServer.expire`
-compacts, so every older resourceVersion answers 410 as an etcd compaction does.
+the middle of a line), end it with an in-stream ``ERROR`` 410, or send a line of its text as is
+after N events and go on (a malformed event); :meth:`FakeApiServer.expire` compacts, so every older
+resourceVersion answers 410 as an etcd compaction does.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ DEFAULT_WATCH_TIMEOUT_S = 1800
 class Fault:
     """One injected fault; matching requests consume it (``times`` of them), in injection order."""
 
-    action: Literal["status", "drop", "expire"]
+    action: Literal["status", "drop", "expire", "line"]
     """``status``: answer the request with HTTP ``status``; ``drop``: cut a watch stream after
-    ``after_events`` events; ``expire``: send an in-stream ERROR 410 after ``after_events`` events."""
+    ``after_events`` events; ``expire``: send an in-stream ERROR 410 after ``after_events`` events;
+    ``line``: send ``line`` as one more line of a watch stream after ``after_events`` events, then go on."""
     status: int = 500
     retry_after_s: int | None = None
     """``Retry-After`` header of a ``status`` answer, s."""
@@ -64,6 +66,8 @@ class Fault:
     """Events sent in the stream before a ``drop``/``expire`` fires."""
     partial: bool = False
     """A ``drop`` first sends half of the next event's line."""
+    line: str = ""
+    """What a ``line`` fault sends, as is, followed by a newline (a JSON text without one, to be read whole)."""
     times: int = 1
 
 
@@ -421,7 +425,10 @@ class FakeApiServer:
         sent = 0
         while True:
             while True:
-                fault = self._take(kind, "watch", actions=("drop", "expire"), sent=sent)
+                fault = self._take(kind, "watch", actions=("drop", "expire", "line"), sent=sent)
+                if fault is not None and fault.action == "line":
+                    await resp.write(fault.line.encode() + b"\n")
+                    continue
                 if fault is not None:
                     return await self._stream_fault(request, resp, fault, send,
                                                     store.log[position] if position < len(store.log) else None)

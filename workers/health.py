@@ -4,8 +4,11 @@ and Prometheus ``/metrics`` (prometheus-client, one registry per worker so tests
 Metrics (all labelled by ``kind`` where it applies):
 ``dra_ledger_watch_events_total{kind,type}`` watch events received and stored,
 ``dra_ledger_watch_ledger_events_total{kind}`` ledger events they produced,
-``dra_ledger_watch_restarts_total{kind,reason}`` watches started again (timeout, http-5xx, http-429,
-connection, database), ``dra_ledger_watch_expired_total{kind}`` 410 Gone answers,
+``dra_ledger_watch_rejected_total{kind}`` watch lines and listed objects stored as rejected observations
+(a line that is no watch event, an object the translator refuses; one already stored so counts again),
+``dra_ledger_watch_relist_duration_seconds{kind}`` a histogram of the time each complete list took to
+read and store, s, ``dra_ledger_watch_restarts_total{kind,reason}`` watches started again (timeout,
+http-5xx, http-429, connection, database), ``dra_ledger_watch_expired_total{kind}`` 410 Gone answers,
 ``dra_ledger_watch_resource_version{kind}`` last stored resourceVersion (when numeric; it is opaque,
 for progress graphs only), ``dra_ledger_watch_seconds_since_last_event{kind}``,
 ``dra_ledger_projection_catch_up_failures_total{reason}`` projection catch-ups that failed (database,
@@ -20,11 +23,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
+
+RELIST_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Upper bounds of the relist duration histogram, s: from a small kind listed in one page to about
+100,000 claims or pods, stored page by page."""
 
 
 class _SinceLastEvent(Collector):
@@ -50,6 +57,13 @@ class WorkerMetrics:
                               ["kind", "type"], registry=r)
         self.ledger_events = Counter("dra_ledger_watch_ledger_events", "Ledger events appended from watches",
                                      ["kind"], registry=r)
+        self.rejections = Counter("dra_ledger_watch_rejected",
+                                  "Watch lines and listed objects stored as rejected observations (or found "
+                                  "already stored so), per kind", ["kind"], registry=r)
+        self.relist_duration = Histogram("dra_ledger_watch_relist_duration_seconds",
+                                         "Time to read and store one complete list of the kind (every page, "
+                                         "then the deletions and the checkpoint), s", ["kind"],
+                                         buckets=RELIST_BUCKETS_S, registry=r)
         self.restarts = Counter("dra_ledger_watch_restarts", "Watches started again, per kind and reason",
                                 ["kind", "reason"], registry=r)
         self.expirations = Counter("dra_ledger_watch_expired", "410 Gone answers (resourceVersion too old)",
@@ -77,9 +91,11 @@ class WorkerMetrics:
             value = math.nan
         self.resource_version.labels(kind=kind).set(value)
 
-    def observed_list(self, kind: str, items: int, resource_version: str) -> None:
-        """A full list of ``items`` objects was stored at ``resource_version``."""
+    def observed_list(self, kind: str, items: int, resource_version: str, *, duration_s: float) -> None:
+        """A full list of ``items`` objects was stored at ``resource_version``, ``duration_s`` (s) after
+        its first page was asked for."""
         self.events.labels(kind=kind, type="LIST").inc(items)
+        self.relist_duration.labels(kind=kind).observe(duration_s)
         self._since.last[kind] = time.monotonic()
         self._version(kind, resource_version)
 
@@ -94,6 +110,10 @@ class WorkerMetrics:
     def appended(self, kind: str, events: int) -> None:
         """``events`` ledger events were appended from watch events of ``kind``."""
         self.ledger_events.labels(kind=kind).inc(events)
+
+    def rejected(self, kind: str, lines: int) -> None:
+        """``lines`` watch lines or listed objects of ``kind`` were rejected (see ``observations.error``)."""
+        self.rejections.labels(kind=kind).inc(lines)
 
     def restarted(self, kind: str, reason: str) -> None:
         """The watch of ``kind`` starts again (``timeout``, ``http-500``, ``connection``, ``database``...)."""

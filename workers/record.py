@@ -3,8 +3,9 @@
 The same list/watch loop as the ledger worker, with a file as the sink: every list item becomes an
 ADDED line (MODIFIED when already seen), every watch event (BOOKMARKs included) one line
 ``{"observedAt", "type", "object"}``, and a relist after 410 adds a DELETED line, with the last object
-seen, for each object that vanished. Replaying the file therefore gives the ledger the worker would
-have written.
+seen, for each object that vanished. A line of a stream that is no watch event is written as it came,
+so the replay rejects it with the reason the worker gives. Replaying the file therefore gives the
+ledger the worker would have written.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import datetime
 from typing import TextIO
 
 from ledger.types import JSONObject
-from workers.k8s.client import KubeSource, Listed, ListPage, WatchEvent
+from workers.k8s.client import KubeSource, Listed, ListPage, MalformedEvent, Received
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,16 @@ class RecordSink:
         self._out.flush()
         return Listed(count=len(listed), resource_version=version)
 
-    async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
-        """Write each event as received (BOOKMARKs too)."""
+    async def observed(self, source: KubeSource, events: Sequence[Received], resource_version: str) -> None:
+        """Write each event as received (BOOKMARKs too); a line that is no event, as its text alone."""
         seen = self._seen.setdefault(source.info.kind, {})
         for event in events:
+            if isinstance(event, MalformedEvent):
+                log.warning("writing a line that is no watch event (%s) as received", event.reason,
+                            extra={"resource": source.info.plural, "resourceVersion": None})
+                self._out.write(event.text.rstrip("\r") + "\n")
+                self.lines += 1
+                continue
             self._write(event.received_at, event.type, event.object)
             if event.type in ("ADDED", "MODIFIED"):
                 seen[_identity(event.object)] = event.object

@@ -18,11 +18,11 @@ from typing import TypeVar
 
 from ledger import services
 from ledger.errors import ProjectionFailed, Unavailable
-from ledger.recorded import watch_line
+from ledger.recorded import BrokenLine, WatchLine, broken_watch_line, watch_line
 from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
-from workers.k8s.client import KubeSource, Listed, ListPage, WatchEvent
+from workers.k8s.client import KubeSource, Listed, ListPage, MalformedEvent, Received
 from workers.settings import WatchSettings, backoff_delay_s
 
 log = logging.getLogger(__name__)
@@ -180,14 +180,25 @@ class LedgerSink:
             self.db, page.items, cluster=self.cluster, state=state, observed_at=page.received_at, source=origin,
             first_line=page.offset + 1, settings=self._translator, batch_size=self._batch_size)
 
-    async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
+    async def observed(self, source: KubeSource, events: Sequence[Received], resource_version: str) -> None:
         """Store one burst and its resourceVersion (``services.record_watch_batch``); BOOKMARKs only move it.
+
+        A line that is no watch event (:class:`MalformedEvent`) is stored in its place as a rejected
+        observation (table ``observations``, ``status`` rejected, ``error`` the reason, ``body`` the line's
+        text), logged and counted like an object the translator rejects.
 
         Raises:
             StoreUnavailable: the database cannot be reached (the burst will be delivered again).
         """
-        lines = [watch_line(source=f"watch:{source.info.kind}", line=next(self._seq), event_type=e.type,
-                            observed_at=e.received_at, obj=e.object) for e in events if e.type != "BOOKMARK"]
+        origin = f"watch:{source.info.kind}"
+        lines: list[WatchLine | BrokenLine] = []
+        for e in events:
+            if isinstance(e, MalformedEvent):
+                lines.append(broken_watch_line(source=origin, line=next(self._seq), reason=e.reason,
+                                               observed_at=e.received_at, text=e.text))
+            elif e.type != "BOOKMARK":
+                lines.append(watch_line(source=origin, line=next(self._seq), event_type=e.type,
+                                        observed_at=e.received_at, obj=e.object))
         checkpoint = services.WatchCheckpoint(kind=source.info.kind, api_version=source.api_version,
                                               resource_version=resource_version)
         report = await self._write(lambda state: services.record_watch_batch(
@@ -199,6 +210,7 @@ class LedgerSink:
         self.transactions += 1
         if self._metrics is not None:
             self._metrics.appended(source.info.kind, report.events)
+            self._metrics.rejected(source.info.kind, len(report.rejected))
         for rejection in report.rejected:
             log.warning("rejected %s: %s", rejection.origin, rejection.reason,
                         extra={"resource": source.info.plural, "resourceVersion": None})

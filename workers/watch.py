@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import NoReturn, Protocol
 
 from ledger.errors import Unavailable
 from workers.health import WorkerMetrics
-from workers.k8s.client import KubeSource, Listed, ListPage, TransientApiError, WatchEvent, WatchExpired
+from workers.k8s.client import KubeSource, Listed, ListPage, Received, TransientApiError, WatchEvent, WatchExpired
 from workers.settings import WatchSettings, backoff_delay_s
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,9 @@ class Sink(Protocol):
         from it and its resourceVersion. Holds one page at a time; errors of ``pages`` propagate."""
         ...
 
-    async def observed(self, source: KubeSource, events: Sequence[WatchEvent], resource_version: str) -> None:
-        """Store one burst of watch events (BOOKMARKs included) and the resourceVersion after it."""
+    async def observed(self, source: KubeSource, events: Sequence[Received], resource_version: str) -> None:
+        """Store one burst of watch events (BOOKMARKs included, and lines that are no event: as rejected)
+        and the resourceVersion after it."""
         ...
 
 
@@ -52,6 +54,10 @@ async def follow(source: KubeSource, sink: Sink, settings: WatchSettings,
     - transient API faults and a database outage: back off (``settings.error_backoffs_s`` with
       jitter, ``Retry-After`` winning), then watch again from the last stored resourceVersion.
     - the server ending a watch after ``timeoutSeconds``: watch again at once.
+    - a line of the stream that is JSON but no watch event: handed to the sink with the events around
+      it (stored as rejected); it moves no resourceVersion.
+    - every complete list, the first one included, is timed into ``metrics`` (s); a list cut by a fault
+      is not.
 
     Raises:
         ApiError: a refusal that retrying will not fix (403, 404, ...); the caller restarts the task.
@@ -65,18 +71,20 @@ async def follow(source: KubeSource, sink: Sink, settings: WatchSettings,
             if since is None:
                 # Page by page: holding whole lists (106,019 claims, 120,038 pods) as decoded objects
                 # took a restarted worker to 1,320 MiB; see services.record_relist_page.
+                started = time.perf_counter()
                 listed = await sink.relisted(source, source.pages())
                 since = listed.resource_version
                 if metrics is not None:
-                    metrics.observed_list(kind, listed.count, since)
+                    metrics.observed_list(kind, listed.count, since, duration_s=time.perf_counter() - started)
             async for burst in source.watch(since=since, timeout_s=settings.server_timeout_s,
                                             batch_size=settings.batch_size):
-                last = next((e.resource_version for e in reversed(burst) if e.resource_version), since)
+                last = next((e.resource_version for e in reversed(burst)
+                             if isinstance(e, WatchEvent) and e.resource_version), since)
                 await sink.observed(source, burst, last)
                 since = last
                 failures = 0
                 if metrics is not None:
-                    metrics.observed_events(kind, [e.type for e in burst], since)
+                    metrics.observed_events(kind, [e.type for e in burst if isinstance(e, WatchEvent)], since)
             if metrics is not None:
                 metrics.restarted(kind, "timeout")
             log.debug("watch ended; watching again", extra={"resource": source.info.plural, "resourceVersion": since})

@@ -12,7 +12,16 @@ import pytest
 
 from ledger.recorded import WatchLine
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import SEED_LAB, assert_same_ledger, caught_up, fake_cluster, lockstep, run, seed_lab
+from tests.workers.harness import (
+    SEED_LAB,
+    assert_same_ledger,
+    caught_up,
+    eventually,
+    fake_cluster,
+    lockstep,
+    run,
+    seed_lab,
+)
 from workers.fake_apiserver import Fault
 from workers.health import WorkerMetrics
 
@@ -121,3 +130,34 @@ def test_objects_deleted_while_the_worker_was_down_past_compaction_are_recorded_
     assert [e.type for e in live.events() if e.stream == "claim:897a4b4b-03a9-30aa-6df0-70dbf8841cb8"][-1] == \
         "ClaimDeleted"
     assert_same_ledger(live, clean)
+
+
+def test_each_complete_list_is_timed_per_kind_the_one_after_a_410_included(
+        ledger_factory: Callable[[], LedgerHandle]) -> None:
+    live = ledger_factory()
+    metrics: list[WorkerMetrics] = []
+    claim_lists: list[int] = []
+
+    async def scenario() -> None:
+        async with fake_cluster(live.db) as cluster:
+            cluster.server.inject(Fault(action="status", status=410, kind="ResourceClaim", verb="watch"))
+            cluster.server.advance(10)  # two claims exist: each claim list is one page of 3
+            worker = cluster.start()
+            metrics.append(worker.metrics)
+            await eventually(lambda: _sample(worker.metrics, "dra_ledger_watch_relist_duration_seconds_count",
+                                             kind="ResourceClaim") >= 2, "the claims listed again after the 410")
+            await caught_up(live.db, cluster.server)
+            claim_lists.append(sum(1 for r in cluster.server.requests
+                                   if r.startswith("GET /apis/resource.k8s.io/v1/resourceclaims?")
+                                   and "watch=" not in r))
+
+    run(scenario)
+    name = "dra_ledger_watch_relist_duration_seconds"
+    # The first list of every kind, and for claims the list after the 410 on their first watch.
+    assert claim_lists == [2]
+    assert _sample(metrics[0], f"{name}_count", kind="ResourceClaim") == 2
+    assert _sample(metrics[0], f"{name}_bucket", kind="ResourceClaim", le="+Inf") == 2
+    assert _sample(metrics[0], f"{name}_sum", kind="ResourceClaim") > 0
+    for kind in ("Namespace", "DeviceClass", "ResourceSlice", "Pod"):
+        assert _sample(metrics[0], f"{name}_count", kind=kind) == 1, kind
+    assert _sample(metrics[0], "dra_ledger_watch_expired_total", kind="ResourceClaim") == 1

@@ -8,7 +8,10 @@ translator sees exactly the API server's bytes, parsed as JSON.
 Failures are sorted for the watch loop (STYLE, error handling): :class:`WatchExpired` (410, as a
 status or an in-stream ERROR) means list again at once; :class:`TransientApiError` (connection
 refused/reset, stream cut, timeouts, 429, 5xx) means back off; :class:`ApiError` is anything else
-and fails the task loudly.
+and fails the task loudly. A whole line of a watch stream that is JSON but no watch event (no
+``type``, an unknown one, no ``object``, an ``object`` that is not a JSON object) is no failure: it
+becomes a :class:`MalformedEvent` in its burst, which the ledger stores as a rejected observation, and
+the stream is read on.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, TypeAlias, TypedDict, cast
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
 
+from ledger.recorded import envelope_problem
 from ledger.types import JSONObject, JSONValue
 from workers.k8s.kinds import DRA_GROUP, KindInfo
 
@@ -93,6 +97,25 @@ class WatchEvent:
     resource_version: str | None
     """``object.metadata.resourceVersion`` (for a BOOKMARK, the only field that matters)."""
     received_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MalformedEvent:
+    """A whole line of a watch stream that is JSON but no watch event, with its receive time.
+
+    Source: the API server (or a proxy before it) sent it between two events; the events around it are
+    read as usual. It carries no resourceVersion: nothing in it is trusted.
+    """
+
+    text: str
+    """The line as received, without its newline (bytes that are not UTF-8 replaced by U+FFFD)."""
+    reason: str
+    """What is wrong, naming the field (``ledger.recorded.envelope_problem``): ``missing field 'type'``..."""
+    received_at: datetime
+
+
+Received: TypeAlias = WatchEvent | MalformedEvent
+"""One line of a watch burst, in stream order: an event, or a line that is none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -306,16 +329,18 @@ class KubeSource:
         return ListResult(items=items, resource_version=first.resource_version, received_at=first.received_at)
 
     async def watch(self, *, since: str, timeout_s: int,
-                    batch_size: int = 500) -> AsyncIterator[builtins.list[WatchEvent]]:
+                    batch_size: int = 500) -> AsyncIterator[builtins.list[Received]]:
         """Watch from resourceVersion ``since`` with bookmarks, until the server ends the stream.
 
         Yields bursts: the events whose lines arrived in one network read (at most ``batch_size``
         each), in stream order, each stamped with the clock when its line was complete. A line cut
         by a dropped connection is never yielded; the server's ``timeoutSeconds`` end is a normal end.
+        A whole line that is JSON but no watch event is yielded in its place as a :class:`MalformedEvent`.
 
         Raises:
             WatchExpired: HTTP 410, or an in-stream ERROR with code 410.
-            TransientApiError: connection problems, stream cut, 429/5xx, an in-stream ERROR 5xx.
+            TransientApiError: connection problems, stream cut, a line that is not JSON, 429/5xx, an
+                in-stream ERROR 5xx (or one without a Status).
             ApiError: any other refusal or in-stream ERROR.
         """
         what = f"watch {self.info.plural}.{self.api_version} from {since}"
@@ -329,7 +354,7 @@ class KubeSource:
                 buffer = b""
                 async for chunk in resp.content.iter_any():
                     buffer += chunk
-                    burst: builtins.list[WatchEvent] = []
+                    burst: builtins.list[Received] = []
                     while (end := buffer.find(b"\n")) != -1:
                         line, buffer = buffer[:end], buffer[end + 1:]
                         if line.strip():
@@ -350,21 +375,25 @@ class KubeSource:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise TransientApiError(f"{what}: {type(e).__name__}: {e}") from e
 
-    async def _event(self, line: bytes, what: str) -> WatchEvent:
+    async def _event(self, line: bytes, what: str) -> Received:
         try:
-            decoded = json.loads(line)
-        except ValueError as e:
+            decoded: object = json.loads(line)
+        except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the decoder goes
             raise TransientApiError(f"{what}: undecodable event: {e}") from e
-        if not isinstance(decoded, dict) or not isinstance(decoded.get("object"), dict):
-            raise TransientApiError(f"{what}: not a watch event")
+        if isinstance(decoded, dict) and decoded.get("type") == "ERROR":
+            status_obj = decoded.get("object")
+            if not isinstance(status_obj, dict):
+                raise TransientApiError(f"{what}: in-stream ERROR without a Status object")
+            code = status_obj.get("code")
+            status = code if isinstance(code, int) else 500
+            raise _status_error(status, json.dumps(status_obj).encode(), {}, f"{what}: in-stream ERROR") from None
+        if (problem := envelope_problem(decoded)) is not None:
+            # No failure of the stream: the lines around it are good events, and watching again from
+            # before it could only meet it again. The sink stores it as a rejected observation.
+            return MalformedEvent(text=line.decode("utf-8", "replace"), reason=problem,
+                                  received_at=await self._clock())
         raw = cast(RawWatchEvent, decoded)
         obj = raw["object"]
-        if raw["type"] == "ERROR":
-            code = obj.get("code")
-            status = code if isinstance(code, int) else 500
-            raise _status_error(status, json.dumps(obj).encode(), {}, f"{what}: in-stream ERROR") from None
-        if raw["type"] not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
-            raise ApiError(f"{what}: unknown event type {raw['type']!r}")
         meta = obj.get("metadata")
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         return WatchEvent(type=cast(EventType, raw["type"]), object=self._complete(obj),
