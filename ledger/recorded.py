@@ -909,8 +909,10 @@ def broken_watch_line(*, source: str, line: int, reason: str, observed_at: datet
         text: the line as the API server sent it, without its newline; kept up to :data:`MAX_TEXT_CHARS`.
 
     Returns:
-        A :class:`BrokenLine` whose digest is the SHA-256 of ``text`` alone, so the same line delivered
-        again (a watch resumed from before it) is stored once.
+        A :class:`BrokenLine` whose digest is the SHA-256 of ``text`` alone. Its observation is keyed by
+        the receive time and the digest (``observations_cluster_observed_at_digest_key``), as a live
+        :class:`WatchLine`'s is: the same text delivered again later (a watch resumed from before it) is
+        stored again with its new receive time, as a valid event delivered again is.
 
     Raises:
         Invalid: ``observed_at`` is naive.

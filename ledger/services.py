@@ -450,9 +450,9 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
 
 
 def _keys(chunk: Sequence[WatchLine | BrokenLine]) -> list[ObservationKey]:
-    """The observation keys of ``chunk``: (receive time, digest), the time ``None`` for a broken line or a line
-    without one (as ``observations.observed_at`` stores them)."""
-    return [(x.observed_at, x.digest) if isinstance(x, WatchLine) else (None, x.digest) for x in chunk]
+    """The observation keys of ``chunk``: (receive time, digest), the time ``None`` for a line without one (a
+    broken line of a file, a line of kubectl output), as ``observations.observed_at`` stores them."""
+    return [(x.observed_at, x.digest) for x in chunk]
 
 
 def _absent_keys(chunk: Sequence[WatchLine | BrokenLine], seen: set[str], state: TranslatorState) -> list[str]:

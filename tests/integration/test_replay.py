@@ -347,6 +347,26 @@ def test_the_duplicate_check_finds_every_stored_digest_whatever_its_characters(l
         assert pg.known_digests(conn, ledger.cluster, []) == {}
 
 
+def test_a_live_broken_line_is_a_duplicate_at_its_receive_time_only(ledger: LedgerHandle) -> None:
+    # A broken line of a live stream keeps its receive time, and observations are keyed by (time, digest): the
+    # same delivery handed over twice is stored once, the same text received again later is a new observation.
+    from ledger import services
+    from ledger.recorded import broken_watch_line
+
+    def line(minute: int) -> BrokenLine:
+        return broken_watch_line(source="watch:ResourceClaim", line=1, reason="missing field 'type'",
+                                 observed_at=_t(f"2026-11-02T09:{minute:02d}:00Z"), text='{"object": {}}')
+
+    first = services.ingest(ledger.db, [line(0)], cluster=ledger.cluster)
+    again = services.ingest(ledger.db, [line(0)], cluster=ledger.cluster)
+    later = services.ingest(ledger.db, [line(5)], cluster=ledger.cluster)
+    assert [(r.duplicates, len(r.rejected)) for r in (first, again, later)] == [(0, 1), (1, 1), (0, 1)]
+    with ledger.engine.connect() as conn:
+        stored = conn.execute(text("SELECT observed_at, status, error FROM observations ORDER BY observed_at")).all()
+    assert [tuple(r) for r in stored] == [(_t("2026-11-02T09:00:00Z"), "rejected", "missing field 'type'"),
+                                          (_t("2026-11-02T09:05:00Z"), "rejected", "missing field 'type'")]
+
+
 class _WritesHeldBack:
     """Stands in for the pipelined ingest's one-thread executor: a write handed over runs at once, except the
     ``held``-th, which runs only when the executor shuts down (a write still in progress when the ingest fails)."""
