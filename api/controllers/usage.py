@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response, get
@@ -24,13 +22,15 @@ CSV_COLUMNS = ("group", "deviceClass", "driver", "start", "end", "deviceHours", 
 
 
 def usage_csv(body: dict[str, Any]) -> str:
-    """Render a usage body as CSV with a header row of :data:`CSV_COLUMNS`."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    """Render a usage body as CSV with a header row of :data:`CSV_COLUMNS`, one line per row of the body.
+
+    Written by :func:`ledger.services.csv_table`: CRLF line ends, and text cells that a spreadsheet would
+    evaluate (a team label ``=HYPERLINK(...)``) prefixed with ``'``; ``deviceHours`` and ``cost`` stay numbers.
+    """
     key = body["groupBy"]
-    for row in body["rows"]:
-        writer.writerow(
+    return services.csv_table(
+        CSV_COLUMNS,
+        (
             [
                 row.get(key) or "",
                 row.get("deviceClass") or "",
@@ -41,8 +41,9 @@ def usage_csv(body: dict[str, Any]) -> str:
                 "" if row.get("cost") is None else row["cost"],
                 row.get("currency") or "",
             ]
-        )
-    return out.getvalue()
+            for row in body["rows"]
+        ),
+    )
 
 
 class UsageController(Controller):
