@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response, get
+from litestar.datastructures import Accept
+from litestar.datastructures.headers import MediaTypeHeader  # the parser Accept itself uses for each range
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -46,6 +49,35 @@ def usage_csv(body: dict[str, Any]) -> str:
     )
 
 
+def refused(accept: Accept, media_type: str) -> bool:
+    """Whether the client called ``media_type`` not acceptable: the most specific range of ``accept`` that
+    matches it has ``q=0`` (RFC 9110 §12.5.1). ``text/*, text/csv;q=0`` refuses CSV; ``*/*;q=0, text/csv`` does not.
+
+    A range whose ``q`` is not a number counts as ``q=1``, as Litestar's :class:`Accept` orders it.
+    """
+    offered = MediaTypeHeader(media_type)
+    matching = [r for r in map(MediaTypeHeader, accept) if offered.match(r)]
+    if not matching:
+        return False
+    quality = max(matching, key=lambda r: r.priority[1]).params.get("q", "1")  # priority = (q, specificity)
+    try:
+        return float(quality) == 0
+    except ValueError:
+        return False
+
+
+def negotiate(accept: Accept, offered: Sequence[str]) -> str:
+    """The media type to answer with: Litestar's :meth:`Accept.best_match` (highest ``q``, then the most
+    specific range, then header order) among the ``offered`` types the client did not refuse with ``q=0``;
+    ``offered[0]`` when none is left.
+
+    Nothing acceptable left (``Accept: text/csv;q=0``, ``Accept: image/png``) is answered with ``offered[0]``
+    rather than 406, as RFC 9110 §12.5.1 allows: the API's default representation is always sent.
+    """
+    allowed = [t for t in offered if not refused(accept, t)]
+    return accept.best_match(allowed, default=offered[0]) if allowed else offered[0]
+
+
 class UsageController(Controller):
     """Device-hours per team, namespace, DeviceClass, model or node."""
 
@@ -81,7 +113,8 @@ class UsageController(Controller):
         group value, DeviceClass and driver (different kinds of device are never summed); ``adminAccess``
         is not billed; a device held by several allocations at once is split equally among them. With a
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
-        whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency.
+        whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
+        (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON.
         """
         t0, t1 = parse_instant(start, "from"), parse_instant(end, "to")
         if not t0 < t1:
@@ -97,8 +130,8 @@ class UsageController(Controller):
             step=bucket,
             config=ctx.config,
         )
-        # Content negotiation with q-values (Litestar's Accept): JSON unless CSV is preferred.
-        if request.accept.best_match(["application/json", "text/csv"], default="application/json") == "text/csv":
+        # JSON unless the client prefers CSV (q-values; q=0 refuses a type), see negotiate().
+        if negotiate(request.accept, ["application/json", "text/csv"]) == "text/csv":
             return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
         query = pagination.fingerprint(
             {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": cluster or ctx.cluster}

@@ -101,6 +101,9 @@ def test_csv_export_opens_as_a_table_with_the_documented_columns(client: TestCli
 @pytest.mark.parametrize(("accept", "csv_wanted"), [
     ("text/csv;q=0.1, application/json", False), ("application/json;q=0.5, text/csv", True), ("text/*", True),
     ("*/*", False), ("application/json", False),
+    # q=0 means "not acceptable" (RFC 9110 §12.5.1); with nothing acceptable left the answer is JSON.
+    ("text/csv;q=0", False), ("text/*, text/csv;q=0", False), ("text/csv;q=0.0, */*", False),
+    ("application/json;q=0, text/csv;q=0", False), ("image/png", False), ("*/*;q=0, text/csv", True),
 ])
 def test_usage_answers_csv_only_when_the_client_prefers_it(client: TestClient[Litestar], accept: str,
                                                           csv_wanted: bool) -> None:
