@@ -269,6 +269,19 @@ def test_a_bad_parameter_is_named_as_the_client_spells_it(client: TestClient[Lit
     assert python_name not in detail
 
 
+@pytest.mark.parametrize(("path", "params"), [
+    ("/v1/reports/idle-claims", {"minIdle": "P99999999999D"}),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "1e300"}),
+])
+def test_a_duration_too_long_is_a_422_saying_out_of_range_and_the_longest(client: TestClient[Litestar], path: str,
+                                                                          params: dict[str, str]) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code == 422
+    name, value = next((k, v) for k, v in params.items() if k in ("minIdle", "step"))
+    assert response.json()["detail"] == (f"{name}: {value!r} is out of range; the longest duration accepted is "
+                                         "P36500D (100 years, 3153600000 seconds), the shortest 0")
+
+
 def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: TestClient[Litestar]) -> None:
     # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, so 2 s.
     response = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
