@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,10 @@ from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+
+_SPACE_FOR_SIGN = re.compile(r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? [0-9]")
+"""Seconds (and fraction) then a space then a digit: where an offset's ``+`` stood before the query string
+was decoded (``+`` means a space there), as in ``2026-01-01T00:00:00 02:00``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +41,19 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
     """Parse an RFC 3339 query parameter (with a zone) into aware UTC; ``default`` (else now) when absent.
 
     Raises:
-        Invalid: not RFC 3339, no zone, or beyond year 9998.
+        Invalid: not RFC 3339, no zone, or beyond year 9998. When a space stands where the offset's sign
+            would be, the message adds that ``+`` must be sent as ``%2B`` (an unencoded ``+`` in a query
+            string arrives as a space).
     """
     if value is None:
         return default or datetime.now(UTC)
     try:
         parsed = parse_time(value)
     except (Invalid, OverflowError, ValueError) as e:
-        raise Invalid(f"{name}: {e}") from e
+        hint = ""
+        if _SPACE_FOR_SIGN.search(value):
+            hint = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
+        raise Invalid(f"{name}: {e}{hint}") from e
     if parsed >= MAX_TIME:
         raise Invalid(f"{name}: {value!r} is too far in the future")
     return parsed

@@ -282,6 +282,24 @@ def test_a_duration_too_long_is_a_422_saying_out_of_range_and_the_longest(client
                                          "P36500D (100 years, 3153600000 seconds), the shortest 0")
 
 
+HINT = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
+
+
+@pytest.mark.parametrize(("query", "detail"), [
+    ("/v1/occupancy?at=2026-11-02T10:30:00+01:00",
+     "at: not an RFC 3339 time with a zone: '2026-11-02T10:30:00 01:00'" + HINT),
+    ("/v1/usage?from=2026-11-02T09:00:00.5+01:00&to=2026-11-02T12:00:00Z",
+     "from: not an RFC 3339 time with a zone: '2026-11-02T09:00:00.5 01:00'" + HINT),
+    ("/v1/occupancy?at=2026-11-02 10:30:00", "at: not an RFC 3339 time with a zone: '2026-11-02 10:30:00'"),
+    ("/v1/occupancy?at=yesterday", "at: not an RFC 3339 time with a zone: 'yesterday'"),
+])
+def test_an_offset_whose_plus_arrived_as_a_space_gets_a_hint_to_encode_it(client: TestClient[Litestar], query: str,
+                                                                          detail: str) -> None:
+    response = client.get(query)  # the query string as written: '+' is not percent-encoded
+    assert response.status_code == 422
+    assert response.json()["detail"] == detail
+
+
 def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: TestClient[Litestar]) -> None:
     # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, so 2 s.
     response = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
