@@ -232,23 +232,25 @@ def test_a_page_token_whose_offset_is_not_a_count_is_a_422_problem(client: TestC
 @pytest.mark.parametrize(("path", "params", "status"), [
     ("/v1/occupancy", {"at": "yesterday"}, 422),
     ("/v1/occupancy", {"at": "2026-11-02T09:30:00"}, 422),
-    ("/v1/occupancy", {"limit": "-1"}, 400),
-    ("/v1/occupancy", {"limit": "abc"}, 400),
+    ("/v1/occupancy", {"limit": "-1"}, 422),
+    ("/v1/occupancy", {"limit": "abc"}, 422),
+    ("/v1/occupancy", {"limit": "1001"}, 422),
     ("/v1/usage", {"from": "2026-11-02T12:00:00Z", "to": "2026-11-02T09:00:00Z"}, 422),
-    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"}, 400),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"}, 422),
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT1S"}, 422),
-    ("/v1/usage", {"to": "2026-11-02T12:00:00Z"}, 400),
+    ("/v1/usage", {"to": "2026-11-02T12:00:00Z"}, 400),  # a required parameter missing
     ("/v1/reports/idle-claims", {"minIdle": "soon"}, 422),
     ("/v1/reports/idle-claims", {"minIdle": "PT1H1H"}, 422),  # pydantic alone adds the two hours
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT30M30M"}, 422),
-    ("/v1/claims", {"state": "sleeping"}, 400),
+    ("/v1/claims", {"state": "sleeping"}, 422),
+    ("/v1/claims", {"origin": "borrowed"}, 422),
     ("/v1/claims/ml-train/no-such-claim/history", {}, 404),
-    ("/v1/events", {"afterPosition": "-3"}, 400),
+    ("/v1/events", {"afterPosition": "-3"}, 422),
     ("/v1/events", {"type": "claimallocated"}, 422),
     ("/v1/events", {"type": "Bogus"}, 422),
 ])
-def test_bad_parameters_are_4xx_problem_details(client: TestClient[Litestar], path: str, params: dict[str, str],
-                                                status: int) -> None:
+def test_bad_values_are_422_and_a_missing_parameter_400_problem_details(client: TestClient[Litestar], path: str,
+                                                                        params: dict[str, str], status: int) -> None:
     response = client.get(path, params=params)
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
@@ -313,6 +315,7 @@ def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: Tes
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"},
      "team, namespace, deviceClass, model, node"),
     ("/v1/claims", {"state": "sleeping"}, "pending, allocated, deleted, all"),
+    ("/v1/claims", {"origin": "borrowed"}, "manual, template, extended"),
 ])
 def test_a_value_outside_a_fixed_set_is_answered_with_the_set(client: TestClient[Litestar], path: str,
                                                               params: dict[str, str], choices: str) -> None:
