@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request
+from litestar.params import QueryParameter
 
 from ledger import recorded
 from ledger.config import LedgerConfig
@@ -16,6 +17,11 @@ from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+
+ClusterParam = Annotated[
+    str | None, QueryParameter(description="Only this cluster; leave the parameter out for every cluster.")
+]
+"""The ``cluster`` query parameter of every ``/v1`` read; pass it through :func:`parse_cluster`."""
 
 _SPACE_FOR_SIGN = re.compile(r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? [0-9]")
 """Seconds (and fraction) then a space then a digit: where an offset's ``+`` stood before the query string
@@ -35,6 +41,18 @@ def provide_state(request: Request[Any, Any, Any]) -> AppState:
     """Dependency: the :class:`AppState` stored on the application."""
     state: AppState = request.app.state.ledger
     return state
+
+
+def parse_cluster(value: str | None, ctx: AppState) -> str | None:
+    """The cluster a request asks about: ``value``, else the one the app was created for (``None``: all).
+
+    Raises:
+        Invalid: ``value`` is empty (``?cluster=``), which used to mean every cluster while an empty
+            ``at`` was refused; leaving the parameter out is the one way to ask about every cluster.
+    """
+    if value == "":
+        raise Invalid("cluster: empty; leave the parameter out to ask about every cluster")
+    return ctx.cluster if value is None else value
 
 
 def parse_instant(value: str | None, name: str, default: datetime | None = None) -> datetime:

@@ -140,7 +140,7 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
         403: "The token may not read this resource.",
         404: "The named object was never recorded.",
         422: "A parameter's value is not one it can take (not a number, out of range, not one of the listed "
-        "values, a bad time or duration, an empty window, a foreign pageToken).",
+        "values, a bad time or duration, an empty window or cluster, a foreign pageToken).",
         503: "The ledger database is not reachable; retry after Retry-After seconds.",
     }
     return {

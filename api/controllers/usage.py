@@ -14,7 +14,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, parse_duration, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
 from api.schemas import Usage, to_struct
 from ledger import services
@@ -105,7 +105,7 @@ class UsageController(Controller):
             str | None,
             QueryParameter(description="Bucket length for a time series: ISO 8601 duration (PT1H) or seconds."),
         ] = None,
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 1000,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> Response[Usage]:
@@ -116,6 +116,7 @@ class UsageController(Controller):
         whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
         (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON.
         """
+        scope = parse_cluster(cluster, ctx)
         t0, t1 = parse_instant(start, "from"), parse_instant(end, "to")
         if not t0 < t1:
             raise Invalid("from must be before to")
@@ -125,7 +126,7 @@ class UsageController(Controller):
             start=t0,
             end=t1,
             group_by=group_by,
-            cluster=cluster or ctx.cluster,
+            cluster=scope,
             teams=sorted(access.teams) if access.teams is not None else None,
             step=bucket,
             config=ctx.config,
@@ -134,7 +135,7 @@ class UsageController(Controller):
         if negotiate(request.accept, ["application/json", "text/csv"]) == "text/csv":
             return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
         query = pagination.fingerprint(
-            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": cluster or ctx.cluster}
+            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
         )
         page = pagination.decode(page_token, query=query)
         rows = body["rows"]

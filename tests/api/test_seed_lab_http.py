@@ -302,6 +302,27 @@ def test_an_offset_whose_plus_arrived_as_a_space_gets_a_hint_to_encode_it(client
     assert response.json()["detail"] == detail
 
 
+@pytest.mark.parametrize("path", [
+    "/v1/occupancy", "/v1/claims", "/v1/claims/ml-serve/shared-gpu/history", "/v1/quotas", "/v1/shared",
+    "/v1/pending", "/v1/reports/idle-claims", "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline",
+    "/v1/usage?from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z",
+])
+def test_an_empty_cluster_is_a_422_saying_to_leave_it_out(client: TestClient[Litestar], path: str) -> None:
+    # It used to mean every cluster, while an empty at= was refused.
+    response = client.get(path + ("&" if "?" in path else "?") + "cluster=")
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "cluster: empty; leave the parameter out to ask about every cluster"
+
+
+def test_an_app_for_an_empty_cluster_is_refused(seeded: LedgerHandle) -> None:
+    from api.app import create_app
+    from ledger.config import DEFAULT
+    from ledger.errors import Invalid
+
+    with pytest.raises(Invalid, match=r"^cluster: empty; leave it out to answer for every cluster$"):
+        create_app(db=seeded.db, config=DEFAULT, cluster="")
+
+
 def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: TestClient[Litestar]) -> None:
     # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, so 2 s.
     response = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
