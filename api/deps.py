@@ -47,8 +47,8 @@ def parse_cluster(value: str | None, ctx: AppState) -> str | None:
     """The cluster a request asks about: ``value``, else the one the app was created for (``None``: all).
 
     Raises:
-        Invalid: ``value`` is empty (``?cluster=``), which used to mean every cluster while an empty
-            ``at`` was refused; leaving the parameter out is the one way to ask about every cluster.
+        Invalid: ``value`` is empty (``?cluster=``), like an empty ``at``: leaving the parameter out is the
+            one way to ask about every cluster.
     """
     if value == "":
         raise Invalid("cluster: empty; leave the parameter out to ask about every cluster")

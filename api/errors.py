@@ -6,7 +6,8 @@
 Parameters follow one rule: 400 when the *set* of parameters is wrong (a name the endpoint does not take,
 one given twice, a required one missing), 422 when a parameter is there but its *value* is not one it can
 take, whoever finds out: Litestar's own validation (not a number, out of ``ge``/``le``, outside a
-``Literal``'s values) or the handler (``Invalid``: a bad time, an empty window, a foreign ``pageToken``).
+``Literal``'s values) or the handler (``Invalid``: a bad time, an empty window or cluster, a foreign
+``pageToken``).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def usage_csv(body: dict[str, Any]) -> str:
 
 
 def refused(accept: Accept, media_type: str) -> bool:
-    """Whether the client called ``media_type`` not acceptable: the most specific range of ``accept`` that
+    """Whether the client marked ``media_type`` as not acceptable: the most specific range of ``accept`` that
     matches it has ``q=0`` (RFC 9110 §12.5.1). ``text/*, text/csv;q=0`` refuses CSV; ``*/*;q=0, text/csv`` does not.
 
     A range whose ``q`` is not a number counts as ``q=1``, as Litestar's :class:`Accept` orders it.
