@@ -23,6 +23,7 @@ from api.deps import AppState, provide_state
 from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
 from api.parameters import known_query_parameters
 from ledger.config import LedgerConfig
+from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
 
 API_VERSION = "1.0.0"
@@ -37,8 +38,11 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         cluster: answer for this cluster only (``None``: every cluster, selectable per request).
 
     Raises:
-        Invalid: a token's ``tokenEnv`` variable is unset or too short.
+        Invalid: a token's ``tokenEnv`` variable is unset or too short, or ``cluster`` is empty (which
+            would filter on a cluster named ``""`` and answer nothing).
     """
+    if cluster == "":
+        raise Invalid("cluster: empty; leave it out to answer for every cluster")
     tokens = TokenTable.from_config(config)
     v1 = Router(
         path="/",

@@ -32,13 +32,15 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     """Serve the REST API with uvicorn until interrupted.
 
     Raises:
-        LedgerError: the configuration is invalid, or no token is configured and ``host`` is not loopback
-            while ``allow_open`` is false.
+        LedgerError: the configuration is invalid, ``cluster`` is empty (``--cluster ""``), or no token is
+            configured and ``host`` is not loopback while ``allow_open`` is false.
     """
     import uvicorn
 
     from api.app import create_app
 
+    if cluster == "":
+        raise LedgerError("--cluster is empty; leave it out to serve every cluster")
     config = load_config(settings.config)
     if not config.api.tokens and not _is_loopback(host) and not allow_open:
         raise LedgerError(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request
+from litestar.params import QueryParameter
 
 from ledger import recorded
 from ledger.config import LedgerConfig
@@ -15,6 +17,15 @@ from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 
 MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+
+ClusterParam = Annotated[
+    str | None, QueryParameter(description="Only this cluster; leave the parameter out for every cluster.")
+]
+"""The ``cluster`` query parameter of every ``/v1`` read; pass it through :func:`parse_cluster`."""
+
+_SPACE_FOR_SIGN = re.compile(r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? [0-9]")
+"""Seconds (and fraction) then a space then a digit: where an offset's ``+`` stood before the query string
+was decoded (``+`` means a space there), as in ``2026-01-01T00:00:00 02:00``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,18 +43,35 @@ def provide_state(request: Request[Any, Any, Any]) -> AppState:
     return state
 
 
+def parse_cluster(value: str | None, ctx: AppState) -> str | None:
+    """The cluster a request asks about: ``value``, else the one the app was created for (``None``: all).
+
+    Raises:
+        Invalid: ``value`` is empty (``?cluster=``), like an empty ``at``: leaving the parameter out is the
+            one way to ask about every cluster.
+    """
+    if value == "":
+        raise Invalid("cluster: empty; leave the parameter out to ask about every cluster")
+    return ctx.cluster if value is None else value
+
+
 def parse_instant(value: str | None, name: str, default: datetime | None = None) -> datetime:
     """Parse an RFC 3339 query parameter (with a zone) into aware UTC; ``default`` (else now) when absent.
 
     Raises:
-        Invalid: not RFC 3339, no zone, or beyond year 9998.
+        Invalid: not RFC 3339, no zone, or beyond year 9998. When a space stands where the offset's sign
+            would be, the message adds that ``+`` must be sent as ``%2B`` (an unencoded ``+`` in a query
+            string arrives as a space).
     """
     if value is None:
         return default or datetime.now(UTC)
     try:
         parsed = parse_time(value)
     except (Invalid, OverflowError, ValueError) as e:
-        raise Invalid(f"{name}: {e}") from e
+        hint = ""
+        if _SPACE_FOR_SIGN.search(value):
+            hint = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
+        raise Invalid(f"{name}: {e}{hint}") from e
     if parsed >= MAX_TIME:
         raise Invalid(f"{name}: {value!r} is too far in the future")
     return parsed

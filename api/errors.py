@@ -1,15 +1,21 @@
 """The single error-to-HTTP mapping: every failure leaves as RFC 9457 problem details.
 
 ``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable) →
-503 with ``Retry-After``, Litestar's own validation of query and path parameters → 400, anything else →
-500 with no internals in the body (the traceback goes to the log).
+503 with ``Retry-After``, anything else → 500 with no internals in the body (the traceback goes to the log).
+
+Parameters follow one rule: 400 when the *set* of parameters is wrong (a name the endpoint does not take,
+one given twice, a required one missing), 422 when a parameter is there but its *value* is not one it can
+take, whoever finds out: Litestar's own validation (not a number, out of ``ge``/``le``, outside a
+``Literal``'s values) or the handler (``Invalid``: a bad time, an empty window or cluster, a foreign
+``pageToken``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
@@ -66,21 +72,32 @@ def _client_name(request: Request[Any, Any, Any], key: object) -> object:
     return key if field is None else client_name(field, str(key))
 
 
+def _literal_strings(annotation: object) -> list[str]:
+    """The string values of a ``Literal``, also inside an optional one (``Literal["a", "b"] | None``)."""
+    if get_origin(annotation) is Literal:
+        return [v for v in get_args(annotation) if isinstance(v, str)]
+    if get_origin(annotation) in (Union, UnionType):
+        return [v for member in get_args(annotation) for v in _literal_strings(member)]
+    return []
+
+
 def _choices(request: Request[Any, Any, Any], key: object) -> str:
-    """`` (one of: a, b)`` for an argument declared as a ``Literal`` of strings, else an empty string."""
-    annotation = getattr(_field(request, key), "annotation", None)
-    values = [v for v in get_args(annotation) if isinstance(v, str)] if get_origin(annotation) is Literal else []
+    """`` (one of: a, b)`` for an argument declared as a ``Literal`` of strings (optional or not), else ``""``."""
+    values = _literal_strings(getattr(_field(request, key), "annotation", None))
     return f" (one of: {', '.join(values)})" if values else ""
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     detail = exc.detail
     extra = exc.extra
+    status = exc.status_code
     if isinstance(extra, list) and extra:
-        # Litestar's parameter validation: [{"message": ..., "key": ..., "source": ...}]
+        # Litestar's parameter validation: [{"message": ..., "key": ..., "source": ...}], one per value it
+        # could not take; a 422 like every other unusable value (the module docstring gives the rule).
         parts = [f"{_client_name(request, e.get('key'))}: {e.get('message')}{_choices(request, e.get('key'))}"
                  for e in extra if isinstance(e, dict)]
         detail = "; ".join(parts) or detail
+        status = 422
     elif isinstance(detail, str) and detail.startswith("Missing required "):
         # "Missing required query parameter 'from' for path /v1/usage?to=...": the path (with the query
         # string Litestar appends) repeats what the client sent; the parameter's name is the news.
@@ -91,8 +108,9 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         403: "Forbidden",
         404: "Not Found",
         405: "Method Not Allowed",
-    }.get(exc.status_code, "Error")
-    return _problem(exc.status_code, title, str(detail), headers=exc.headers or None)
+        422: "Invalid parameter",
+    }.get(status, "Error")
+    return _problem(status, title, str(detail), headers=exc.headers or None)
 
 
 def _internal(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -118,11 +136,12 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
     from api.schemas import Problem
 
     reasons = {
-        400: "A query or path parameter failed validation.",
+        400: "A query parameter the endpoint does not take, one given more than once, or a required one missing.",
         401: "No bearer token, or an unknown one (when tokens are configured).",
         403: "The token may not read this resource.",
         404: "The named object was never recorded.",
-        422: "A parameter is well-formed but not acceptable (bad time, empty window, foreign pageToken).",
+        422: "A parameter's value is not one it can take (not a number, out of range, not one of the listed "
+        "values, a bad time or duration, an empty window or cluster, a foreign pageToken).",
         503: "The ledger database is not reachable; retry after Retry-After seconds.",
     }
     return {

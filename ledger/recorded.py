@@ -142,42 +142,67 @@ _CALENDAR_UNITS: Final = re.compile(r"^-?P[^T]*[YM]")
 """An ISO 8601 duration with years or months (P1M, P1Y2D): calendar units, not a fixed length."""
 
 _NUMBER = r"\d+(?:[.,]\d+)?"
-_ISO_DURATION: Final = re.compile(rf"^-?P(?=[\dT])(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
-                                  rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?$")
+_ISO_DURATION: Final = re.compile(rf"^-?P(?=[\dT])(?:(?P<W>{_NUMBER})W)?(?:(?P<D>{_NUMBER})D)?"
+                                  rf"(?:T(?=\d)(?:(?P<H>{_NUMBER})H)?(?:(?P<M>{_NUMBER})M)?(?:(?P<S>{_NUMBER})S)?)?$")
 """The ISO 8601 duration shape: weeks, days, then T hours, minutes, seconds, each at most once, in order
-(pydantic's parser alone also takes ``PT1H1H``, adding the two)."""
+(pydantic's parser alone also takes ``PT1H1H``, adding the two). Groups are named by unit."""
+
+_UNIT_SECONDS: Final = {"W": 604_800, "D": 86_400, "H": 3_600, "M": 60, "S": 1}
+
+MAX_DURATION: Final = timedelta(days=36_500)
+"""Longest duration :func:`parse_duration` accepts (100 years, ``P36500D``): longer is a typo, and past
+999,999,999 days ``timedelta`` itself overflows."""
+
+
+def _magnitude_s(match: re.Match[str]) -> float:
+    """Approximate length in seconds of a duration matched by :data:`_ISO_DURATION` (``inf`` when huge):
+    enough to tell a duration out of range from one in another shape, never used as the value."""
+    return sum(float(number.replace(",", ".")) * _UNIT_SECONDS[unit]
+               for unit, number in match.groupdict().items() if number is not None)
 
 
 def parse_duration(value: str, name: str) -> timedelta:
     """Parse an ISO 8601 duration (``PT30M``, ``P1DT2H``) or a number of seconds (``1800``, ``0.5``).
 
-    The shape is checked here; pydantic's ``timedelta`` parser does the arithmetic.
+    The shape and the range are checked here; pydantic's ``timedelta`` parser does the arithmetic.
 
     Args:
         value: the text given.
         name: the parameter or option it came from, for the error message.
 
+    Returns:
+        A ``timedelta`` from 0 to :data:`MAX_DURATION` (100 years) inclusive.
+
     Raises:
-        Invalid: neither form (``PT1H1H`` included), years or months (no fixed length), negative, or longer
-            than 100 years.
+        Invalid: neither form (``PT1H1H`` included, or a fraction before the last unit), years or months
+            (no fixed length), or out of range: negative or longer than 100 years (the message gives the
+            largest accepted, ``P36500D``).
     """
     from pydantic import TypeAdapter, ValidationError
 
     if _CALENDAR_UNITS.match(value):
         raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), got {value!r}")
-    bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds, got {value!r}")
+    bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds, got {_short_repr(value)}")
+    out_of_range = Invalid(f"{name}: {_short_repr(value)} is out of range; the longest duration accepted is P36500D "
+                           f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest 0")
+    raw: object = value
     try:
-        raw: object = float(value)
+        raw = seconds = float(value)
     except ValueError:
-        raw = value
-        if not _ISO_DURATION.match(value):
+        if (match := _ISO_DURATION.match(value)) is None:
             raise bad from None
+        seconds = -_magnitude_s(match) if value.startswith("-") else _magnitude_s(match)
+    if seconds != seconds:  # NaN
+        raise bad
+    # Checked before pydantic, which refuses a huge number and a misplaced fraction with one error type.
+    if not 0 <= seconds <= MAX_DURATION.total_seconds():
+        raise out_of_range
     try:
         parsed = TypeAdapter(timedelta).validate_python(raw)
     except (ValidationError, OverflowError) as e:
         raise bad from e
-    if parsed < timedelta(0) or parsed > timedelta(days=36_500):
-        raise Invalid(f"{name}: must be between 0 and 100 years, got {value!r}")
+    if not timedelta(0) <= parsed <= MAX_DURATION:
+        raise out_of_range
     return parsed
 
 

@@ -1133,24 +1133,52 @@ def idle_report(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, min_i
     return body
 
 
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+"""First characters that make a spreadsheet read a text cell as a formula (OWASP, "CSV Injection")."""
+
+
+def spreadsheet_text(cell: object) -> object:
+    """``cell`` as a spreadsheet will show it and never evaluate it.
+
+    A string starting with one of :data:`FORMULA_PREFIXES` gets a leading ``'``, which spreadsheets take as
+    "this is text" (the OWASP advice); other strings, and numbers (``int`` / ``float``, negative ones too),
+    pass unchanged, so numbers stay numbers. The ``defusedcsv`` package does the same for ``= + - @`` but
+    not for tab and CR, and it also rewrites ``|`` inside the text, so it was not used.
+    """
+    if isinstance(cell, str) and cell.startswith(FORMULA_PREFIXES):
+        return "'" + cell
+    return cell
+
+
+def csv_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Render a header row and ``rows`` as CSV (RFC 4180: CRLF line ends, fields quoted when needed).
+
+    Every cell goes through :func:`spreadsheet_text`: team labels, namespace, node and device names come
+    from the cluster, and a name such as ``=HYPERLINK(...)`` must open as text in a spreadsheet. CRLF line
+    ends make the writer quote a field holding a lone CR, so such a field cannot split its row.
+    """
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")
+    writer.writerow(header)
+    writer.writerows([spreadsheet_text(cell) for cell in row] for row in rows)
+    return buffer.getvalue()
+
+
 IDLE_CSV_COLUMNS = ("namespace", "name", "team", "category", "idleSince", "devices", "wastedDeviceHours")
 """Columns of :func:`idle_report_csv`, in order (the JSON field names)."""
 
 
 def idle_report_csv(body: JSONObject) -> str:
-    """Render an idle-claim report body as CSV (RFC 4180, header row, devices joined by spaces)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\r\n")
-    writer.writerow(IDLE_CSV_COLUMNS)
+    """Render an idle-claim report body as CSV through :func:`csv_table` (devices joined by spaces)."""
     rows = body["claims"]
     assert isinstance(rows, list)
+    cells: list[list[object]] = []
     for row in rows:
         assert isinstance(row, dict)
         devices = row["devices"]
-        cells = [(" ".join(str(d) for d in devices) if isinstance(devices, list) else devices)
-                 if col == "devices" else row[col] for col in IDLE_CSV_COLUMNS]
-        writer.writerow(cells)
-    return buffer.getvalue()
+        cells.append([(" ".join(str(d) for d in devices) if isinstance(devices, list) else devices)
+                      if col == "devices" else row[col] for col in IDLE_CSV_COLUMNS])
+    return csv_table(IDLE_CSV_COLUMNS, cells)
 
 
 def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = None,

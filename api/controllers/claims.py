@@ -12,7 +12,7 @@ from litestar.params import FromPath, QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.schemas import ClaimHistory, Claims, to_struct
 from ledger import services
@@ -44,7 +44,7 @@ class ClaimsController(Controller):
             Literal["manual", "template", "extended"] | None, QueryParameter(description="Only claims of this origin.")
         ] = None,
         at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> Claims:
@@ -53,20 +53,21 @@ class ClaimsController(Controller):
         ``spec.devices.requests[]``, ``devices`` from ``status.allocation.devices.results[]``, ``consumers``
         the live ``reservedFor`` entries. A claim deleted before T has state ``deleted``.
         """
+        scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
             {
                 "state": claim_state,
                 "namespace": namespace,
                 "team": team,
                 "origin": origin,
-                "cluster": cluster or ctx.cluster,
+                "cluster": scope,
                 "at": at,
             }
         )
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = services.claims(
-            ctx.db, at=when, state=claim_state, cluster=cluster or ctx.cluster, namespace=namespace
+            ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace
         )
         rows = [
             c
@@ -91,19 +92,19 @@ class ClaimsController(Controller):
         access: NamedDependency[Access],
         namespace: FromPath[str],
         name: FromPath[str],
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
     ) -> ClaimHistory:
         """Every event of every ResourceClaim recorded as ``namespace/name`` (table ``events``, streams
         ``claim:<uid>``) in stream order, claim by claim (a name can be reused by a newer claim).
 
         Raises 404 when no such claim was recorded, or when the caller's token may not see its team.
         """
-        body: Any = services.claim_history(ctx.db, namespace=namespace, name=name, cluster=cluster or ctx.cluster)
+        scope = parse_cluster(cluster, ctx)
+        body: Any = services.claim_history(ctx.db, namespace=namespace, name=name, cluster=scope)
         if access.teams is not None:
             # Each claim by the team it is billed to (a deleted one: its team when deleted), never by the
             # namespace's team now: a relabel must not hand an older claim's history to the new team.
-            listed: Any = services.claims(ctx.db, at=datetime.now(UTC), cluster=cluster or ctx.cluster,
-                                          namespace=namespace)
+            listed: Any = services.claims(ctx.db, at=datetime.now(UTC), cluster=scope, namespace=namespace)
             mine = {c["uid"] for c in listed["claims"] if c["name"] == name and access.sees(c["team"])}
             if not mine:
                 raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")

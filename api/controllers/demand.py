@@ -12,12 +12,11 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_PROBLEMS
 from api.schemas import Pending, Quotas, Shared, to_struct
 from ledger import services
 
-ClusterParam = Annotated[str | None, QueryParameter(description="Only this cluster.")]
 AtParam = Annotated[str | None, QueryParameter(description=AT_DOC)]
 LimitParam = Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)]
 TokenParam = Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)]
@@ -73,10 +72,11 @@ class DemandController(Controller):
         ``adminAccess`` counts 0, a claim shared by many pods counts once; what Kueue would refuse is still
         counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
         """
-        query = pagination.fingerprint({"cluster": cluster or ctx.cluster, "at": at})
+        scope = parse_cluster(cluster, ctx)
+        query = pagination.fingerprint({"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
-        body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=cluster or ctx.cluster)
+        body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
         rows = [r for r in body["rows"] if access.sees(r["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "rows": chunk, "nextPageToken": token}, Quotas)
@@ -90,8 +90,9 @@ class DemandController(Controller):
         consume (``sharedCounters`` / ``consumesCounters``) with counters in use; claims with more than one
         live consumer.
         """
+        scope = parse_cluster(cluster, ctx)
         when = parse_instant(at, "at")
-        body = scope_shared(services.shared(ctx.db, at=when, cluster=cluster or ctx.cluster), access)
+        body = scope_shared(services.shared(ctx.db, at=when, cluster=scope), access)
         return to_struct(body, Shared)
 
     @get("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
@@ -102,9 +103,10 @@ class DemandController(Controller):
         claims waiting, devices requested and devices free at T (selected by the class's CEL selectors,
         unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
         """
-        query = pagination.fingerprint({"cluster": cluster or ctx.cluster, "at": at})
+        scope = parse_cluster(cluster, ctx)
+        query = pagination.fingerprint({"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
-        body = scope_pending(services.pending(ctx.db, at=when, cluster=cluster or ctx.cluster), access)
+        body = scope_pending(services.pending(ctx.db, at=when, cluster=scope), access)
         chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

@@ -11,7 +11,7 @@ from litestar.params import FromPath, QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import TOKEN_DOC
-from api.deps import AppState, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
@@ -97,7 +97,7 @@ class DevicesController(Controller):
             QueryParameter(name="from", description="Window start (RFC 3339); default the beginning of the ledger."),
         ] = None,
         end: Annotated[str | None, QueryParameter(name="to", description="Window end (RFC 3339); default now.")] = None,
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
     ) -> Timeline:
         """Inventory intervals (``device_inventory``: which slice published it, on which node) and allocation
         intervals (``device_allocations``: which claim held it, for which team) overlapping the window, in
@@ -106,13 +106,14 @@ class DevicesController(Controller):
         """
         from datetime import UTC, datetime
 
+        scope = parse_cluster(cluster, ctx)
         t0 = parse_instant(start, "from", default=datetime(1970, 1, 1, tzinfo=UTC))
         t1 = parse_instant(end, "to")
         if not t0 < t1:
             given = "from" if start is not None else "from (by default 1970-01-01T00:00:00Z)"
             raise Invalid(f"{given} must be before to")
         body: Any = services.device_timeline(
-            ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=cluster or ctx.cluster
+            ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=scope
         )
         if access.teams is not None:
             body["entries"] = [e for e in body["entries"] if e["kind"] == "inventory" or access.sees(e["team"])]

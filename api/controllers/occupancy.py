@@ -10,7 +10,7 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.deps import AppState, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_PROBLEMS
 from api.schemas import Occupancy, to_struct
 from ledger import services
@@ -38,7 +38,7 @@ class OccupancyController(Controller):
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
         node: Annotated[str | None, QueryParameter(description="Only devices on this node.")] = None,
         driver: Annotated[str | None, QueryParameter(description="Only this DRA driver.")] = None,
         pool: Annotated[str | None, QueryParameter(description="Only this pool.")] = None,
@@ -53,8 +53,9 @@ class OccupancyController(Controller):
         SQL (the token holds the last device's key); totals cover every page. A team-limited token sees
         only devices its teams hold, only their allocations, and totals over those devices.
         """
+        scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
-            {"cluster": cluster or ctx.cluster, "node": node, "driver": driver, "pool": pool, "at": at}
+            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": at}
         )
         page = pagination.decode(page_token, query=query)
         if page.after is not None and len(page.after) != 4:
@@ -63,7 +64,7 @@ class OccupancyController(Controller):
         # A team-limited token sees the devices its teams hold, only their allocations, and totals over
         # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy).
         answer = services.occupancy_settled(
-            ctx.db, at=when, cluster=cluster or ctx.cluster, node=node, driver=driver, pool=pool, teams=access.teams,
+            ctx.db, at=when, cluster=scope, node=node, driver=driver, pool=pool, teams=access.teams,
             after=(page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None,
             limit=limit,
         )

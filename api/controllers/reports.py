@@ -11,7 +11,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, parse_duration, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
 from api.schemas import IdleClaims, to_struct
 from ledger import services
@@ -43,7 +43,7 @@ class ReportsController(Controller):
             ),
         ] = None,
         at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> IdleClaims:
@@ -52,7 +52,8 @@ class ReportsController(Controller):
         references). ``idleSince`` is when it became idle; ``wastedDeviceHours`` = hours since then x
         devices held. Thresholds come from the configuration (30 minutes each by default).
         """
-        query = pagination.fingerprint({"minIdle": min_idle, "cluster": cluster or ctx.cluster, "at": at})
+        scope = parse_cluster(cluster, ctx)
+        query = pagination.fingerprint({"minIdle": min_idle, "cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         idle = ctx.config.idle
@@ -66,7 +67,7 @@ class ReportsController(Controller):
             at=when,
             min_idle=parse_duration(min_idle, "minIdle"),
             thresholds=thresholds,
-            cluster=cluster or ctx.cluster,
+            cluster=scope,
         )
         rows = [c for c in body["claims"] if access.sees(c["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)

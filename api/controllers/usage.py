@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import csv
-import io
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response, get
+from litestar.datastructures import Accept
+from litestar.datastructures.headers import MediaTypeHeader  # the parser Accept itself uses for each range
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, parse_duration, parse_instant
+from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
 from api.schemas import Usage, to_struct
 from ledger import services
@@ -24,13 +25,15 @@ CSV_COLUMNS = ("group", "deviceClass", "driver", "start", "end", "deviceHours", 
 
 
 def usage_csv(body: dict[str, Any]) -> str:
-    """Render a usage body as CSV with a header row of :data:`CSV_COLUMNS`."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    """Render a usage body as CSV with a header row of :data:`CSV_COLUMNS`, one line per row of the body.
+
+    Written by :func:`ledger.services.csv_table`: CRLF line ends, and text cells that a spreadsheet would
+    evaluate (a team label ``=HYPERLINK(...)``) prefixed with ``'``; ``deviceHours`` and ``cost`` stay numbers.
+    """
     key = body["groupBy"]
-    for row in body["rows"]:
-        writer.writerow(
+    return services.csv_table(
+        CSV_COLUMNS,
+        (
             [
                 row.get(key) or "",
                 row.get("deviceClass") or "",
@@ -41,8 +44,38 @@ def usage_csv(body: dict[str, Any]) -> str:
                 "" if row.get("cost") is None else row["cost"],
                 row.get("currency") or "",
             ]
-        )
-    return out.getvalue()
+            for row in body["rows"]
+        ),
+    )
+
+
+def refused(accept: Accept, media_type: str) -> bool:
+    """Whether the client marked ``media_type`` as not acceptable: the most specific range of ``accept`` that
+    matches it has ``q=0`` (RFC 9110 §12.5.1). ``text/*, text/csv;q=0`` refuses CSV; ``*/*;q=0, text/csv`` does not.
+
+    A range whose ``q`` is not a number counts as ``q=1``, as Litestar's :class:`Accept` orders it.
+    """
+    offered = MediaTypeHeader(media_type)
+    matching = [r for r in map(MediaTypeHeader, accept) if offered.match(r)]
+    if not matching:
+        return False
+    quality = max(matching, key=lambda r: r.priority[1]).params.get("q", "1")  # priority = (q, specificity)
+    try:
+        return float(quality) == 0
+    except ValueError:
+        return False
+
+
+def negotiate(accept: Accept, offered: Sequence[str]) -> str:
+    """The media type to answer with: Litestar's :meth:`Accept.best_match` (highest ``q``, then the most
+    specific range, then header order) among the ``offered`` types the client did not refuse with ``q=0``;
+    ``offered[0]`` when none is left.
+
+    Nothing acceptable left (``Accept: text/csv;q=0``, ``Accept: image/png``) is answered with ``offered[0]``
+    rather than 406, as RFC 9110 §12.5.1 allows: the API's default representation is always sent.
+    """
+    allowed = [t for t in offered if not refused(accept, t)]
+    return accept.best_match(allowed, default=offered[0]) if allowed else offered[0]
 
 
 class UsageController(Controller):
@@ -72,7 +105,7 @@ class UsageController(Controller):
             str | None,
             QueryParameter(description="Bucket length for a time series: ISO 8601 duration (PT1H) or seconds."),
         ] = None,
-        cluster: Annotated[str | None, QueryParameter(description="Only this cluster.")] = None,
+        cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 1000,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> Response[Usage]:
@@ -80,8 +113,10 @@ class UsageController(Controller):
         group value, DeviceClass and driver (different kinds of device are never summed); ``adminAccess``
         is not billed; a device held by several allocations at once is split equally among them. With a
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
-        whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency.
+        whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
+        (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON.
         """
+        scope = parse_cluster(cluster, ctx)
         t0, t1 = parse_instant(start, "from"), parse_instant(end, "to")
         if not t0 < t1:
             raise Invalid("from must be before to")
@@ -91,16 +126,16 @@ class UsageController(Controller):
             start=t0,
             end=t1,
             group_by=group_by,
-            cluster=cluster or ctx.cluster,
+            cluster=scope,
             teams=sorted(access.teams) if access.teams is not None else None,
             step=bucket,
             config=ctx.config,
         )
-        # Content negotiation with q-values (Litestar's Accept): JSON unless CSV is preferred.
-        if request.accept.best_match(["application/json", "text/csv"], default="application/json") == "text/csv":
+        # JSON unless the client prefers CSV (q-values; q=0 refuses a type), see negotiate().
+        if negotiate(request.accept, ["application/json", "text/csv"]) == "text/csv":
             return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
         query = pagination.fingerprint(
-            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": cluster or ctx.cluster}
+            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
         )
         page = pagination.decode(page_token, query=query)
         rows = body["rows"]

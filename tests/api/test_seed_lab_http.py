@@ -101,6 +101,9 @@ def test_csv_export_opens_as_a_table_with_the_documented_columns(client: TestCli
 @pytest.mark.parametrize(("accept", "csv_wanted"), [
     ("text/csv;q=0.1, application/json", False), ("application/json;q=0.5, text/csv", True), ("text/*", True),
     ("*/*", False), ("application/json", False),
+    # q=0 means "not acceptable" (RFC 9110 §12.5.1); with nothing acceptable left the answer is JSON.
+    ("text/csv;q=0", False), ("text/*, text/csv;q=0", False), ("text/csv;q=0.0, */*", False),
+    ("application/json;q=0, text/csv;q=0", False), ("image/png", False), ("*/*;q=0, text/csv", True),
 ])
 def test_usage_answers_csv_only_when_the_client_prefers_it(client: TestClient[Litestar], accept: str,
                                                           csv_wanted: bool) -> None:
@@ -229,23 +232,25 @@ def test_a_page_token_whose_offset_is_not_a_count_is_a_422_problem(client: TestC
 @pytest.mark.parametrize(("path", "params", "status"), [
     ("/v1/occupancy", {"at": "yesterday"}, 422),
     ("/v1/occupancy", {"at": "2026-11-02T09:30:00"}, 422),
-    ("/v1/occupancy", {"limit": "-1"}, 400),
-    ("/v1/occupancy", {"limit": "abc"}, 400),
+    ("/v1/occupancy", {"limit": "-1"}, 422),
+    ("/v1/occupancy", {"limit": "abc"}, 422),
+    ("/v1/occupancy", {"limit": "1001"}, 422),
     ("/v1/usage", {"from": "2026-11-02T12:00:00Z", "to": "2026-11-02T09:00:00Z"}, 422),
-    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"}, 400),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"}, 422),
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT1S"}, 422),
-    ("/v1/usage", {"to": "2026-11-02T12:00:00Z"}, 400),
+    ("/v1/usage", {"to": "2026-11-02T12:00:00Z"}, 400),  # a required parameter missing
     ("/v1/reports/idle-claims", {"minIdle": "soon"}, 422),
     ("/v1/reports/idle-claims", {"minIdle": "PT1H1H"}, 422),  # pydantic alone adds the two hours
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "PT30M30M"}, 422),
-    ("/v1/claims", {"state": "sleeping"}, 400),
+    ("/v1/claims", {"state": "sleeping"}, 422),
+    ("/v1/claims", {"origin": "borrowed"}, 422),
     ("/v1/claims/ml-train/no-such-claim/history", {}, 404),
-    ("/v1/events", {"afterPosition": "-3"}, 400),
+    ("/v1/events", {"afterPosition": "-3"}, 422),
     ("/v1/events", {"type": "claimallocated"}, 422),
     ("/v1/events", {"type": "Bogus"}, 422),
 ])
-def test_bad_parameters_are_4xx_problem_details(client: TestClient[Litestar], path: str, params: dict[str, str],
-                                                status: int) -> None:
+def test_bad_values_are_422_and_a_missing_parameter_400_problem_details(client: TestClient[Litestar], path: str,
+                                                                        params: dict[str, str], status: int) -> None:
     response = client.get(path, params=params)
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
@@ -266,6 +271,58 @@ def test_a_bad_parameter_is_named_as_the_client_spells_it(client: TestClient[Lit
     assert python_name not in detail
 
 
+@pytest.mark.parametrize(("path", "params"), [
+    ("/v1/reports/idle-claims", {"minIdle": "P99999999999D"}),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "1e300"}),
+])
+def test_a_duration_too_long_is_a_422_saying_out_of_range_and_the_longest(client: TestClient[Litestar], path: str,
+                                                                          params: dict[str, str]) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code == 422
+    name, value = next((k, v) for k, v in params.items() if k in ("minIdle", "step"))
+    assert response.json()["detail"] == (f"{name}: {value!r} is out of range; the longest duration accepted is "
+                                         "P36500D (100 years, 3153600000 seconds), the shortest 0")
+
+
+HINT = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
+
+
+@pytest.mark.parametrize(("query", "detail"), [
+    ("/v1/occupancy?at=2026-11-02T10:30:00+01:00",
+     "at: not an RFC 3339 time with a zone: '2026-11-02T10:30:00 01:00'" + HINT),
+    ("/v1/usage?from=2026-11-02T09:00:00.5+01:00&to=2026-11-02T12:00:00Z",
+     "from: not an RFC 3339 time with a zone: '2026-11-02T09:00:00.5 01:00'" + HINT),
+    ("/v1/occupancy?at=2026-11-02 10:30:00", "at: not an RFC 3339 time with a zone: '2026-11-02 10:30:00'"),
+    ("/v1/occupancy?at=yesterday", "at: not an RFC 3339 time with a zone: 'yesterday'"),
+])
+def test_an_offset_whose_plus_arrived_as_a_space_gets_a_hint_to_encode_it(client: TestClient[Litestar], query: str,
+                                                                          detail: str) -> None:
+    response = client.get(query)  # the query string as written: '+' is not percent-encoded
+    assert response.status_code == 422
+    assert response.json()["detail"] == detail
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/occupancy", "/v1/claims", "/v1/claims/ml-serve/shared-gpu/history", "/v1/quotas", "/v1/shared",
+    "/v1/pending", "/v1/reports/idle-claims", "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline",
+    "/v1/usage?from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z",
+])
+def test_an_empty_cluster_is_a_422_saying_to_leave_it_out(client: TestClient[Litestar], path: str) -> None:
+    # It used to mean every cluster, while an empty at= was refused.
+    response = client.get(path + ("&" if "?" in path else "?") + "cluster=")
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "cluster: empty; leave the parameter out to ask about every cluster"
+
+
+def test_an_app_for_an_empty_cluster_is_refused(seeded: LedgerHandle) -> None:
+    from api.app import create_app
+    from ledger.config import DEFAULT
+    from ledger.errors import Invalid
+
+    with pytest.raises(Invalid, match=r"^cluster: empty; leave it out to answer for every cluster$"):
+        create_app(db=seeded.db, config=DEFAULT, cluster="")
+
+
 def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: TestClient[Litestar]) -> None:
     # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, so 2 s.
     response = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
@@ -279,6 +336,7 @@ def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: Tes
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"},
      "team, namespace, deviceClass, model, node"),
     ("/v1/claims", {"state": "sleeping"}, "pending, allocated, deleted, all"),
+    ("/v1/claims", {"origin": "borrowed"}, "manual, template, extended"),
 ])
 def test_a_value_outside_a_fixed_set_is_answered_with_the_set(client: TestClient[Litestar], path: str,
                                                               params: dict[str, str], choices: str) -> None:

@@ -51,3 +51,10 @@ def test_the_demo_serves_on_its_port_option(registered: tuple[typer.Typer, int])
     # A taken port: serve_api stops at its port check, naming the port it was given.
     with taken_port() as port, pytest.raises(LedgerError, match=f"127.0.0.1:{port}"):
         followup(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), port)
+
+
+def test_an_empty_cluster_is_refused_before_the_database_is_touched() -> None:
+    # An empty name would filter on a cluster called "" and serve nothing; the URL leads nowhere on purpose.
+    with pytest.raises(LedgerError, match=r"^--cluster is empty; leave it out to serve every cluster$"):
+        serve_api(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), host="127.0.0.1", port=8472,
+                  allow_open=False, cluster="")

@@ -43,6 +43,8 @@ def test_bad_parameters_are_reported_not_crashed(ledger_engine: Engine) -> None:
     assert reversed_window.exit_code == 2 and "--from must be before --to" in reversed_window.output
     bad_idle = CliRunner().invoke(app, ["idle-claims", "--min-idle", "soon", "--database-url", url])
     assert bad_idle.exit_code == 2 and "ISO 8601" in bad_idle.output
+    huge_idle = CliRunner().invoke(app, ["idle-claims", "--min-idle", "P99999999999D", "--database-url", url])
+    assert huge_idle.exit_code == 2 and "out of range" in huge_idle.output and "P36500D" in huge_idle.output
 
 
 def test_a_database_without_the_schema_is_refused_with_the_command_to_run(ledger_server: str) -> None:

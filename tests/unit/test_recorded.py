@@ -661,8 +661,26 @@ def test_a_duration_is_iso_8601_or_seconds(value: str, expected: timedelta) -> N
 @pytest.mark.parametrize(("value", "reason"), [
     ("PT1H1H", "ISO 8601"), ("PT30M30M", "ISO 8601"), ("PT1M1H", "ISO 8601"), ("P", "ISO 8601"), ("PT", "ISO 8601"),
     ("soon", "ISO 8601"), ("1 day", "ISO 8601"), ("P1M", "no fixed length"), ("P1Y2D", "no fixed length"),
-    ("-PT1H", "between 0 and 100 years"), ("P36600D", "between 0 and 100 years"),
+    ("P1.5W1D", "ISO 8601"), ("nan", "ISO 8601"),  # a fraction is only allowed in the last unit
+    ("-PT1H", "out of range"), ("-1", "out of range"), ("P36600D", "out of range"), ("P36500DT1S", "out of range"),
 ])
 def test_a_duration_in_another_shape_is_refused_naming_the_parameter(value: str, reason: str) -> None:
     with pytest.raises(Invalid, match=f"^minIdle: .*{reason}"):
         parse_duration(value, "minIdle")
+
+
+@pytest.mark.parametrize("value", ["P99999999999D", "P999999999W", "PT99999999999999999999H", "1e300", "inf",
+                                   "99999999999999999999"])
+def test_a_duration_too_long_for_timedelta_says_out_of_range_and_the_longest_accepted(value: str) -> None:
+    # These overflow pydantic's (and timedelta's) arithmetic; the message used to call them not a duration.
+    with pytest.raises(Invalid) as caught:
+        parse_duration(value, "minIdle")
+
+    assert str(caught.value) == (f"minIdle: {value!r} is out of range; the longest duration accepted is P36500D "
+                                 "(100 years, 3153600000 seconds), the shortest 0")
+
+
+def test_the_longest_duration_accepted_is_exactly_100_years_in_either_form() -> None:
+    # 36,500 days x 86,400 s = 3,153,600,000 s; 5,214 weeks + 2 days = 36,500 days.
+    assert {parse_duration(v, "minIdle") for v in ("P36500D", "P5214W2D", "PT876000H", "3153600000")} == \
+        {timedelta(days=36_500)}
