@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import importlib.metadata
 import importlib.resources
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,8 +60,27 @@ DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DA
                                                  help="Embedded PostgreSQL data directory.")]
 UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                             help="Ledger database URL; unset = embedded PostgreSQL.")]
+WriteClusterOpt = Annotated[str | None, typer.Option(
+    "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default').")]
+
+
+def _read_cluster(value: str | None) -> str | None:
+    """Refuse an empty cluster name (``--cluster ""`` or an empty ``LEDGER_CLUSTER``) with exit code 2.
+
+    Why: an empty name would filter on a cluster called "" and silently show nothing (or, from the
+    environment, silently mean every cluster); the REST API refuses
+    an empty ``cluster=`` with the same words (``api.deps.parse_cluster``).
+    """
+    # Click takes an empty environment variable for an unset one: look at LEDGER_CLUSTER itself.
+    if value == "" or (value is None and os.environ.get("LEDGER_CLUSTER") == ""):
+        raise typer.BadParameter("empty; leave the option out (and LEDGER_CLUSTER unset) to ask about every "
+                                 "cluster", param_hint="--cluster")
+    return value
+
+
 ClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default' when writing, all when reading).")]
+    "--cluster", envvar="LEDGER_CLUSTER", callback=_read_cluster,
+    help="Cluster name (default: every cluster); an empty name is refused.")]
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
 
@@ -237,7 +257,7 @@ def replay(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, readable=True,
                                                 help="Recorded histories, kubectl watch output or Lists.")],
     at: Annotated[str | None, typer.Option("--at", help="Receive time for Lists without one (RFC 3339).")] = None,
-    cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
+    cluster: WriteClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
     settings = settings_from(url, data_dir)
