@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import importlib.metadata
 import importlib.resources
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ledger import services
+from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
@@ -59,8 +61,27 @@ DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DA
                                                  help="Embedded PostgreSQL data directory.")]
 UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                             help="Ledger database URL; unset = embedded PostgreSQL.")]
+WriteClusterOpt = Annotated[str | None, typer.Option(
+    "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default').")]
+
+
+def _read_cluster(value: str | None) -> str | None:
+    """Refuse an empty cluster name (``--cluster ""`` or an empty ``LEDGER_CLUSTER``) with exit code 2.
+
+    Why: an empty name would filter on a cluster called "" and silently show nothing (or, from the
+    environment, silently mean every cluster); the REST API refuses
+    an empty ``cluster=`` with the same words (``api.deps.parse_cluster``).
+    """
+    # Click takes an empty environment variable for an unset one: look at LEDGER_CLUSTER itself.
+    if value == "" or (value is None and os.environ.get("LEDGER_CLUSTER") == ""):
+        raise typer.BadParameter("empty; leave the option out (and LEDGER_CLUSTER unset) to ask about every "
+                                 "cluster", param_hint="--cluster")
+    return value
+
+
 ClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default' when writing, all when reading).")]
+    "--cluster", envvar="LEDGER_CLUSTER", callback=_read_cluster,
+    help="Cluster name (default: every cluster); an empty name is refused.")]
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
 
@@ -237,7 +258,7 @@ def replay(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, readable=True,
                                                 help="Recorded histories, kubectl watch output or Lists.")],
     at: Annotated[str | None, typer.Option("--at", help="Receive time for Lists without one (RFC 3339).")] = None,
-    cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
+    cluster: WriteClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
     settings = settings_from(url, data_dir)
@@ -419,13 +440,15 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
 def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="Only this node.")] = None,
               driver: Annotated[str | None, typer.Option(help="Only this driver.")] = None,
               pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
-              cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
-              data_dir: DataDirOpt = None) -> None:
+              config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
+              url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Every device at T with its holders and the totals devices / allocated / free / shared."""
     when = _time(at, "--at")
+    cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return _whole_page(services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool))
+        return _whole_page(services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool,
+                                                  config=cfg))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_occupancy)
 
@@ -450,17 +473,18 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed);
-    with prices in the configuration file (its prices tables), priced rows carry a cost."""
+    with prices in the configuration file (its prices tables), priced rows carry a cost; its team
+    overrides decide the team."""
     t0, t1 = _time(start, "--from"), _time(end, "--to")
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
     # The API's parser and, in services.usage, the API's bucket limits: the same answers and messages.
     bucket = _duration(step, "--step") if step is not None else None
-    prices = _config(config)
+    cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
         return _whole_page(services.usage(db, start=t0, end=t1, group_by=group_by.value, cluster=cluster,
-                                         step=bucket, config=prices))
+                                         step=bucket, config=cfg))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_usage)
 
@@ -477,13 +501,16 @@ class ClaimState(enum.StrEnum):
 @app.command()
 def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = ClaimState.all,
            at: AtOpt = None, namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
-           cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
-           data_dir: DataDirOpt = None) -> None:
-    """Claims at T with state, origin, team, requested devices, allocated devices and consumers."""
+           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
+           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Claims at T with state, origin, team (after the configured overrides), requested devices, allocated
+    devices and consumers."""
     when = _time(at, "--at")
+    cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return _whole_page(services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace))
+        return _whole_page(services.claims(db, at=when, state=state.value, cluster=cluster, namespace=namespace,
+                                           config=cfg))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_claims)
 
@@ -492,14 +519,16 @@ def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = Cl
 def idle_claims(at: AtOpt = None,
                 min_idle: Annotated[str | None, typer.Option("--min-idle", help="Override every category's "
                                                              "threshold (ISO 8601 or seconds).")] = None,
-                cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
-                data_dir: DataDirOpt = None) -> None:
-    """Idle claims at T: unreserved, inactive-consumers, unreferenced (default threshold 30 min each)."""
+                config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
+                url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Idle claims at T: unreserved, inactive-consumers, unreferenced (thresholds from [idle], 30 min each by
+    default; teams after the configured overrides), as `report idle-claims` and the API answer."""
     when = _time(at, "--at")
     threshold = _duration(min_idle, "--min-idle") if min_idle is not None else None
+    cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return _whole_page(services.idle_claims(db, at=when, min_idle=threshold, cluster=cluster))
+        return _whole_page(services.idle_report(db, at=when, config=cfg, min_idle=threshold, cluster=cluster))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_idle)
 
@@ -623,35 +652,37 @@ def shared(at: AtOpt = None,
            start: Annotated[str | None, typer.Option("--from", help="With --to: shared device-hours charged "
                                                      "over [from, to) instead.")] = None,
            end: Annotated[str | None, typer.Option("--to", help="Window end, exclusive (RFC 3339).")] = None,
-           cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
-           data_dir: DataDirOpt = None) -> None:
+           config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
+           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Shared devices (shareID, consumable capacity), partitions of counter sets, multi-consumer claims at T."""
     if (start is None) != (end is None):
         raise typer.BadParameter("give both --from and --to, or neither", param_hint="--from")
+    cfg = _config(config)
     if start is not None and end is not None:
         t0, t1 = _time(start, "--from"), _time(end, "--to")
 
         def run_window(db: LedgerDatabase) -> JSONObject:
-            return services.shared_usage(db, start=t0, end=t1, cluster=cluster)
+            return services.shared_usage(db, start=t0, end=t1, cluster=cluster, config=cfg)
 
         _emit(_query(settings_from(url, data_dir), run_window), output, render_shared_usage)
         return
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.shared(db, at=when, cluster=cluster)
+        return services.shared(db, at=when, cluster=cluster, config=cfg)
 
     _emit(_query(settings_from(url, data_dir), run), output, render_shared)
 
 
 @app.command()
-def pending(at: AtOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table, url: UrlOpt = None,
-            data_dir: DataDirOpt = None) -> None:
+def pending(at: AtOpt = None, config: ConfigOpt = None, cluster: ClusterOpt = None,
+            output: OutputOpt = Output.table, url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Pending demand at T: per DeviceClass claims waiting, devices requested, devices free (CEL, taints)."""
     when = _time(at, "--at")
+    cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return _whole_page(services.pending(db, at=when, cluster=cluster))
+        return _whole_page(services.pending(db, at=when, cluster=cluster, config=cfg))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_pending)
 
@@ -753,7 +784,7 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
         render_occupancy(services.occupancy_all(db, at=end, cluster=c))
         render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
                                     group_by="team", cluster=c))
-        render_idle(services.idle_claims(db, at=end, cluster=c))
+        render_idle(services.idle_report(db, at=end, config=DEFAULT_CONFIG, cluster=c))
     where = ("the embedded server keeps running for the next command (stop it with `dra-ledger db stop`)"
              if not settings.database_url else "it is in the database of LEDGER_DATABASE_URL")
     # The hints name the ledger the demo used: without them a query would start (or ask) another one.

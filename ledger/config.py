@@ -234,7 +234,8 @@ class LedgerConfig(_Model):
 
     def team_of(self, namespace: str, recorded: str) -> str:
         """Return the team billed for ``namespace``: an override from ``teams.overrides``, else ``recorded``
-        (the team the ledger recorded from the namespace label)."""
+        (the team the ledger recorded from the namespace label). The read queries take the same mapping as
+        ``overrides`` and apply it the same way (``ledger.projections.queries.NO_OVERRIDES`` when none)."""
         return self.teams.overrides.get(namespace, recorded)
 
     def quota_of(self, team: str, resource_name: str) -> float | None:

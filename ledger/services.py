@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ledger.config import LedgerConfig
+from ledger.config import DEFAULT, LedgerConfig
 from ledger.errors import Conflict, Invalid, LedgerError, StoreUnavailable, StreamConflict
 from ledger.events import NewEvent, RecordedEvent
 from ledger.projections import counts, queries, rollups, runner, settled, snapshots
@@ -618,16 +618,18 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 
 
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
-                  driver: str | None = None, pool: str | None = None) -> JSONObject:
+                  driver: str | None = None, pool: str | None = None, config: LedgerConfig = DEFAULT) -> JSONObject:
     """Every device at ``at`` with its holders, and totals: all pages in one body (CLI, demo).
 
-    One REPEATABLE READ snapshot; see :func:`ledger.projections.queries.occupancy_all`.
+    One REPEATABLE READ snapshot; see :func:`ledger.projections.queries.occupancy_all`. Allocations name
+    the team after ``config.teams.overrides``.
 
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
     with db.snapshot() as conn:
-        return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool)
+        return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
+                                     overrides=config.teams.overrides)
 
 
 @dataclass(slots=True)
@@ -638,7 +640,7 @@ class _SettledOccupancy:
 
 
 _OccupancyKey = tuple[str, str | None, str | None, str | None, str | None, tuple[str, ...] | None,
-                      DeviceSortKey | None, int]
+                      tuple[tuple[str, str], ...], DeviceSortKey | None, int]
 _OCCUPANCY_CACHE: dict[_OccupancyKey, _SettledOccupancy] = {}
 _OCCUPANCY_LOCK = threading.Lock()
 OCCUPANCY_CACHE_ENTRIES = 64
@@ -648,8 +650,8 @@ default limit of 100 devices, so a few MB at most."""
 
 def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
                       driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
-                      after: DeviceSortKey | None = None,
-                      limit: int = queries.OCCUPANCY_DEFAULT_LIMIT) -> queries.OccupancyPage:
+                      after: DeviceSortKey | None = None, limit: int = queries.OCCUPANCY_DEFAULT_LIMIT,
+                      config: LedgerConfig = DEFAULT) -> queries.OccupancyPage:
     """One page of devices at ``at`` with their holders, and totals over all pages, read in one snapshot
     (see :func:`ledger.projections.queries.occupancy` for the body, ``teams``, ``after`` and ``limit``);
     answered from memory while the read models have not moved (the API's "now").
@@ -657,14 +659,16 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
     Exact, not approximate: see :mod:`ledger.projections.settled`. A cached page is used only when
     every checkpoint is where it was when the page was computed and ``at`` is at or after every finite
     interval bound; otherwise the page is computed (and kept when ``at`` qualifies). One checkpoint
-    read per hit. Pages are cached one by one (key: filters, teams, ``after``, ``limit``), oldest out first.
+    read per hit. Pages are cached one by one (key: filters, teams, team overrides, ``after``, ``limit``),
+    oldest out first. Allocations name, and ``teams`` limits by, the team after ``config.teams.overrides``.
 
     Raises:
         Invalid: ``limit`` outside 1..1000.
         StoreUnavailable: the database cannot be reached.
     """
+    overrides = config.teams.overrides
     key: _OccupancyKey = (db.url, cluster, node, driver, pool, tuple(sorted(teams)) if teams is not None else None,
-                          after, limit)
+                          tuple(sorted(overrides.items())), after, limit)
     with db.reading() as conn:
         checkpoints = settled.read_checkpoints(conn)
     hit = _OCCUPANCY_CACHE.get(key)
@@ -674,7 +678,7 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
         # One snapshot for the version and the page, so the page is exactly the one of those checkpoints.
         version = settled.read_version(conn)
         page = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
-                                 after=after, limit=limit)
+                                 after=after, limit=limit, overrides=overrides)
     if version.settled_at is None or at >= version.settled_at:
         if len(_OCCUPANCY_CACHE) >= OCCUPANCY_CACHE_ENTRIES and key not in _OCCUPANCY_CACHE:
             _OCCUPANCY_CACHE.pop(next(iter(_OCCUPANCY_CACHE)))
@@ -688,6 +692,8 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
           config: LedgerConfig | None = None) -> JSONObject:
     """Device-hours over ``[start, end)``; see :func:`ledger.projections.queries.usage`.
 
+    ``config.teams.overrides`` (when given) rebill the hours of an overridden namespace to the override's
+    team, for the ``team`` grouping and the ``teams`` limit alike, over the whole window (retroactively).
     ``config.prices`` (when given and not empty) adds a ``cost`` to priced rows. Without prices, ``teams``
     or ``step`` the whole hours come from the hourly rollups (:func:`usage_from_rollups`: table
     ``usage_rollups_by_team``, or ``usage_rollups`` for ``group_by="node"``); rolled hours that a late
@@ -697,6 +703,7 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
         Invalid: unknown ``group_by``, an empty window, or a bad ``step``.
     """
     prices = None
+    overrides = config.teams.overrides if config is not None else queries.NO_OVERRIDES
     if config is not None and config.prices:
         prices = queries.PriceTable(
             by_class={p.device_class: p.per_device_hour for p in config.prices if p.device_class},
@@ -706,27 +713,23 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
         if step is None and teams is None and prices is None:
             # Whole hours from the hourly rollups, the rest from the live intervals: the same body (tested),
             # in time that grows with the hours in the window instead of the allocations in it.
-            return rollups.usage_from_rollups(conn, start=start, end=end, group_by=group_by, cluster=cluster)
+            return rollups.usage_from_rollups(conn, start=start, end=end, group_by=group_by, cluster=cluster,
+                                              overrides=overrides)
         return queries.usage(conn, start=start, end=end, group_by=group_by, cluster=cluster, teams=teams,
-                             step=step, prices=prices)
+                             step=step, prices=prices, overrides=overrides)
 
 
 def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str | None = None,
-           namespace: str | None = None) -> JSONObject:
-    """Claims at ``at``; see :func:`ledger.projections.queries.claims`.
+           namespace: str | None = None, config: LedgerConfig = DEFAULT) -> JSONObject:
+    """Claims at ``at``; see :func:`ledger.projections.queries.claims`. ``team`` follows
+    ``config.teams.overrides``.
 
     Raises:
         Invalid: unknown ``state``.
     """
     with db.reading() as conn:
-        return queries.claims(conn, at=at, state=state, cluster=cluster, namespace=namespace)
-
-
-def idle_claims(db: LedgerDatabase, *, at: datetime, min_idle: timedelta | None = None,
-                thresholds: IdleThresholds = IdleThresholds(), cluster: str | None = None) -> JSONObject:
-    """The idle-claim report at ``at``; see :func:`ledger.projections.queries.idle_claims`."""
-    with db.reading() as conn:
-        return queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=thresholds, cluster=cluster)
+        return queries.claims(conn, at=at, state=state, cluster=cluster, namespace=namespace,
+                              overrides=config.teams.overrides)
 
 
 # --- audit log, histories, timelines --------------------------------------------------------------
@@ -777,8 +780,9 @@ def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str
 
 
 def device_timeline(db: LedgerDatabase, *, driver: str, pool: str, device: str, start: datetime, end: datetime,
-                    cluster: str | None = None) -> JSONObject:
+                    cluster: str | None = None, config: LedgerConfig = DEFAULT) -> JSONObject:
     """Inventory and allocation intervals of one device; see :func:`ledger.projections.queries.device_timeline`.
+    An allocation's ``team`` follows ``config.teams.overrides``.
 
     Raises:
         Invalid: ``start`` is not before ``end``.
@@ -788,7 +792,7 @@ def device_timeline(db: LedgerDatabase, *, driver: str, pool: str, device: str, 
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     with db.reading() as conn:
         return queries.device_timeline(conn, driver=driver, pool=pool, device=device, start=start, end=end,
-                                       cluster=cluster)
+                                       cluster=cluster, overrides=config.teams.overrides)
 
 
 def ping(db: LedgerDatabase) -> None:
@@ -1070,41 +1074,46 @@ def quota_history(db: LedgerDatabase, *, start: datetime, end: datetime, config:
         return quota_counting.quota_history(conn, start=start, end=end, config=config, cluster=cluster)
 
 
-def shared(db: LedgerDatabase, *, at: datetime, cluster: str | None = None) -> JSONObject:
+def shared(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
+           config: LedgerConfig = DEFAULT) -> JSONObject:
     """Shared devices, partitionable counter sets and multi-consumer claims at ``at``.
 
     Body (``GET /v1/shared``): ``{"at", "totals": {"sharedDevices", "counterSets", "sharedClaims"},
     "devices": [...], "counterSets": [...], "claims": [...]}``; see
-    :func:`ledger.projections.shared.shared` for every field and the chargeback split.
+    :func:`ledger.projections.shared.shared` for every field and the chargeback split. Every ``team``
+    follows ``config.teams.overrides``.
     """
     with db.reading() as conn:
-        return sharing.shared(conn, at=at, cluster=cluster)
+        return sharing.shared(conn, at=at, cluster=cluster, overrides=config.teams.overrides)
 
 
-def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster: str | None = None) -> JSONObject:
+def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster: str | None = None,
+                 config: LedgerConfig = DEFAULT) -> JSONObject:
     """Chargeback of shared device-hours over ``[start, end)``, split by consumed capacity else equally.
 
     Body: ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
     [{"driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; see
-    :func:`ledger.projections.shared.shared_usage`.
+    :func:`ledger.projections.shared.shared_usage`. Rows are billed to the team after
+    ``config.teams.overrides``.
 
     Raises:
         Invalid: ``start`` is not before ``end``.
     """
     with db.reading() as conn:
-        return sharing.shared_usage(conn, start=start, end=end, cluster=cluster)
+        return sharing.shared_usage(conn, start=start, end=end, cluster=cluster, overrides=config.teams.overrides)
 
 
-def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None) -> JSONObject:
+def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
+            config: LedgerConfig = DEFAULT) -> JSONObject:
     """Pending demand at ``at``: per DeviceClass claims waiting, devices requested, devices free.
 
     Body (``GET /v1/pending``): ``{"at", "classes": [{"deviceClass", "claims", "requested", "free"}],
     "claims": [{"namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests":
     [{"request", "deviceClass", "allocationMode", "count", "free"}]}]}``; see
-    :func:`ledger.projections.pending.pending`.
+    :func:`ledger.projections.pending.pending`. ``team`` follows ``config.teams.overrides``.
     """
     with db.reading() as conn:
-        return pending_demand.pending(conn, at=at, cluster=cluster)
+        return pending_demand.pending(conn, at=at, cluster=cluster, overrides=config.teams.overrides)
 
 
 def idle_thresholds(config: LedgerConfig) -> IdleThresholds:
@@ -1123,14 +1132,8 @@ def idle_report(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, min_i
     ``min_idle`` overrides every category's threshold.
     """
     with db.reading() as conn:
-        body = queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=idle_thresholds(config),
-                                   cluster=cluster)
-    rows = body["claims"]
-    assert isinstance(rows, list)
-    for row in rows:
-        assert isinstance(row, dict)
-        row["team"] = config.team_of(str(row["namespace"]), str(row["team"]))
-    return body
+        return queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=idle_thresholds(config),
+                                   cluster=cluster, overrides=config.teams.overrides)
 
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")

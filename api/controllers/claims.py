@@ -39,7 +39,9 @@ class ClaimsController(Controller):
             Literal["pending", "allocated", "deleted", "all"], QueryParameter(name="state", description="Which claims.")
         ] = "all",
         namespace: Annotated[str | None, QueryParameter(description="Only this namespace.")] = None,
-        team: Annotated[str | None, QueryParameter(description="Only claims billed to this team.")] = None,
+        team: Annotated[
+            str | None, QueryParameter(description="Only claims billed to this team (after [teams] overrides).")
+        ] = None,
         origin: Annotated[
             Literal["manual", "template", "extended"] | None, QueryParameter(description="Only claims of this origin.")
         ] = None,
@@ -51,7 +53,9 @@ class ClaimsController(Controller):
         """Claims known at T (tables ``claims``, ``claim_states``, ``device_allocations``,
         ``claim_consumers``), ordered by namespace and name: ``requested`` per DeviceClass from
         ``spec.devices.requests[]``, ``devices`` from ``status.allocation.devices.results[]``, ``consumers``
-        the live ``reservedFor`` entries. A claim deleted before T has state ``deleted``.
+        the live ``reservedFor`` entries. A claim deleted before T has state ``deleted``. ``team``, the
+        ``team`` filter and a team-limited token all use the team after the configuration's
+        ``[teams] overrides``.
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
@@ -67,7 +71,7 @@ class ClaimsController(Controller):
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = services.claims(
-            ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace
+            ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, config=ctx.config
         )
         rows = [
             c
@@ -104,7 +108,9 @@ class ClaimsController(Controller):
         if access.teams is not None:
             # Each claim by the team it is billed to (a deleted one: its team when deleted), never by the
             # namespace's team now: a relabel must not hand an older claim's history to the new team.
-            listed: Any = services.claims(ctx.db, at=datetime.now(UTC), cluster=scope, namespace=namespace)
+            listed: Any = services.claims(
+                ctx.db, at=datetime.now(UTC), cluster=scope, namespace=namespace, config=ctx.config
+            )
             mine = {c["uid"] for c in listed["claims"] if c["name"] == name and access.sees(c["team"])}
             if not mine:
                 raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")

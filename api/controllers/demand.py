@@ -92,7 +92,7 @@ class DemandController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         when = parse_instant(at, "at")
-        body = scope_shared(services.shared(ctx.db, at=when, cluster=scope), access)
+        body = scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access)
         return to_struct(body, Shared)
 
     @get("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
@@ -107,6 +107,6 @@ class DemandController(Controller):
         query = pagination.fingerprint({"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
-        body = scope_pending(services.pending(ctx.db, at=when, cluster=scope), access)
+        body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)
         chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

@@ -113,7 +113,7 @@ class DevicesController(Controller):
             given = "from" if start is not None else "from (by default 1970-01-01T00:00:00Z)"
             raise Invalid(f"{given} must be before to")
         body: Any = services.device_timeline(
-            ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=scope
+            ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=scope, config=ctx.config
         )
         if access.teams is not None:
             body["entries"] = [e for e in body["entries"] if e["kind"] == "inventory" or access.sees(e["team"])]

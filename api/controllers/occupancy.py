@@ -62,11 +62,12 @@ class OccupancyController(Controller):
             raise Invalid("pageToken is not a token this API issued")
         when = parse_instant(page.at or at, "at")
         # A team-limited token sees the devices its teams hold, only their allocations, and totals over
-        # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy).
+        # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy),
+        # on the team after the configuration's [teams] overrides.
         answer = services.occupancy_settled(
             ctx.db, at=when, cluster=scope, node=node, driver=driver, pool=pool, teams=access.teams,
             after=(page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None,
-            limit=limit,
+            limit=limit, config=ctx.config,
         )
         body = answer.body
         token = (

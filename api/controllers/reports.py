@@ -15,7 +15,6 @@ from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, pars
 from api.errors import V1_PROBLEMS
 from api.schemas import IdleClaims, to_struct
 from ledger import services
-from ledger.projections.queries import IdleThresholds
 
 
 class ReportsController(Controller):
@@ -50,23 +49,19 @@ class ReportsController(Controller):
         """One row per claim, first matching category: ``unreserved`` (allocated, ``reservedFor`` empty),
         ``inactive-consumers`` (reserved only by pods not Running), ``unreferenced`` (manual claims no pod
         references). ``idleSince`` is when it became idle; ``wastedDeviceHours`` = hours since then x
-        devices held. Thresholds come from the configuration (30 minutes each by default).
+        devices held. Thresholds come from the configuration (30 minutes each by default); ``team`` is the
+        team after the configuration's ``[teams] overrides``, and a team-limited token sees the rows of
+        that team: the body is the one of ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint({"minIdle": min_idle, "cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
-        idle = ctx.config.idle
-        thresholds = IdleThresholds(
-            unreserved_s=idle.unreserved_seconds,
-            inactive_consumers_s=idle.inactive_consumers_seconds,
-            unreferenced_s=idle.unreferenced_seconds,
-        )
-        body: Any = services.idle_claims(
+        body: Any = services.idle_report(
             ctx.db,
             at=when,
+            config=ctx.config,
             min_idle=parse_duration(min_idle, "minIdle"),
-            thresholds=thresholds,
             cluster=scope,
         )
         rows = [c for c in body["claims"] if access.sees(c["team"])]

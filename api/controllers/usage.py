@@ -111,7 +111,9 @@ class UsageController(Controller):
     ) -> Response[Usage]:
         """Device-hours from ``device_allocations`` intervals clipped exactly to the window; rows per
         group value, DeviceClass and driver (different kinds of device are never summed); ``adminAccess``
-        is not billed; a device held by several allocations at once is split equally among them. With a
+        is not billed; a device held by several allocations at once is split equally among them. The team
+        (``groupBy=team`` and a team-limited token's filter) is the one after the configuration's
+        ``[teams] overrides``, applied to the whole window at query time. With a
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
         whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
         (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON.

@@ -15,6 +15,7 @@ Sources: ``claim_states`` (pending intervals), ``claims.requests``, ``device_cla
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 
@@ -23,7 +24,7 @@ from sqlalchemy import Connection, text
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.base import request_count
-from ledger.projections.queries import rfc3339
+from ledger.projections.queries import NO_OVERRIDES, rfc3339
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of
 from ledger.projections.shared import counter_amounts, shared_counters
@@ -120,7 +121,8 @@ def _request_specs(requests: list[JSONValue]) -> list[tuple[str, JSONObject]]:
     return out
 
 
-def pending(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSONObject:
+def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
+            overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Claims pending at ``at`` and, per DeviceClass, devices requested versus devices free.
 
     Returns:
@@ -131,7 +133,8 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None) -> JS
         device the class and request select; ``adminAccess``: 0); a ``firstAvailable`` request is shown
         with its first alternative. ``free`` (class) counts free devices the class selects; ``free``
         (request) those the request's own selectors select too. ``claims`` counts claims with a request
-        of that class; ``ageSeconds`` = at - pendingSince (float seconds).
+        of that class; ``ageSeconds`` = at - pendingSince (float seconds). ``team`` is the namespace's
+        entry in ``overrides`` (``[teams] overrides``) when it has one.
     """
     params = {"at": at, "cluster": cluster}
     rows = conn.execute(text(
@@ -170,7 +173,8 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None) -> JS
             class_requested[cls] += count
             out_requests.append({"request": name, "deviceClass": cls, "allocationMode": str(mode), "count": count,
                                  "free": len(selected & free)})
-        claims.append({"namespace": r.namespace, "name": r.name, "team": r.team or r.namespace, "origin": r.origin,
+        claims.append({"namespace": r.namespace, "name": r.name,
+                       "team": overrides.get(r.namespace) or r.team or r.namespace, "origin": r.origin,
                        "pendingSince": rfc3339(r.since), "ageSeconds": (at - r.since).total_seconds(),
                        "requests": out_requests})
     classes: list[JSONValue] = [

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from types import MappingProxyType
 from typing import Literal, TypeVar
 
 from sqlalchemy import Connection, text
@@ -29,6 +30,8 @@ GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
 GROUP_BY: Mapping[str, str] = {"team": "team", "namespace": "namespace", "deviceClass": "device_class",
                                "model": "model", "node": "node"}
 IDLE_CATEGORIES = ("unreserved", "inactive-consumers", "unreferenced")
+NO_OVERRIDES: Mapping[str, str] = MappingProxyType({})
+"""No ``[teams] overrides`` (namespace -> team): every row keeps the team the ledger recorded."""
 G = TypeVar("G", bound=Hashable)
 """A group the equal split bills device-seconds to (a usage row's key)."""
 
@@ -106,6 +109,8 @@ class OccupancyScope:
     before paging). ``teams`` limits the answer to allocations billed to those teams (a team-limited API
     token): only devices with at least one such allocation are listed, only those allocations are shown,
     and totals count those devices one by one (no counter-set merging; see :func:`occupancy`).
+    ``overrides`` are the configuration's ``[teams] overrides`` as sorted ``(namespace, team)`` pairs: an
+    allocation in an overridden namespace is billed to, shown as, and visible to the override's team.
     """
 
     cluster: str | None = None
@@ -113,11 +118,27 @@ class OccupancyScope:
     driver: str | None = None
     pool: str | None = None
     teams: frozenset[str] | None = None
+    overrides: tuple[tuple[str, str], ...] = ()
 
     def params(self) -> dict[str, object]:
-        """Bind parameters of the filters (``teams`` as a sorted list)."""
+        """Bind parameters of the filters (``teams`` as a sorted list; see :meth:`team_filter`)."""
+        granted = [ns for ns, team in self.overrides if self.teams is not None and team in self.teams]
         return {"cluster": self.cluster, "node": self.node, "driver": self.driver, "pool": self.pool,
-                "teams": sorted(self.teams) if self.teams is not None else None}
+                "teams": sorted(self.teams) if self.teams is not None else None,
+                "overridden": [ns for ns, _ in self.overrides], "granted": granted}
+
+    def team_filter(self, alias: str) -> str:
+        """``AND`` clause keeping the rows of ``alias`` billed to ``teams`` after the overrides ('' if unlimited).
+
+        Without overrides it is ``team = ANY(:teams)`` (index-friendly); with them, a row of an overridden
+        namespace is kept when the override's team is visible (``:granted``), whatever team was recorded.
+        """
+        if self.teams is None:
+            return ""
+        if not self.overrides:
+            return f" AND {alias}.team = ANY(:teams)"
+        return (f" AND (({alias}.team = ANY(:teams) AND NOT {alias}.namespace = ANY(:overridden)) "
+                f"OR {alias}.namespace = ANY(:granted))")
 
     def where(self, alias: str) -> str:
         """``AND alias.col = :col`` for every filter that is set (``teams`` excluded)."""
@@ -168,7 +189,7 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
 
     Exposed so the plan test runs the very statement the query runs.
     """
-    teams = " AND a.team = ANY(:teams)" if scope.teams is not None else ""
+    teams = scope.team_filter("a")
     held = (
         "SELECT a.cluster, a.driver, a.pool, a.device, count(*) FILTER (WHERE NOT a.admin_access) AS holding, "
         " min(a.claim_uid) FILTER (WHERE NOT a.admin_access) AS claim_uid "
@@ -264,7 +285,7 @@ def occupancy_page_statements(scope: OccupancyScope, *, after: DeviceSortKey | N
     upper_a = bound("a", "<=", "u_") if upper is not None else ""
     if scope.teams is not None:
         listed = (f"SELECT DISTINCT ON ({_KEY.format(a='a')}) {_KEY.format(a='a')} FROM device_allocations a "
-                  f"WHERE a.valid @> :at{scope.where('a')} AND a.team = ANY(:teams){after_a} "
+                  f"WHERE a.valid @> :at{scope.where('a')}{scope.team_filter('a')}{after_a} "
                   f"ORDER BY {_KEY.format(a='a')} LIMIT :n")
         return listed, ""
     # Plain key order, so the btree delivers the rows already sorted and LIMIT stops the walk (a tie-break
@@ -444,12 +465,14 @@ def _holders(conn: Connection, *, at: datetime, scope: OccupancyScope,
         f"ORDER BY {_ALLOCATION_ORDER}"), params).all()
     consumers = consumers_at(conn, at, scope.cluster, claims=sorted({(r.cluster, r.claim_uid) for r in rows}))
     out: dict[DeviceSortKey, _Holders] = {}
+    overrides = dict(scope.overrides)
     for r in rows:
         key = (r.cluster, r.driver, r.pool, r.device)
         allocs, node, model, on_slice = out.get(key, ([], r.node, r.model, None))
-        if scope.teams is None or r.team in scope.teams:
+        team = overrides.get(r.namespace, r.team)
+        if scope.teams is None or team in scope.teams:
             live = [c.name for c in consumers.get(f"{r.cluster}\x00{r.claim_uid}", []) if c.live]
-            allocs.append({"namespace": r.namespace, "claim": r.claim, "team": r.team, "request": r.request,
+            allocs.append({"namespace": r.namespace, "claim": r.claim, "team": team, "request": r.request,
                            "deviceClass": r.device_class, "shareID": r.share_id,
                            "consumedCapacity": r.consumed_capacity, "adminAccess": r.admin_access,
                            "conflict": r.conflict, "consumers": live})
@@ -468,7 +491,8 @@ def _holders(conn: Connection, *, at: datetime, scope: OccupancyScope,
 
 def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
               driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
-              after: DeviceSortKey | None = None, limit: int = OCCUPANCY_DEFAULT_LIMIT) -> OccupancyPage:
+              after: DeviceSortKey | None = None, limit: int = OCCUPANCY_DEFAULT_LIMIT,
+              overrides: Mapping[str, str] = NO_OVERRIDES) -> OccupancyPage:
     """One page of devices at ``at`` with their holders, and totals over every device (all pages).
 
     Sources: ``device_inventory`` (published devices, highest pool generation) and
@@ -487,6 +511,8 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         after: sort key of the previous page's last device (``OccupancyPage.next_after``); ``None`` for
             the first page.
         limit: devices per page, 1..:data:`OCCUPANCY_MAX_LIMIT`.
+        overrides: ``[teams] overrides`` (namespace -> team): each allocation's ``team`` and the ``teams``
+            limit use the overridden team.
 
     Returns:
         An :class:`OccupancyPage` whose body is ``{"at", "totals": {"devices", "allocated", "free",
@@ -503,7 +529,8 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         Invalid: ``limit`` outside 1..:data:`OCCUPANCY_MAX_LIMIT`.
     """
     scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
-                           teams=frozenset(teams) if teams is not None else None)
+                           teams=frozenset(teams) if teams is not None else None,
+                           overrides=tuple(sorted(overrides.items())))
     counted = cluster_counts(conn, at, scope)  # once for the page and its totals
     devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit, counted=counted)
     totals = occupancy_totals(conn, at=at, scope=scope, counted=counted)
@@ -512,14 +539,15 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
 
 def occupancy_all(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
                   driver: str | None = None, pool: str | None = None,
-                  teams: Collection[str] | None = None) -> JSONObject:
+                  teams: Collection[str] | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Every device at ``at`` (all pages of :func:`occupancy`, :data:`OCCUPANCY_MAX_LIMIT` at a time).
 
     For the CLI, the demo and tests that print or compare a whole fleet; the API serves pages. Same
     body and sources as :func:`occupancy`; totals are computed once.
     """
     scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
-                           teams=frozenset(teams) if teams is not None else None)
+                           teams=frozenset(teams) if teams is not None else None,
+                           overrides=tuple(sorted(overrides.items())))
     counted = cluster_counts(conn, at, scope)  # once for every page and the totals
     devices: list[JSONValue] = []
     after: DeviceSortKey | None = None
@@ -554,7 +582,7 @@ MAX_STEPS = 10_000
 
 def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
           teams: Sequence[str] | None = None, step: timedelta | None = None,
-          prices: PriceTable | None = None) -> JSONObject:
+          prices: PriceTable | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Device-hours over ``[start, end)`` grouped by ``group_by`` and always by DeviceClass and driver.
 
     Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours); an
@@ -564,9 +592,11 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     is split equally among them, so the rows add up to the device's own hours (DESIGN §11.5).
 
     Args:
-        teams: only allocations billed to these teams (a team-limited API token).
+        teams: only allocations billed to these teams (a team-limited API token), after ``overrides``.
         step: split the window into buckets of this length; rows then carry ``start``/``end``.
         prices: adds ``cost`` (device-hours x price) and ``currency`` to priced rows.
+        overrides: ``[teams] overrides`` (namespace -> team), applied to every interval at query time
+            (retroactively), before grouping by team and before the ``teams`` limit.
 
     Returns:
         ``{"from", "to", "groupBy", "step" (seconds or None), "rows": [{<groupBy>: value, "deviceClass",
@@ -591,6 +621,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
+        " namespace, "
         " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), now()), :end) AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
@@ -602,9 +633,11 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         defaultdict(list)
     for r in rows:
         if r.e > r.s:
+            team = overrides.get(r.namespace, r.team)
+            grp = team if group_by == "team" else r.grp
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
-                (r.s, r.e, (str(r.grp) if r.grp is not None else "", r.device_class or "", r.driver, r.model)
-                 if teams is None or r.team in teams else hidden))
+                (r.s, r.e, (str(grp) if grp is not None else "", r.device_class or "", r.driver, r.model)
+                 if teams is None or team in teams else hidden))
     buckets = [(start, end)]
     if step is not None:
         buckets = []
@@ -696,7 +729,10 @@ def split_equally(intervals: Sequence[tuple[datetime, datetime, G]], seconds: di
         seconds[g] += (hi - lo).total_seconds() / n
 
 
-def _team_at(conn: Connection, cluster: str, namespace: str, at: datetime) -> str:
+def _team_at(conn: Connection, cluster: str, namespace: str, at: datetime, overrides: Mapping[str, str]) -> str:
+    """The team billed for ``namespace`` at ``at``: its override, else table ``namespace_teams``, else the name."""
+    if namespace in overrides:
+        return overrides[namespace]
     team = conn.execute(text("SELECT team FROM namespace_teams WHERE cluster = :c AND namespace = :ns "
                              "AND valid @> :at LIMIT 1"), {"c": cluster, "ns": namespace, "at": at}).scalar()
     return str(team) if team is not None else namespace
@@ -728,7 +764,7 @@ def requested_counts(requests: Sequence[JSONValue]) -> dict[str, int]:
 
 
 def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str | None = None,
-           namespace: str | None = None) -> JSONObject:
+           namespace: str | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Claims known at ``at`` with their state, devices and live consumers.
 
     Sources: ``claims`` (origin, requests), ``claim_states`` (pending/allocated intervals),
@@ -737,6 +773,7 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
 
     Args:
         state: ``pending``, ``allocated``, ``deleted`` or ``all``.
+        overrides: ``[teams] overrides`` (namespace -> team): ``team`` is the override where one exists.
 
     Returns:
         ``{"at", "claims": [{"cluster", "namespace", "name", "uid", "origin", "state", "team",
@@ -778,7 +815,7 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
                     # namespace must not hand it, and its history, to another team).
                     "team": _team_at(conn, r.cluster, r.namespace,
                                      at if st != "deleted" or r.deleted_at is None
-                                     else min(at, r.deleted_at - timedelta(microseconds=1))),
+                                     else min(at, r.deleted_at - timedelta(microseconds=1)), overrides),
                     "requested": dict(requested_counts(r.requests)), "devices": by_claim.get(key, []),
                     "consumers": [c.name for c in consumers.get(key, []) if c.live]})
     return {"at": rfc3339(at), "claims": out}
@@ -802,7 +839,8 @@ class IdleThresholds:
 
 
 def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = None,
-                thresholds: IdleThresholds = IdleThresholds(), cluster: str | None = None) -> JSONObject:
+                thresholds: IdleThresholds = IdleThresholds(), cluster: str | None = None,
+                overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """The idle-claim report at ``at``: one row per claim, first matching category wins (DESIGN §11.7).
 
     Categories: ``unreserved`` (allocated, ``reservedFor`` empty), ``inactive-consumers`` (reserved
@@ -810,6 +848,7 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
     no existing pod references by name, listed with 0 wasted hours when unallocated). ``idleSince`` is
     when the claim became idle; the threshold (or ``min_idle``) only decides whether it is listed.
     ``wastedDeviceHours`` = hours since ``idleSince`` x devices held (``adminAccess`` excluded).
+    ``team`` is the namespace's ``overrides`` entry when it has one (``[teams] overrides``).
 
     Returns:
         ``{"at", "claims": [{"namespace", "name", "team", "category", "idleSince", "devices",
@@ -854,7 +893,8 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
             "SELECT driver, pool, device FROM device_allocations WHERE cluster = :c AND claim_uid = :u "
             "AND valid @> :at AND NOT admin_access ORDER BY driver, pool, device"),
             {"c": r.cluster, "u": r.uid, "at": at}).all()
-        out.append({"namespace": r.namespace, "name": r.name, "team": _team_at(conn, r.cluster, r.namespace, at),
+        out.append({"namespace": r.namespace, "name": r.name,
+                    "team": _team_at(conn, r.cluster, r.namespace, at, overrides),
                     "category": category, "idleSince": rfc3339(since),
                     "devices": [f"{d.driver}/{d.pool}/{d.device}" for d in devices],
                     "wastedDeviceHours": round(idle_s / 3600 * len(devices), 6)})
@@ -871,12 +911,13 @@ def _stopped_running(conn: Connection, cluster: str, pod_uids: Sequence[str], at
 
 
 def device_timeline(conn: Connection, *, driver: str, pool: str, device: str, start: datetime, end: datetime,
-                    cluster: str | None = None) -> JSONObject:
+                    cluster: str | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Inventory and allocation intervals of one device overlapping ``[start, end)``, by start time.
 
     Sources: ``device_inventory`` (``kind: inventory``: published by a slice, with node and slice) and
     ``device_allocations`` (``kind: allocation``: held by a claim). ``to`` is ``None`` while open. Each
     entry names its ``cluster`` (without ``cluster``, devices of one name in several clusters all show).
+    An allocation's ``team`` is its namespace's ``overrides`` entry when there is one.
 
     Raises:
         UnknownDevice: the ledger never recorded the device (in inventory or in an allocation).
@@ -905,7 +946,8 @@ def device_timeline(conn: Connection, *, driver: str, pool: str, device: str, st
     for r in allocations:
         entries.append((r.s, 1, {"cluster": r.cluster, "kind": "allocation", "from": rfc3339(r.s),
                                  "to": rfc3339(r.e) if r.e else None, "namespace": r.namespace, "claim": r.claim,
-                                 "team": r.team, "shareID": r.share_id, "adminAccess": r.admin_access, "node": r.node}))
+                                 "team": overrides.get(r.namespace, r.team), "shareID": r.share_id,
+                                 "adminAccess": r.admin_access, "node": r.node}))
     entries.sort(key=lambda e: (e[0], e[1], str(e[2]["cluster"]), str(e[2].get("claim"))))
     return {"driver": driver, "pool": pool, "device": device, "from": rfc3339(start), "to": rfc3339(end),
             "entries": [e[2] for e in entries]}

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
-from ledger.projections.queries import GROUP_BY, rfc3339, split_equally
+from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, rfc3339, split_equally
 from ledger.store.tables import usage_rollups, usage_rollups_by_team
 from ledger.types import JSONObject, JSONValue
 
@@ -212,14 +212,16 @@ def first_allocation(conn: Connection, *, cluster: str | None = None) -> datetim
 
 
 def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, group_by: str,
-                       cluster: str | None = None) -> JSONObject:
+                       cluster: str | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Device-hours over ``[start, end)`` from the hourly rollups plus the live intervals at the edges.
 
     Whole hours inside the window come from ``usage_rollups_by_team`` (``usage_rollups`` for
     ``group_by="node"``); the partial hours at the edges, and whole hours with no rollup rows, come from
     ``device_allocations`` (:func:`live_seconds`). The body is the one of
     :func:`ledger.projections.queries.usage` (same grouping, rounding and order; device-hours agree to the
-    6 decimals it rounds to).
+    6 decimals it rounds to). ``overrides`` (``[teams] overrides``, namespace -> team) rebill every hour of
+    an overridden namespace, rolled or live, to the override's team: the rows keep the namespace, so the
+    team grouping reads (team, namespace) and sums again after the remapping.
 
     Raises:
         Invalid: ``group_by`` unknown, or ``start`` is not before ``end``.
@@ -229,13 +231,19 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     column = GROUP_BY[group_by]
-    key = (column, "device_class", "driver")
+    remap = column == "team" and bool(overrides)
+    # With overrides the team grouping also reads the namespace, then folds (team, namespace) into the
+    # billed team; without them the key stays (team, ...) and the database sums as before.
+    key = (column, "namespace", "device_class", "driver") if remap else (column, "device_class", "driver")
     h0, h1 = ceil_hour(start), floor_hour(end)
     seconds: dict[Key, float] = defaultdict(float)
 
+    def billed(k: Key) -> Key:
+        return (overrides.get(k[1], k[0]), *k[2:]) if remap else k
+
     def add(lo: datetime, hi: datetime) -> None:
         for (_, _, k), s in live_seconds(conn, start=lo, end=hi, cluster=cluster, by_hour=False, columns=key).items():
-            seconds[k] += s
+            seconds[billed(k)] += s
 
     if h0 >= h1:
         add(start, end)
@@ -253,12 +261,11 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
         params = {"h0": h0, "h1": h1, "cluster": cluster}
         # Summed in SQL: a month of a large fleet is hundreds of thousands of rolled rows, which cost seconds
         # to add up in Python.
+        selected = ", ".join(f"coalesce({c}, '')" for c in key)
         for r in conn.execute(text(
-                f"SELECT coalesce({column}, '') AS grp, coalesce(device_class, '') AS cls, driver, "
-                f" sum(device_seconds) AS s FROM {table.name} WHERE hour >= :h0 AND hour < :h1"
-                + _cluster_filter(cluster) + f" GROUP BY coalesce({column}, ''), coalesce(device_class, ''), driver"),
-                params):
-            seconds[(str(r.grp), str(r.cls), str(r.driver))] += float(r.s)
+                f"SELECT {selected}, sum(device_seconds) AS s FROM {table.name} WHERE hour >= :h0 AND hour < :h1"
+                + _cluster_filter(cluster) + f" GROUP BY {selected}"), params):
+            seconds[billed(tuple(str(v) for v in r[:-1]))] += float(r.s)
         rolled = {r[0] for r in conn.execute(text(
             f"SELECT DISTINCT hour FROM {table.name} WHERE hour >= :h0 AND hour < :h1" + _cluster_filter(cluster)),
             params)}

@@ -30,7 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
-from ledger.projections.queries import consumers_at, rfc3339
+from ledger.projections.queries import NO_OVERRIDES, consumers_at, rfc3339
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
 
@@ -97,8 +97,11 @@ def counter_amounts(consumes: Sequence[JSONValue], counter_set: str) -> dict[str
     return out
 
 
-def shared(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSONObject:
+def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
+           overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Shared devices, partitionable counter sets and multi-consumer claims at ``at``.
+
+    Every ``team`` is the namespace's entry in ``overrides`` (``[teams] overrides``) when it has one.
 
     Returns:
         ``{"at", "totals": {"sharedDevices", "counterSets", "sharedClaims"},
@@ -133,7 +136,8 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSO
     for a in allocations:
         key = (a.cluster, a.driver, a.pool, a.device)
         consumed = _json(a.consumed_capacity)
-        by_device[key].append({"namespace": a.namespace, "claim": a.claim, "team": a.team, "request": a.request,
+        by_device[key].append({"namespace": a.namespace, "claim": a.claim,
+                               "team": overrides.get(a.namespace, a.team), "request": a.request,
                                "shareID": a.share_id, "consumedCapacity": consumed if isinstance(consumed, dict)
                                else {}, "conflict": bool(a.conflict)})
         by_claim_devices[(a.cluster, a.claim_uid)].append(f"{a.driver}/{a.pool}/{a.device}")
@@ -166,7 +170,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None) -> JSO
         live = [x for x in consumers.get(f"{c.cluster}\x00{c.uid}", []) if x.live]
         if len(live) < 2:
             continue
-        team = conn.execute(text(
+        team = overrides.get(c.namespace) or conn.execute(text(
             "SELECT team FROM namespace_teams WHERE cluster = :c AND namespace = :ns AND valid @> :at LIMIT 1"),
             {"c": c.cluster, "ns": c.namespace, "at": at}).scalar()
         claims.append({"namespace": c.namespace, "name": c.name, "team": str(team) if team else c.namespace,
@@ -236,14 +240,16 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
     return out
 
 
-def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: str | None = None) -> JSONObject:
+def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: str | None = None,
+                 overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Chargeback of shared devices over ``[start, end)``: each shared device-hour split among its holders.
 
     While more than one allocation holds a device, each elementary span of time goes to the
     allocations by their ``consumedCapacity`` fraction of the device's capacity when every one of them
     states it (the capacity nobody consumed stays unbilled), else equally. Spans with a single holder
     are not shared and not listed. Source: ``device_allocations`` (not ``adminAccess``) clipped to the
-    window, capacities from ``device_inventory``.
+    window, capacities from ``device_inventory``. Hours are billed to the namespace's team in ``overrides``
+    (``[teams] overrides``, applied to the whole window) when it has one, else to the recorded team.
 
     Returns:
         ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
@@ -257,7 +263,7 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     params = {"start": start, "end": end, "cluster": cluster}
     rows = conn.execute(text(
-        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.device_class, a.consumed_capacity, "
+        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.namespace, a.device_class, a.consumed_capacity, "
         " greatest(lower(a.valid), :start) AS s, least(coalesce(upper(a.valid), :end), :end) AS e, "
         " (SELECT i.capacity FROM device_inventory i WHERE i.cluster = a.cluster AND i.driver = a.driver "
         "  AND i.pool = a.pool AND i.device = a.device AND NOT isempty(i.valid) "
@@ -269,7 +275,8 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     for r in rows:
         if r.e > r.s:
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
-                (r.s, r.e, (r.team, r.device_class or "", r.driver), _json(r.consumed_capacity), _json(r.capacity)))
+                (r.s, r.e, (overrides.get(r.namespace, r.team), r.device_class or "", r.driver),
+                 _json(r.consumed_capacity), _json(r.capacity)))
     seconds: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
     devices: list[JSONValue] = []
     for key, intervals in sorted(per_device.items()):

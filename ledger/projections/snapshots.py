@@ -55,7 +55,8 @@ def take_snapshots(conn: Connection, *, at: datetime, config: LedgerConfig,
         params = {"c": name, "at": at}
         for table in ("idle_claim_snapshots", "quota_usage_snapshots", "pending_demand_snapshots"):
             conn.execute(text(f"DELETE FROM {table} WHERE cluster = :c AND taken_at = :at"), params)
-        idle = queries.idle_claims(conn, at=at, thresholds=_thresholds(config), cluster=name)
+        idle = queries.idle_claims(conn, at=at, thresholds=_thresholds(config), cluster=name,
+                                   overrides=config.teams.overrides)
         rows = idle["claims"]
         assert isinstance(rows, list)
         for row in rows:
@@ -67,7 +68,7 @@ def take_snapshots(conn: Connection, *, at: datetime, config: LedgerConfig,
                 "devices, wasted_device_hours) VALUES (:c, :at, :ns, :claim, :team, :category, :since, "
                 "CAST(:devices AS jsonb), :wasted)"),
                 {**params, "ns": row["namespace"], "claim": row["name"],
-                 "team": config.team_of(str(row["namespace"]), str(row["team"])), "category": row["category"],
+                 "team": row["team"], "category": row["category"],
                  "since": parse_time(since), "devices": json.dumps(row["devices"]),
                  "wasted": row["wastedDeviceHours"]})
             idle_n += 1

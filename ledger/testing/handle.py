@@ -50,11 +50,12 @@ class LedgerHandle:
         return services.replay_files(self.db, [Path(p) for p in paths], cluster=self.cluster, at=at,
                                      settings=TranslatorSettings(team_label=self.team_label))
 
-    def occupancy(self, at: datetime, **filters: str) -> JSONObject:
+    def occupancy(self, at: datetime, *, node: str | None = None, driver: str | None = None,
+                  pool: str | None = None) -> JSONObject:
         """Occupancy body at ``at`` with every device (all pages; filters: node, driver, pool)."""
         runner.catch_up(self.engine)
         with self.engine.connect() as conn:
-            return queries.occupancy_all(conn, at=at, cluster=self.cluster, **filters)
+            return queries.occupancy_all(conn, at=at, cluster=self.cluster, node=node, driver=driver, pool=pool)
 
     def usage(self, start: datetime, end: datetime, group_by: str = "team") -> JSONObject:
         """Usage body: device-hours over ``[start, end)`` per ``group_by`` and DeviceClass."""

@@ -160,3 +160,18 @@ def test_the_demo_stops_before_replaying_when_its_api_port_is_taken(ledger_engin
     assert served == []
     with ledger_engine.connect() as conn:  # nothing replayed
         assert conn.execute(text("SELECT count(*) FROM events")).scalar_one() == 0
+
+
+@pytest.mark.parametrize("command", [
+    ["occupancy"], ["claims"], ["idle-claims"], ["quotas"], ["shared"], ["pending"], ["report", "idle-claims"],
+    ["usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z"],
+])
+def test_an_empty_cluster_name_is_refused_by_every_query_like_the_api_refuses_it(
+        ledger_engine: Engine, command: list[str]) -> None:
+    url = _url(ledger_engine)
+    given = CliRunner().invoke(app, [*command, "--cluster", "", "--database-url", url], env={"COLUMNS": "250"})
+    from_env = CliRunner().invoke(app, [*command, "--database-url", url], env={"COLUMNS": "250", "LEDGER_CLUSTER": ""})
+
+    for result in (given, from_env):
+        assert result.exit_code == 2, result.output
+        assert "leave the option out (and LEDGER_CLUSTER unset) to ask about every cluster" in result.output

@@ -93,7 +93,7 @@ def test_the_ledger_runs_as_a_role_with_only_the_documented_grants(app_role: tup
         # Rebuild (TRUNCATE of the read models) and the report jobs.
         assert services.rebuild(db) > 0
         assert services.rollup_usage(db, end=f.at(600)) > 0
-        idle = services.idle_claims(db, at=f.at(30))["claims"]
+        idle = services.idle_report(db, at=f.at(30), config=DEFAULT)["claims"]
         assert isinstance(idle, list)
         assert services.take_report_snapshots(db, at=f.at(30), config=DEFAULT)["idleClaims"] == len(idle)
         with client(LedgerHandle(engine=db.engine)) as api:
