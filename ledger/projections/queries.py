@@ -614,10 +614,12 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     if step is not None and step <= timedelta(0):
         raise Invalid("step must be positive")
     if step is not None and (end - start) / step > MAX_STEPS:
-        smallest = (end - start) / MAX_STEPS
+        # The smallest step accepted, rounded up to the microsecond (a step is one): that step gives at most
+        # MAX_STEPS buckets, and one microsecond less gives more.
+        smallest = -(-(end - start) // timedelta(microseconds=MAX_STEPS)) / 1e6
         raise Invalid(f"step {step.total_seconds():g} s gives {math.ceil((end - start) / step)} buckets over this "
                       f"window; at most {MAX_STEPS} are answered, so the step must be at least "
-                      f"{math.ceil(smallest.total_seconds())} s here")
+                      f"{f'{smallest:.6f}'.rstrip('0').rstrip('.')} s here")
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
@@ -643,8 +645,10 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         buckets = []
         lo = start
         while lo < end:
-            buckets.append((lo, min(lo + step, end)))
-            lo += step
+            # Never lo + step past end: near the year 9999 that sum is past the last datetime.
+            hi = end if end - lo <= step else lo + step
+            buckets.append((lo, hi))
+            lo = hi
     # Each device's equal shares go to the buckets they overlap, found by arithmetic on the bucket width;
     # the whole buckets inside a share are counted per (group, divisor) and summed once per bucket, so the
     # work grows with the allocations and the buckets, not their product (10,000 buckets over a day of

@@ -324,12 +324,28 @@ def test_an_app_for_an_empty_cluster_is_refused(seeded: LedgerHandle) -> None:
 
 
 def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: TestClient[Litestar]) -> None:
-    # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, so 2 s.
-    response = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z",
-                                               "step": "1"})
+    # 09:00-12:00 is 10,800 s: one-second steps give 10,800 buckets; 10,000 at most means 1.08 s, and 1.08 s
+    # is answered (10,000 buckets) while one microsecond less is not.
+    window = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
+    response = client.get("/v1/usage", params={**window, "step": "1"})
     assert response.status_code == 422
     assert response.json()["detail"] == ("step 1 s gives 10800 buckets over this window; at most 10000 are "
-                                         "answered, so the step must be at least 2 s here")
+                                         "answered, so the step must be at least 1.08 s here")
+    assert client.get("/v1/usage", params={**window, "step": "1.08"}).status_code == 200
+    assert client.get("/v1/usage", params={**window, "step": "1.079999"}).status_code == 422
+
+
+def test_a_step_near_the_last_datetime_cuts_its_last_bucket_at_to(client: TestClient[Litestar]) -> None:
+    # from + step is past 9999-12-31: the bucket ends at ``to`` instead of overflowing (was a 500).
+    response = client.get("/v1/usage", params={"from": "9998-01-01T00:00:00Z", "to": "9998-12-31T00:00:00Z",
+                                               "step": "P3650D"})
+    assert response.status_code == 200, response.text
+    assert response.json()["rows"] == []  # nothing was allocated in 9998
+    early = client.get("/v1/usage", params={"from": "2026-11-02T09:00:00Z", "to": "9998-12-31T00:00:00Z",
+                                            "step": "P3650D", "limit": "1"})
+    assert early.status_code == 200, early.text
+    first = early.json()["rows"][0]
+    assert (first["start"], first["end"]) == ("2026-11-02T09:00:00Z", "2036-10-30T09:00:00Z")
 
 
 @pytest.mark.parametrize(("path", "params", "choices"), [
@@ -464,3 +480,4 @@ def test_calendar_steps_and_mixed_paging_are_refused_with_reasons(client: TestCl
 def test_metrics_content_type_names_the_prometheus_format_once(client: TestClient[Litestar]) -> None:
     response = client.get("/metrics")
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+
