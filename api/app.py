@@ -11,6 +11,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
+import ledger
 from api.auth import TokenTable, provide_access, require_token
 from api.controllers.claims import ClaimsController
 from api.controllers.demand import DemandController
@@ -25,8 +26,6 @@ from api.parameters import known_query_parameters
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
-
-API_VERSION = "1.0.0"
 
 
 def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None) -> Litestar:
@@ -68,7 +67,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         plugins=[problem_details_plugin()],
         openapi_config=OpenAPIConfig(
             title="dra-ledger",
-            version=API_VERSION,
+            version=ledger.version(),
             path="/schema",
             description="History of Kubernetes DRA device allocations: occupancy at any instant, device-hours "
             "for chargeback, claims, idle-claim reports and the audit log. Times are RFC 3339; "

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+import ledger
 from ledger import services
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, load_config
@@ -86,13 +87,9 @@ OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
 
 
-PACKAGE = "dra-ledger"
-"""Distribution name whose metadata gives ``--version`` (``[project].name`` in pyproject.toml)."""
-
-
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"{PACKAGE} {importlib.metadata.version(PACKAGE)}")
+        typer.echo(f"{ledger.DISTRIBUTION} {ledger.version()}")
         raise typer.Exit()
 
 

@@ -481,3 +481,11 @@ def test_metrics_content_type_names_the_prometheus_format_once(client: TestClien
     response = client.get("/metrics")
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
 
+
+def test_the_openapi_document_carries_the_release_of_the_package(client: TestClient[Litestar]) -> None:
+    # Read from pyproject.toml, not from the metadata the app reads: a release bump reaches the document.
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    assert client.get("/schema/openapi.json").json()["info"]["version"] == project["version"]
