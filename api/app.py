@@ -6,6 +6,9 @@ OpenAPI 3.1 is served at ``/schema`` (``/schema/openapi.json``); every error is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
+
 from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -20,7 +23,7 @@ from api.controllers.health import HealthController
 from api.controllers.occupancy import OccupancyController
 from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
-from api.deps import AppState, provide_state
+from api.deps import AppState, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
 from api.parameters import known_query_parameters
 from ledger.config import LedgerConfig
@@ -28,13 +31,16 @@ from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
 
 
-def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None) -> Litestar:
+def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None,
+               clock: Callable[[], datetime] = wall_clock) -> Litestar:
     """Build the Litestar application.
 
     Args:
         db: the ledger database (schema at head); the API only reads it.
         config: the configuration file (API tokens, prices, idle thresholds, quotas).
         cluster: answer for this cluster only (``None``: every cluster, selectable per request).
+        clock: returns "now" (aware UTC) for the usage window's present (see ``GET /v1/usage``); the
+            wall clock unless a test moves time.
 
     Raises:
         Invalid: a token's ``tokenEnv`` variable is unset or too short, or ``cluster`` is empty (which
@@ -76,6 +82,6 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         ),
         debug=False,
     )
-    app.state.ledger = AppState(db=db, config=config, cluster=cluster)
+    app.state.ledger = AppState(db=db, config=config, cluster=cluster, clock=clock)
     app.state.tokens = tokens
     return app

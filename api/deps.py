@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -28,13 +29,20 @@ _SPACE_FOR_SIGN = re.compile(r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? [0-9]")
 was decoded (``+`` means a space there), as in ``2026-01-01T00:00:00 02:00``."""
 
 
+def wall_clock() -> datetime:
+    """The current instant, aware UTC: the API's "now" unless :func:`api.app.create_app` is given a clock."""
+    return datetime.now(UTC)
+
+
 @dataclass(frozen=True, slots=True)
 class AppState:
-    """What the app was created with: the ledger database, the configuration, the cluster filter."""
+    """What the app was created with: the ledger database, the configuration, the cluster filter, and the
+    clock that says when "now" is (aware UTC; tests pass a fake one)."""
 
     db: LedgerDatabase
     config: LedgerConfig
     cluster: str | None
+    clock: Callable[[], datetime] = wall_clock
 
 
 def provide_state(request: Request[Any, Any, Any]) -> AppState:

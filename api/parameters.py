@@ -49,10 +49,15 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Litestar guard on ``/v1``: every query parameter is one the endpoint takes, each given once.
 
+    ``OPTIONS`` is let through whatever its query: a CORS preflight is sent for the URL the real request
+    will use, query included, and Litestar answers it from the route's methods, never reading the query.
+
     Raises:
         ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
             takes, or a repeated one.
     """
+    if connection.scope.get("method") == "OPTIONS":
+        return
     allowed = query_names(handler, frozenset(connection.path_params))
     given = connection.query_params
     unknown = sorted(set(given) - allowed)

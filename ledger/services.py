@@ -689,8 +689,12 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
 
 def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
           teams: Sequence[str] | None = None, step: timedelta | None = None,
-          config: LedgerConfig | None = None) -> JSONObject:
+          config: LedgerConfig | None = None, now: datetime | None = None) -> JSONObject:
     """Device-hours over ``[start, end)``; see :func:`ledger.projections.queries.usage`.
+
+    ``now`` (aware) is the instant the answer is for: nothing after it counts, so the same ``now`` gives
+    the same rows later (the API pins the first page's instant in its page tokens). ``None``: the
+    database's ``now()``.
 
     ``config.teams.overrides`` (when given) rebill the hours of an overridden namespace to the override's
     team, for the ``team`` grouping and the ``teams`` limit alike, over the whole window (retroactively).
@@ -714,9 +718,9 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
             # Whole hours from the hourly rollups, the rest from the live intervals: the same body (tested),
             # in time that grows with the hours in the window instead of the allocations in it.
             return rollups.usage_from_rollups(conn, start=start, end=end, group_by=group_by, cluster=cluster,
-                                              overrides=overrides)
+                                              overrides=overrides, now=now)
         return queries.usage(conn, start=start, end=end, group_by=group_by, cluster=cluster, teams=teams,
-                             step=step, prices=prices, overrides=overrides)
+                             step=step, prices=prices, overrides=overrides, now=now)
 
 
 def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str | None = None,

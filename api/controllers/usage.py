@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response, get
@@ -117,12 +118,29 @@ class UsageController(Controller):
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
         whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
         (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON.
+
+        Nothing after "now" counts (``AppState.clock``). The JSON pages are cut by offset from one result:
+        the first page's instant is pinned in ``nextPageToken`` and every later page is computed at it, so
+        a window ending in the future pages the same rows however late page 2 is asked for. ``pageToken``
+        is checked before the query runs, for CSV as for JSON: a malformed or foreign token is a 422; a
+        valid one on a CSV request is ignored (CSV is the whole result, at the current instant).
+
+        Raises:
+            Invalid: (422) ``from``/``to`` not RFC 3339 or not in order, a bad ``step`` or ``groupBy``, or
+                a ``pageToken`` this API did not issue for these parameters.
         """
         scope = parse_cluster(cluster, ctx)
         t0, t1 = parse_instant(start, "from"), parse_instant(end, "to")
         if not t0 < t1:
             raise Invalid("from must be before to")
         bucket = parse_duration(step, "step")
+        query = pagination.fingerprint(
+            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
+        )
+        page = pagination.decode(page_token, query=query)
+        # JSON unless the client prefers CSV (q-values; q=0 refuses a type), see negotiate().
+        as_csv = negotiate(request.accept, ["application/json", "text/csv"]) == "text/csv"
+        now = ctx.clock() if as_csv or page.at is None else parse_instant(page.at, "pageToken")
         body: Any = services.usage(
             ctx.db,
             start=t0,
@@ -132,15 +150,12 @@ class UsageController(Controller):
             teams=sorted(access.teams) if access.teams is not None else None,
             step=bucket,
             config=ctx.config,
+            now=now,
         )
-        # JSON unless the client prefers CSV (q-values; q=0 refuses a type), see negotiate().
-        if negotiate(request.accept, ["application/json", "text/csv"]) == "text/csv":
+        if as_csv:
             return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
-        query = pagination.fingerprint(
-            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
-        )
-        page = pagination.decode(page_token, query=query)
         rows = body["rows"]
         assert isinstance(rows, list)
-        chunk, token = pagination.cut(rows, page=page, limit=limit, at=None, query=query)
+        at = now.astimezone(UTC).isoformat()  # to the microsecond: page 2 must cut the very same result
+        chunk, token = pagination.cut(rows, page=page, limit=limit, at=at, query=query)
         return Response(to_struct({**body, "rows": chunk, "nextPageToken": token}, Usage))

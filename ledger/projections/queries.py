@@ -576,18 +576,32 @@ class PriceTable:
         return self.by_class.get(device_class)
 
 
+def present(column: str) -> str:
+    """SQL for where an interval ``column`` stops counting: its end, else ``:now``, never after ``:now``
+    nor after ``:end``.
+
+    ``:now`` is a bound parameter (an aware instant, or ``None`` for the database's ``now()``). An interval
+    that ended after ``:now`` is cut there as well, so an answer pinned to an earlier instant does not
+    change when an allocation open then is released later; one that starts after ``:now`` ends before it
+    starts, and the callers drop those (``e > s``).
+    """
+    cap = "coalesce(CAST(:now AS timestamptz), now())"
+    return f"least(coalesce(upper({column}), {cap}), {cap}, :end)"
+
+
 MAX_STEPS = 10_000
 """Most time buckets one usage query may return (``(to - from) / step``)."""
 
 
 def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
           teams: Sequence[str] | None = None, step: timedelta | None = None,
-          prices: PriceTable | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+          prices: PriceTable | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
+          now: datetime | None = None) -> JSONObject:
     """Device-hours over ``[start, end)`` grouped by ``group_by`` and always by DeviceClass and driver.
 
-    Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours); an
-    allocation still open counts until the database's ``now()``, never into the future (a window that
-    ends later bills only the hours that have happened). ``adminAccess`` allocations are not billed.
+    Source: ``device_allocations`` intervals clipped exactly to the window (no rounding to hours) and to
+    the present (:func:`present`): nothing counts after ``now``, default the database's ``now()`` (a
+    window that ends later bills only the hours that have happened). ``adminAccess`` allocations are not billed.
     When several allocations hold one device at once (shares, or a double booking), each device-second
     is split equally among them, so the rows add up to the device's own hours (DESIGN §11.5).
 
@@ -597,6 +611,8 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         prices: adds ``cost`` (device-hours x price) and ``currency`` to priced rows.
         overrides: ``[teams] overrides`` (namespace -> team), applied to every interval at query time
             (retroactively), before grouping by team and before the ``teams`` limit.
+        now: the instant the answer is for (aware); an API page token pins it, so a later page is cut
+            from the same result even while allocations stay open or end.
 
     Returns:
         ``{"from", "to", "groupBy", "step" (seconds or None), "rows": [{<groupBy>: value, "deviceClass",
@@ -624,10 +640,10 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
         " namespace, "
-        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), now()), :end) AS e "
+        " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
-        {"start": start, "end": end, "cluster": cluster}).all()
+        {"start": start, "end": end, "cluster": cluster, "now": now}).all()
     # Other teams' allocations are read too and dropped only after the split: a device another team also held
     # is billed to ``teams`` at its share, exactly as an unrestricted caller sees it (DESIGN §11.5).
     hidden = ("\x00hidden", "", "", "")

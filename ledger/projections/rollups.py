@@ -22,7 +22,7 @@ from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
-from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, rfc3339, split_equally
+from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339, split_equally
 from ledger.store.tables import usage_rollups, usage_rollups_by_team
 from ledger.types import JSONObject, JSONValue
 
@@ -49,17 +49,18 @@ def ceil_hour(t: datetime) -> datetime:
 
 
 def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: str | None, by_hour: bool,
-                 columns: Sequence[str] = KEY_COLUMNS) -> Seconds:
+                 columns: Sequence[str] = KEY_COLUMNS, now: datetime | None = None) -> Seconds:
     """Device-seconds in ``[start, end)`` from the live intervals, per (cluster, UTC hour or None, key).
 
-    Source: ``device_allocations`` (not ``adminAccess``), clipped exactly to the window, an open one at
-    ``now()`` as in :func:`ledger.projections.queries.usage`; concurrent allocations of one device share
-    each second equally.
+    Source: ``device_allocations`` (not ``adminAccess``), clipped exactly to the window and to ``now``
+    (default the database's ``now()``) as in :func:`ledger.projections.queries.usage`; concurrent
+    allocations of one device share each second equally.
 
     Args:
         by_hour: split the seconds by the UTC hour they fall in (else the hour is ``None``).
         columns: the key, a sequence of :data:`KEY_COLUMNS` (``driver`` and the grouping column of a
             usage question, say); fewer columns mean fewer rows from the database.
+        now: nothing counts after this instant (aware); ``None``: the database's ``now()``.
 
     Returns:
         Float seconds > 0 per ``(cluster, hour, key)``; the key holds ``columns``' values in their order.
@@ -90,7 +91,7 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
         "WITH clipped AS ("
         " SELECT cluster, driver, pool, device, hash_record_extended((cluster, driver, pool, device), 0) AS hashed, "
         + ", ".join(f"coalesce({c}, '') AS k{i}" for i, c in enumerate(columns)) + ", "
-        " greatest(lower(valid), :start) AS s, least(coalesce(upper(valid), now()), :end) AS e "
+        " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e "
         " FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster) + "), "
         "marked AS (SELECT *, coalesce(s < max(e) OVER earlier, false) OR coalesce(lead(s) OVER earlier < e, false) "
@@ -101,7 +102,7 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
         " - greatest(s, p.hour))) AS seconds, NULL AS driver, NULL AS pool, NULL AS device, NULL AS s, NULL AS e "
         f"FROM marked {hours} NOT shared GROUP BY cluster, {keys}, p.hour "
         f"UNION ALL SELECT cluster, {keys}, NULL, NULL, driver, pool, device, s, e FROM marked WHERE shared"),
-        {"start": start, "end": end, "cluster": cluster}).all()
+        {"start": start, "end": end, "cluster": cluster, "now": now}).all()
     width = len(columns)
     out: Seconds = defaultdict(float)
     # (cluster, driver, pool, device) -> its overlapping intervals, billed to (cluster, hour, key)
@@ -212,7 +213,8 @@ def first_allocation(conn: Connection, *, cluster: str | None = None) -> datetim
 
 
 def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, group_by: str,
-                       cluster: str | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+                       cluster: str | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
+                       now: datetime | None = None) -> JSONObject:
     """Device-hours over ``[start, end)`` from the hourly rollups plus the live intervals at the edges.
 
     Whole hours inside the window come from ``usage_rollups_by_team`` (``usage_rollups`` for
@@ -222,6 +224,8 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
     6 decimals it rounds to). ``overrides`` (``[teams] overrides``, namespace -> team) rebill every hour of
     an overridden namespace, rolled or live, to the override's team: the rows keep the namespace, so the
     team grouping reads (team, namespace) and sums again after the remapping.
+    ``now`` (aware; default the database's ``now()``) is the instant the answer is for: only
+    ``[start, min(end, now))`` is summed, so hours rolled after a pinned ``now`` are not read.
 
     Raises:
         Invalid: ``group_by`` unknown, or ``start`` is not before ``end``.
@@ -235,23 +239,28 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
     # With overrides the team grouping also reads the namespace, then folds (team, namespace) into the
     # billed team; without them the key stays (team, ...) and the database sums as before.
     key = (column, "namespace", "device_class", "driver") if remap else (column, "device_class", "driver")
-    h0, h1 = ceil_hour(start), floor_hour(end)
+    # Nothing counts after a pinned instant: the window is summed up to it (the body keeps ``to``).
+    stop = end if now is None else max(start, min(end, now))
+    h0, h1 = ceil_hour(start), floor_hour(stop)
     seconds: dict[Key, float] = defaultdict(float)
 
     def billed(k: Key) -> Key:
         return (overrides.get(k[1], k[0]), *k[2:]) if remap else k
 
     def add(lo: datetime, hi: datetime) -> None:
-        for (_, _, k), s in live_seconds(conn, start=lo, end=hi, cluster=cluster, by_hour=False, columns=key).items():
+        for (_, _, k), s in live_seconds(conn, start=lo, end=hi, cluster=cluster, by_hour=False, columns=key,
+                                         now=now).items():
             seconds[billed(k)] += s
 
-    if h0 >= h1:
-        add(start, end)
+    if stop == start:
+        pass  # a window that starts at or after the pinned instant: nothing has happened in it yet
+    elif h0 >= h1:
+        add(start, stop)
     else:
         if start < h0:
             add(start, h0)
-        if h1 < end:
-            add(h1, end)
+        if h1 < stop:
+            add(h1, stop)
         # Every grouping but node reads the node-less rollup: on the 10 M-event ledger (5,000 nodes, 52 h)
         # usage_rollups holds 1.79 M rows for the window, summed and scanned for its hours on each request;
         # usage_rollups_by_team holds the same sums in 36 rows an hour whatever the fleet's size (measured

@@ -382,6 +382,17 @@ def test_a_repeated_query_parameter_is_a_400_not_one_of_the_values(client: TestC
     assert "given more than once" in response.json()["detail"]
 
 
+@pytest.mark.parametrize("query", ["at=2026-11-02T09:30:00Z", "deviceclass=gpu", "limit=1&limit=2"])
+def test_options_with_a_query_answers_as_options_without_one(client: TestClient[Litestar], query: str) -> None:
+    # A CORS preflight is sent for the URL of the real request, query included.
+    preflight = {"Origin": "https://dashboard.example", "Access-Control-Request-Method": "GET"}
+    bare = client.options("/v1/occupancy", headers=preflight)
+    queried = client.options(f"/v1/occupancy?{query}", headers=preflight)
+    assert (bare.status_code, bare.headers["allow"]) == (204, "GET, OPTIONS")
+    assert (queried.status_code, dict(queried.headers), queried.content) == \
+        (bare.status_code, dict(bare.headers), bare.content)
+
+
 def test_every_endpoint_takes_exactly_the_query_parameters_its_openapi_document_lists(
         client: TestClient[Litestar]) -> None:
     documented = {path: {p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"}
