@@ -194,11 +194,17 @@ def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 
 @db_app.command("current")
 def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Print the schema revision of the database and the one this code needs."""
+    """Print the schema revision of the database and the one this code needs; exit 1 when they differ."""
     settings = settings_from(url, data_dir)
     with _errors():
         db = LedgerDatabase.from_url(settings.database_url) if settings.database_url else services.open_ledger(settings)
-        out.print(f"database: {schema.current_revision(db.engine) or 'empty'}; code: {schema.head_revision()}")
+        current, head = schema.current_revision(db.engine), schema.head_revision()
+        out.print(f"database: {current or 'empty'}; code: {head}")
+    if current != head:
+        # Scripts (a deployment's pre-start check) read the exit status, as with `alembic check`.
+        typer.echo("the schema is not the one this code needs: run `dra-ledger db upgrade` (with a newer "
+                   "release if the database's revision is unknown to this one)", err=True)
+        raise typer.Exit(1)
 
 
 def _refuse_with_url(url: str | None) -> None:

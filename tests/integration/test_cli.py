@@ -175,3 +175,17 @@ def test_an_empty_cluster_name_is_refused_by_every_query_like_the_api_refuses_it
     for result in (given, from_env):
         assert result.exit_code == 2, result.output
         assert "leave the option out (and LEDGER_CLUSTER unset) to ask about every cluster" in result.output
+
+
+def test_db_current_exits_1_while_the_schema_is_behind_the_code(ledger_engine: Engine) -> None:
+    from ledger.store import schema
+
+    url = _url(ledger_engine)
+    head = schema.head_revision()
+    at_head = CliRunner().invoke(app, ["db", "current", "--database-url", url])
+    assert (at_head.exit_code, at_head.stdout.strip()) == (0, f"database: {head}; code: {head}")
+    schema.downgrade(ledger_engine, "0005")
+    behind = CliRunner().invoke(app, ["db", "current", "--database-url", url])
+    assert behind.exit_code == 1
+    assert behind.stdout.strip() == f"database: 0005; code: {head}"
+    assert "run `dra-ledger db upgrade`" in behind.stderr
