@@ -15,6 +15,8 @@ from litestar.exceptions import ValidationException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import ParameterKwarg
 
+from ledger.errors import Invalid
+
 
 def client_name(field: Any, name: str) -> str:
     """The name a client sends for handler argument ``name`` whose signature field is ``field``.
@@ -55,6 +57,8 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     Raises:
         ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
             takes, or a repeated one.
+        Invalid: (422) a parameter given with an empty value (``?node=``): no parameter takes the empty
+            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused.
     """
     if connection.scope.get("method") == "OPTIONS":
         return
@@ -69,3 +73,13 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     if repeated:
         noun = "parameter" if len(repeated) == 1 else "parameters"
         raise ValidationException(f"query {noun} {', '.join(repeated)} given more than once; give each once")
+    empty = sorted(name for name in given if given[name] == "")
+    if empty:
+        name = empty[0]
+        raise Invalid(f"{name}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
+
+
+EMPTY_HINTS = {"cluster": "to ask about every cluster", "namespace": "for every namespace", "team": "for every team",
+               "node": "for every node", "driver": "for every driver", "pool": "for every pool",
+               "stream": "for every stream", "type": "for every event type"}
+"""What leaving a filter out means, for the message refusing it empty (:func:`known_query_parameters`)."""

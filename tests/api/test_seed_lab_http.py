@@ -500,3 +500,18 @@ def test_the_openapi_document_carries_the_release_of_the_package(client: TestCli
 
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     assert client.get("/schema/openapi.json").json()["info"]["version"] == project["version"]
+
+
+@pytest.mark.parametrize(("path", "name", "meaning"), [
+    ("/v1/occupancy", "node", "for every node"), ("/v1/occupancy", "driver", "for every driver"),
+    ("/v1/occupancy", "pool", "for every pool"), ("/v1/claims", "namespace", "for every namespace"),
+    ("/v1/claims", "team", "for every team"), ("/v1/events", "stream", "for every stream"),
+    ("/v1/occupancy", "cluster", "to ask about every cluster"), ("/v1/occupancy", "limit", "for its default"),
+])
+def test_an_empty_filter_is_refused_like_an_empty_cluster(client: TestClient[Litestar], path: str, name: str,
+                                                          meaning: str) -> None:
+    # ?node= matched no node (200, nothing) while ?cluster= was a 422: a filter left empty is refused alike.
+    response = client.get(path, params={name: ""})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == f"{name}: empty; leave the parameter out {meaning}"
+    assert client.get(path).status_code == 200
