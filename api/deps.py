@@ -54,12 +54,9 @@ def provide_state(request: Request[Any, Any, Any]) -> AppState:
 def parse_cluster(value: str | None, ctx: AppState) -> str | None:
     """The cluster a request asks about: ``value``, else the one the app was created for (``None``: all).
 
-    Raises:
-        Invalid: ``value`` is empty (``?cluster=``), like an empty ``at``: leaving the parameter out is the
-            one way to ask about every cluster.
+    An empty ``?cluster=`` never gets here: the ``/v1`` guard (:func:`api.parameters.known_query_parameters`)
+    answers every parameter given empty with a 422, saying to leave it out to ask about every cluster.
     """
-    if value == "":
-        raise Invalid("cluster: empty; leave the parameter out to ask about every cluster")
     return ctx.cluster if value is None else value
 
 
