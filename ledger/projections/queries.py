@@ -749,7 +749,7 @@ def split_equally(intervals: Sequence[tuple[datetime, datetime, G]], seconds: di
         seconds[g] += (hi - lo).total_seconds() / n
 
 
-def _team_at(conn: Connection, cluster: str, namespace: str, at: datetime, overrides: Mapping[str, str]) -> str:
+def team_at(conn: Connection, cluster: str, namespace: str, at: datetime, overrides: Mapping[str, str]) -> str:
     """The team billed for ``namespace`` at ``at``: its override, else table ``namespace_teams``, else the name."""
     if namespace in overrides:
         return overrides[namespace]
@@ -833,7 +833,7 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
                     "origin": r.origin, "state": st,
                     # A deleted claim stays billed to the team of its last moment (a later relabel of its
                     # namespace must not hand it, and its history, to another team).
-                    "team": _team_at(conn, r.cluster, r.namespace,
+                    "team": team_at(conn, r.cluster, r.namespace,
                                      at if st != "deleted" or r.deleted_at is None
                                      else min(at, r.deleted_at - timedelta(microseconds=1)), overrides),
                     "requested": dict(requested_counts(r.requests)), "devices": by_claim.get(key, []),
@@ -914,7 +914,7 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
             "AND valid @> :at AND NOT admin_access ORDER BY driver, pool, device"),
             {"c": r.cluster, "u": r.uid, "at": at}).all()
         out.append({"namespace": r.namespace, "name": r.name,
-                    "team": _team_at(conn, r.cluster, r.namespace, at, overrides),
+                    "team": team_at(conn, r.cluster, r.namespace, at, overrides),
                     "category": category, "idleSince": rfc3339(since),
                     "devices": [f"{d.driver}/{d.pool}/{d.device}" for d in devices],
                     "wastedDeviceHours": round(idle_s / 3600 * len(devices), 6)})

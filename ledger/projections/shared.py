@@ -30,7 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
-from ledger.projections.queries import NO_OVERRIDES, consumers_at, rfc3339
+from ledger.projections.queries import NO_OVERRIDES, consumers_at, rfc3339, team_at
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
 
@@ -170,10 +170,8 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         live = [x for x in consumers.get(f"{c.cluster}\x00{c.uid}", []) if x.live]
         if len(live) < 2:
             continue
-        team = overrides.get(c.namespace) or conn.execute(text(
-            "SELECT team FROM namespace_teams WHERE cluster = :c AND namespace = :ns AND valid @> :at LIMIT 1"),
-            {"c": c.cluster, "ns": c.namespace, "at": at}).scalar()
-        claims.append({"namespace": c.namespace, "name": c.name, "team": str(team) if team else c.namespace,
+        claims.append({"namespace": c.namespace, "name": c.name,
+                       "team": team_at(conn, c.cluster, c.namespace, at, overrides),
                        "devices": list(by_claim_devices.get((c.cluster, c.uid), [])),
                        "consumers": [{"resource": x.resource, "name": x.name,
                                       "fraction": _ratio(Decimal(1) / len(live))} for x in live]})
