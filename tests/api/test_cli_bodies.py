@@ -24,16 +24,8 @@ WINDOW = EXPECTED["device_hours"]  # 2026-11-02 09:00 .. 12:00, device-hours per
 WIDE = {"COLUMNS": "250"}  # one table row, or one error message, per line
 
 
-@pytest.fixture()
-def seeded(ledger: LedgerHandle) -> LedgerHandle:
-    """The ledger of the ``client`` fixture (tests/api/conftest.py), holding the history the CLI bundles."""
-    ledger.replay(cli.seed_lab_path())
-    return ledger
-
-
 def run_cli(ledger: LedgerHandle, *args: str) -> tuple[int, str]:
-    url = ledger.engine.url.render_as_string(hide_password=False)
-    result = CliRunner().invoke(cli.app, [*args, "--database-url", url], env=WIDE)
+    result = CliRunner().invoke(cli.app, [*args, "--database-url", ledger.db.url], env=WIDE)
     return result.exit_code, result.output
 
 

@@ -291,3 +291,13 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGKILL)
     process.wait(timeout=WAIT_S)
+
+
+def metric_sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
+    """Sum of a metric's samples named ``name`` whose labels include ``labels`` (0 when there is none)."""
+    total = 0.0
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total

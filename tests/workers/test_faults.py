@@ -19,22 +19,12 @@ from tests.workers.harness import (
     eventually,
     fake_cluster,
     lockstep,
+    metric_sample,
     run,
     seed_lab,
 )
 from workers.fake_apiserver import Fault
 from workers.health import WorkerMetrics
-
-
-def _sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include ``labels``."""
-    total = 0.0
-    for family in metrics.registry.collect():
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
 
 FAULTS: dict[str, list[Fault]] = {
     "a stream dropped mid-way, once between events and once inside one": [
@@ -76,8 +66,8 @@ def test_api_faults_leave_the_ledger_identical_to_a_clean_run(
     assert_same_ledger(live, clean)
     kinds = {f.kind for f in faults if f.kind}
     for kind in kinds:
-        assert (_sample(metrics[0], "dra_ledger_watch_restarts_total", kind=kind)
-                + _sample(metrics[0], "dra_ledger_watch_expired_total", kind=kind)) > 0, kind
+        assert (metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind=kind)
+                + metric_sample(metrics[0], "dra_ledger_watch_expired_total", kind=kind)) > 0, kind
 
 
 def test_410s_are_counted_and_make_the_worker_list_again(ledger_factory: Callable[[], LedgerHandle]) -> None:
@@ -95,8 +85,8 @@ def test_410s_are_counted_and_make_the_worker_list_again(ledger_factory: Callabl
                              if r.startswith("GET /apis/resource.k8s.io/v1/resourceclaims") and "watch=" not in r))
 
     run(scenario)
-    assert _sample(metrics[0], "dra_ledger_watch_expired_total", kind="ResourceClaim") == 1
-    assert _sample(metrics[0], "dra_ledger_watch_expired_total", kind="Pod") == 1
+    assert metric_sample(metrics[0], "dra_ledger_watch_expired_total", kind="ResourceClaim") == 1
+    assert metric_sample(metrics[0], "dra_ledger_watch_expired_total", kind="Pod") == 1
     assert lists[0] >= 2  # the first list, and the list after the 410
 
 
@@ -123,7 +113,7 @@ def test_objects_deleted_while_the_worker_was_down_past_compaction_are_recorded_
             second = cluster.start(identity="after")
             await caught_up(live.db, cluster.server)  # the relists happen at 10:00:04, before time moves on
             await lockstep(cluster.server, live.db)
-            expired.append(_sample(second.metrics, "dra_ledger_watch_expired_total"))
+            expired.append(metric_sample(second.metrics, "dra_ledger_watch_expired_total"))
 
     run(scenario)
     assert expired[0] >= 1
@@ -144,7 +134,7 @@ def test_each_complete_list_is_timed_per_kind_the_one_after_a_410_included(
             cluster.server.advance(10)  # two claims exist: each claim list is one page of 3
             worker = cluster.start()
             metrics.append(worker.metrics)
-            await eventually(lambda: _sample(worker.metrics, "dra_ledger_watch_relist_duration_seconds_count",
+            await eventually(lambda: metric_sample(worker.metrics, "dra_ledger_watch_relist_duration_seconds_count",
                                              kind="ResourceClaim") >= 2, "the claims listed again after the 410")
             await caught_up(live.db, cluster.server)
             claim_lists.append(sum(1 for r in cluster.server.requests
@@ -155,9 +145,9 @@ def test_each_complete_list_is_timed_per_kind_the_one_after_a_410_included(
     name = "dra_ledger_watch_relist_duration_seconds"
     # The first list of every kind, and for claims the list after the 410 on their first watch.
     assert claim_lists == [2]
-    assert _sample(metrics[0], f"{name}_count", kind="ResourceClaim") == 2
-    assert _sample(metrics[0], f"{name}_bucket", kind="ResourceClaim", le="+Inf") == 2
-    assert _sample(metrics[0], f"{name}_sum", kind="ResourceClaim") > 0
+    assert metric_sample(metrics[0], f"{name}_count", kind="ResourceClaim") == 2
+    assert metric_sample(metrics[0], f"{name}_bucket", kind="ResourceClaim", le="+Inf") == 2
+    assert metric_sample(metrics[0], f"{name}_sum", kind="ResourceClaim") > 0
     for kind in ("Namespace", "DeviceClass", "ResourceSlice", "Pod"):
-        assert _sample(metrics[0], f"{name}_count", kind=kind) == 1, kind
-    assert _sample(metrics[0], "dra_ledger_watch_expired_total", kind="ResourceClaim") == 1
+        assert metric_sample(metrics[0], f"{name}_count", kind=kind) == 1, kind
+    assert metric_sample(metrics[0], "dra_ledger_watch_expired_total", kind="ResourceClaim") == 1

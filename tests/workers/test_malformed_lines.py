@@ -20,7 +20,16 @@ from sqlalchemy import text
 
 from ledger.recorded import BrokenLine, WatchLine, read_text
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import SEED_LAB, ClaimSource, assert_same_ledger, fake_cluster, lockstep, run, seed_lab
+from tests.workers.harness import (
+    SEED_LAB,
+    ClaimSource,
+    assert_same_ledger,
+    fake_cluster,
+    lockstep,
+    metric_sample,
+    run,
+    seed_lab,
+)
 from workers.fake_apiserver import Fault
 from workers.health import WorkerMetrics
 from workers.k8s.client import MalformedEvent, WatchEvent
@@ -45,11 +54,6 @@ BEFORE = datetime(2026, 11, 2, 9, 2, 1, tzinfo=UTC)
 """observedAt of the claim event sent just before the bad line (seed-lab line 7)."""
 AFTER = datetime(2026, 11, 2, 9, 2, 5, 498000, tzinfo=UTC)
 """observedAt of the claim event sent just after it (line 8): the clock may have moved on to it."""
-
-
-def _sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
-    value = metrics.registry.get_sample_value(name, labels)
-    return value if value is not None else 0.0
 
 
 @pytest.mark.parametrize(("line", "reason"), list(LINES.values()), ids=list(LINES))
@@ -84,9 +88,9 @@ def test_a_json_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_even
     assert body == line  # the raw text, kept whole
     assert BEFORE <= observed_at <= AFTER  # its receive time
     assert watch_type is None
-    assert _sample(metrics[0], "dra_ledger_watch_rejected_total", kind="ResourceClaim") == 1
-    assert _sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim", reason="failed") == 0
-    assert _sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim", reason="connection") == 0
+    assert metric_sample(metrics[0], "dra_ledger_watch_rejected_total", kind="ResourceClaim") == 1
+    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim", reason="failed") == 0
+    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim", reason="connection") == 0
 
 
 @pytest.mark.parametrize(("line", "reason"), list(LINES.values()), ids=list(LINES))
