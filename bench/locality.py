@@ -98,23 +98,23 @@ def batches(lines: Iterator[WatchLine | BrokenLine], size: int) -> Iterator[list
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
 
-def small_buffers(server: EmbeddedPostgres) -> None:
-    """Give ``server`` 16 MB of shared buffers (restarting it), so that the page cache holds the rest."""
+def run_then_stop(server: EmbeddedPostgres, statement: str) -> None:
+    """Run ``statement`` outside a transaction on ``server`` (started if need be), then stop the server."""
     engine = LedgerDatabase.from_url(server.start()).engine
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("ALTER SYSTEM SET shared_buffers = '16MB'"))
+        conn.execute(text(statement))
     engine.dispose()
     server.stop()
+
+
+def small_buffers(server: EmbeddedPostgres) -> None:
+    """Give ``server`` 16 MB of shared buffers (restarting it), so that the page cache holds the rest."""
+    run_then_stop(server, "ALTER SYSTEM SET shared_buffers = '16MB'")
     server.start()
 
 
-def confine(server: EmbeddedPostgres, limit_mib: int) -> Path:
-    """Restart ``server`` with nothing of its files cached, in a new memory cgroup limited to ``limit_mib``
-    MiB (its page cache included); return the cgroup's directory.
-
-    The ledger was written with the machine's whole memory; this starts its last batches as on a machine
-    whose memory the ledger outgrew: a checkpoint writes every page out, the restart empties the shared
-    buffers, and ``posix_fadvise(DONTNEED)`` drops the files' clean pages from the page cache.
+def new_group(limit_mib: int) -> Path:
+    """Make a memory cgroup limited to ``limit_mib`` MiB (page cache included); return its directory.
 
     Raises:
         OSError: no writable cgroup v1 memory controller (not root, or not Linux).
@@ -122,11 +122,17 @@ def confine(server: EmbeddedPostgres, limit_mib: int) -> Path:
     group = CGROUP_ROOT / f"dra-ledger-bench-{os.getpid()}"
     group.mkdir()
     (group / "memory.limit_in_bytes").write_text(str(limit_mib * 1024 * 1024))
-    engine = LedgerDatabase.from_url(server.start()).engine
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("CHECKPOINT"))
-    engine.dispose()
-    server.stop()
+    return group
+
+
+def confine(server: EmbeddedPostgres, group: Path) -> Path:
+    """Restart ``server`` with nothing of its files cached, in memory cgroup ``group``; return ``group``.
+
+    The ledger was written with the machine's whole memory; this starts its last batches as on a machine
+    whose memory the ledger outgrew: a checkpoint writes every page out, the restart empties the shared
+    buffers, and ``posix_fadvise(DONTNEED)`` drops the files' clean pages from the page cache.
+    """
+    run_then_stop(server, "CHECKPOINT")
     for path in server.data_dir.rglob("*"):
         if path.is_file():
             fd = os.open(path, os.O_RDONLY)
@@ -190,7 +196,6 @@ def measure(url: str, history: Path, *, total_lines: int, batch_size: int, tail_
         lines = read_history(history)
         services.ingest(db, itertools.islice(lines, head), cluster=CLUSTER, batch_size=batch_size)
         names = indexes(db.engine)
-        timed_only = before_tail is not None
         group: Path | None = None
         if before_tail is not None:
             db.engine.dispose()
@@ -214,12 +219,12 @@ def measure(url: str, history: Path, *, total_lines: int, batch_size: int, tail_
             services.ingest(db, chunk, cluster=CLUSTER, batch_size=batch_size, pipelined=False, state=state)
             per_batch.append(cached_pages(db.engine, names))
             print(f"batch {len(per_batch)}: " + ", ".join(f"{k} {v}" for k, v in per_batch[-1].items()), flush=True)
-        with db.engine.connect() as conn:
+        with db.engine.connect() as conn:  # not bench.run.count: this file also runs as a script (A/B runs)
             events = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
         size = sizes(db.engine, names)
     finally:
         db.dispose()
-    if timed_only:
+    if group is not None:
         return {"lines": total_lines, "events": events, "batchSize": batch_size, "timedBatches": timings,
                 "sizes": size}
     summary = {name: {"pages": size[name],
@@ -227,12 +232,6 @@ def measure(url: str, history: Path, *, total_lines: int, batch_size: int, tail_
                for name in names}
     return {"lines": total_lines, "events": events, "batchSize": batch_size, "batches": per_batch,
             "indexes": summary}
-
-
-def keep(paths: list[Path], path: Path) -> Path:
-    """Append ``path`` to ``paths`` and return it."""
-    paths.append(path)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,31 +257,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"simulated {args.nodes} nodes x {args.hours} h: {summary.lines:,} lines", flush=True)
         server = EmbeddedPostgres(work / "pg")
         admin = server.start()
-        groups: list[Path] = []
-        limit = args.memory_limit_mib
+        group = new_group(args.memory_limit_mib) if args.memory_limit_mib else None
+        peak: int | None = None
         try:
-            if limit:
+            if group is not None:
                 small_buffers(server)
             result = measure(create_database(admin, "locality"), history, total_lines=summary.lines,
                              batch_size=args.batch_size, tail_batches=args.batches,
-                             before_tail=(lambda: keep(groups, confine(server, limit))) if limit else None)
+                             before_tail=(lambda: confine(server, group)) if group is not None else None)
         finally:
-            peaks = [int((g / "memory.max_usage_in_bytes").read_text()) // 2**20 for g in groups]
+            if group is not None:
+                peak = int((group / "memory.max_usage_in_bytes").read_text()) // 2**20
             server.stop()
-            for group in groups:
+            if group is not None:
                 release(group)
     run = {"label": args.label, "nodes": args.nodes, "hours": args.hours, "memoryLimitMiB": args.memory_limit_mib,
            **result}
-    if limit:
-        run["serverPeakMiB"] = peaks[0] if peaks else None
-        print(f"server's peak in its cgroup: {run['serverPeakMiB']} MiB")
-        with args.output.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(run) + "\n")
-        return 0
-    print(f"{'index':<44} {'pages':>9} {'touched/batch':>14} {'share':>7}")
-    for name, figures in result["indexes"].items():  # type: ignore[attr-defined]
-        share = figures["touchedPerBatch"] / max(1, figures["pages"])
-        print(f"{name:<44} {figures['pages']:>9,} {figures['touchedPerBatch']:>14,.1f} {share:>7.1%}")
+    if group is not None:
+        run["serverPeakMiB"] = peak
+        print(f"server's peak in its cgroup: {peak} MiB")
+    else:
+        print(f"{'index':<44} {'pages':>9} {'touched/batch':>14} {'share':>7}")
+        for name, figures in result["indexes"].items():  # type: ignore[attr-defined]
+            share = figures["touchedPerBatch"] / max(1, figures["pages"])
+            print(f"{name:<44} {figures['pages']:>9,} {figures['touchedPerBatch']:>14,.1f} {share:>7.1%}")
     with args.output.open("a", encoding="utf-8") as f:
         f.write(json.dumps(run) + "\n")
     return 0
