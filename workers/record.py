@@ -100,7 +100,7 @@ class RecordSink:
             if isinstance(event, MalformedEvent):
                 log.warning("writing a line that is no watch event (%s) as received", event.reason,
                             extra={"resource": source.info.plural, "resourceVersion": None})
-                self._out.write(event.text.rstrip("\r") + "\n")
+                self._out.write(event.text + "\n")
                 self.lines += 1
                 continue
             self._write(event.received_at, event.type, event.object)

@@ -108,7 +108,7 @@ class MalformedEvent:
     """
 
     text: str
-    """The line as received, without its newline (bytes that are not UTF-8 replaced by U+FFFD)."""
+    """The line as received, without its line end (``\n`` or ``\r\n``; bytes that are not UTF-8 replaced by U+FFFD)."""
     reason: str
     """What is wrong, naming the field (``ledger.recorded.envelope_problem``): ``missing field 'type'``..."""
     received_at: datetime
@@ -390,7 +390,7 @@ class KubeSource:
         if (problem := envelope_problem(decoded)) is not None:
             # No failure of the stream: the lines around it are good events, and watching again from
             # before it could only meet it again. The sink stores it as a rejected observation.
-            return MalformedEvent(text=line.decode("utf-8", "replace"), reason=problem,
+            return MalformedEvent(text=line.rstrip(b"\r").decode("utf-8", "replace"), reason=problem,
                                   received_at=await self._clock())
         raw = cast(RawWatchEvent, decoded)
         obj = raw["object"]
