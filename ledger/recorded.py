@@ -674,8 +674,13 @@ def _yaml_problem(error: Exception, *, chunk: str, first_line: int) -> str:
 
 
 def _first_content_line(chunk_lines: list[str], first_line: int) -> int:
+    """Line (1-based, in the whole text) of the chunk's first content: a broken document is reported
+    there, as a good one is at its root node. Comments, directives, blank lines and a bare ``---``
+    marker are skipped (``--- {kind: Pod}`` holds content on the marker's own line)."""
     for offset, raw in enumerate(chunk_lines):
         stripped = raw.lstrip()
+        if stripped.startswith("---") and not stripped[3:].split("#", 1)[0].strip():
+            continue
         if stripped and not stripped.startswith(("#", "%")):
             return first_line + offset
     return first_line

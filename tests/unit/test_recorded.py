@@ -480,10 +480,10 @@ metadata: {name: three}
     assert [type(r) for r in results] == [WatchLine, BrokenLine, WatchLine]
     broken = results[1]
     assert isinstance(broken, BrokenLine)
-    assert broken.line == 5
+    assert broken.line == 6  # its first line after the `---` marker, as the good documents are counted
     assert broken.reason.startswith("invalid YAML: ")
     assert "line 10" in broken.reason
-    assert [r.line for r in results] == [2, 5, 12]
+    assert [r.line for r in results] == [2, 6, 12]
 
 
 def test_a_secret_with_a_type_field_is_an_object_not_a_watch_event() -> None:
@@ -684,3 +684,11 @@ def test_the_longest_duration_accepted_is_exactly_100_years_in_either_form() -> 
     # 36,500 days x 86,400 s = 3,153,600,000 s; 5,214 weeks + 2 days = 36,500 days.
     assert {parse_duration(v, "minIdle") for v in ("P36500D", "P5214W2D", "PT876000H", "3153600000")} == \
         {timedelta(days=36_500)}
+
+
+def test_a_broken_yaml_document_after_a_commented_marker_is_reported_at_its_first_content_line() -> None:
+    text = "kind: ConfigMap\napiVersion: v1\nmetadata: {name: one}\n--- # second\n\n# note\nkind: [\n"
+    results = list(read_text(text, source="docs.yaml"))
+
+    assert [type(r) for r in results] == [WatchLine, BrokenLine]
+    assert results[1].line == 7  # `kind: [`: the marker (4), the blank line (5) and the comment (6) skipped
