@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
@@ -47,6 +47,8 @@ __all__ = [
     "WatchType",
     "broken_watch_line",
     "envelope_problem",
+    "error_status_problem",
+    "json_problem",
     "parse_time",
     "read_history",
     "read_text",
@@ -427,11 +429,8 @@ def _read_json_lines(
             continue
         try:
             decoded: object = json.loads(raw)
-        except json.JSONDecodeError as e:
-            yield _broken(source, number, f"invalid JSON: {e.msg} (column {e.colno})", raw)
-            continue
-        except (ValueError, RecursionError) as e:  # int longer than 4300 digits, absurd nesting
-            yield _broken(source, number, f"invalid JSON: {e}", raw)
+        except (ValueError, RecursionError) as e:  # also: int longer than 4300 digits, absurd nesting
+            yield _broken(source, number, json_problem(e), raw)
             continue
         yield _watch_event(decoded, source=source, line=number, raw=raw, at=at, time_required=True)
 
@@ -508,6 +507,49 @@ def envelope_problem(decoded: object) -> str | None:
         return "missing field 'object'"
     if not isinstance(obj, dict):
         return f"object: not a JSON object (found {_json_type(obj)})"
+    return None
+
+
+def json_problem(error: ValueError | RecursionError) -> str:
+    """Why a line that ``json.loads`` refused is not JSON, as a replay and a live watch both report it.
+
+    Args:
+        error: what ``json.loads`` raised for one whole line (a ``str``): ``json.JSONDecodeError``,
+            another ``ValueError`` (an integer longer than 4,300 digits) or ``RecursionError``
+            (nested deeper than the decoder goes).
+
+    Returns:
+        ``invalid JSON: <message> (column <1-based column>)`` for a ``JSONDecodeError``, else
+        ``invalid JSON: <error>``. Never raises.
+    """
+    if isinstance(error, json.JSONDecodeError):
+        return f"invalid JSON: {error.msg} (column {error.colno})"
+    return f"invalid JSON: {error}"
+
+
+def error_status_problem(decoded: Mapping[str, object]) -> str | None:
+    """Why an in-stream ``ERROR`` watch event carries no Status, or ``None`` when it carries one.
+
+    A watch stream's ``ERROR`` line must carry a ``Status`` (``{"kind": "Status", "code": 410, ...}``); the
+    API server never sends another object there. An object with ``kind: Status`` or an integer ``code`` is
+    taken as one (a Status without ``code`` is read as a 500 by the watch). Replay refuses every ``ERROR``
+    line (:func:`envelope_problem`); this is for the live watch only.
+
+    Args:
+        decoded: the line as ``json.loads`` returns it, a JSON object whose ``type`` is ``ERROR``.
+
+    Returns:
+        ``None`` for a Status, else the reason, naming the field, e.g.
+        ``type: ERROR without a Status: missing field 'object'``. Never raises.
+    """
+    if "object" not in decoded:
+        return "type: ERROR without a Status: missing field 'object'"
+    obj = decoded["object"]
+    if not isinstance(obj, dict):
+        return f"type: ERROR without a Status: object: not a JSON object (found {_json_type(obj)})"
+    code = obj.get("code")
+    if obj.get("kind") != "Status" and (not isinstance(code, int) or isinstance(code, bool)):
+        return "type: ERROR without a Status: object has neither kind 'Status' nor an integer 'code'"
     return None
 
 
@@ -928,13 +970,15 @@ def watch_line(
 def broken_watch_line(*, source: str, line: int, reason: str, observed_at: datetime, text: str) -> BrokenLine:
     """Build the rejected line for a line of a live watch stream that is no watch event the ledger can take.
 
-    The counterpart of :func:`watch_line` for the lines :func:`envelope_problem` refuses: the watch
-    workers store it as a rejected observation, as a replay stores a broken line of a file.
+    The counterpart of :func:`watch_line` for the lines a live watch cannot take (not UTF-8, not JSON:
+    :func:`json_problem`; no watch event: :func:`envelope_problem`; an ERROR without a Status:
+    :func:`error_status_problem`): the watch workers store it as a rejected observation, as a replay
+    stores a broken line of a file.
 
     Args:
         source: where the line came from, e.g. ``"watch:ResourceClaim"``.
         line: 1-based sequence number of the line from that source.
-        reason: why it was refused (:func:`envelope_problem`).
+        reason: why it was refused (e.g. :func:`json_problem`, :func:`envelope_problem`).
         observed_at: receive time; must be tz-aware (converted to UTC).
         text: the line as the API server sent it, without its newline; kept up to :data:`MAX_TEXT_CHARS`.
 

@@ -67,7 +67,9 @@ class Fault:
     partial: bool = False
     """A ``drop`` first sends half of the next event's line."""
     line: str = ""
-    """What a ``line`` fault sends, as is, followed by a newline (a JSON text without one, to be read whole)."""
+    """What a ``line`` fault sends, as is, followed by a newline: any text without one (a JSON text, an
+    event cut short, ``garbage``), encoded as UTF-8; lone surrogates U+DC80..U+DCFF stand for the bytes
+    0x80..0xFF (Python's ``surrogateescape``), so ``"\\udcff{}"`` sends a line that is not UTF-8."""
     times: int = 1
 
 
@@ -427,7 +429,7 @@ class FakeApiServer:
             while True:
                 fault = self._take(kind, "watch", actions=("drop", "expire", "line"), sent=sent)
                 if fault is not None and fault.action == "line":
-                    await resp.write(fault.line.encode() + b"\n")
+                    await resp.write(fault.line.encode("utf-8", "surrogateescape") + b"\n")
                     continue
                 if fault is not None:
                     return await self._stream_fault(request, resp, fault, send,

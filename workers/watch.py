@@ -54,8 +54,9 @@ async def follow(source: KubeSource, sink: Sink, settings: WatchSettings,
     - transient API faults and a database outage: back off (``settings.error_backoffs_s`` with
       jitter, ``Retry-After`` winning), then watch again from the last stored resourceVersion.
     - the server ending a watch after ``timeoutSeconds``: watch again at once.
-    - a line of the stream that is JSON but no watch event: handed to the sink with the events around
-      it (stored as rejected); it moves no resourceVersion.
+    - a whole line of the stream that is no watch event (not UTF-8, not JSON, JSON but no event, an ERROR
+      without a Status): handed to the sink with the events around it (stored as rejected) and the watch
+      reads on; it moves no resourceVersion. A stream that ends inside a line was cut: transient, as above.
     - every complete list, the first one included, is timed into ``metrics`` (s); a list cut by a fault
       is not.
 

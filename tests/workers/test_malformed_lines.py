@@ -1,10 +1,11 @@
-"""A watch stream line that is JSON but no watch event is stored as a rejected observation; the watch goes on.
+"""A watch stream line that is no watch event is stored as a rejected observation; the watch reads on.
 
 The fake API server sends the line between the ADDED of claim ``train-0-gpu-4fj8q`` (seed-lab line 7,
 resourceVersion 1006, 09:02:01) and its allocation (line 8, 1007, 09:02:05.498), through the real
-kubernetes-asyncio client. Before, a line without ``type`` raised KeyError out of the watch loop and
-ended the worker; an unknown type failed the kind's task; the others made it watch again; and none of
-them was stored.
+kubernetes-asyncio client. Before, a JSON line without ``type`` raised KeyError out of the watch loop and
+ended the worker; an unknown type failed the kind's task; a line that is not JSON (or not UTF-8), an
+``ERROR`` whose object is no Status and the other JSON lines made it back off and watch again; and none
+of them was stored. A line cut by a dropped connection is still a transient fault, never a rejected line.
 """
 
 from __future__ import annotations
@@ -50,18 +51,54 @@ LINES: dict[str, tuple[str, str]] = {
     "a JSON array": (json.dumps(["ADDED", CLAIM]), "not a JSON object (found array)"),
 }
 
+_ADDED = json.dumps({"type": "ADDED", "object": CLAIM})
+
+NOT_JSON: dict[str, tuple[str, str]] = {
+    # name: (the line as sent, the reason stored with it: what a replay of the line says)
+    "an event cut short": ('{"type": "ADDED", "object": {',
+                           "invalid JSON: Expecting property name enclosed in double quotes (column 30)"),
+    "garbage": ("garbage", "invalid JSON: Expecting value (column 1)"),
+    "a proxy's error page": ("<html><body>502 Bad Gateway</body></html>", "invalid JSON: Expecting value (column 1)"),
+    "two events on one line": (_ADDED * 2, f"invalid JSON: Extra data (column {len(_ADDED) + 1})"),
+}
+
+NOT_UTF8: dict[str, tuple[str, str]] = {
+    # The lone surrogate is the byte 0xff on the wire (Fault.line); it is stored as U+FFFD.
+    "bytes that are not UTF-8": ("\udcff" + _ADDED,
+                                 "not UTF-8: invalid start byte at byte 0"),
+}
+
+ERRORS_WITHOUT_STATUS: dict[str, tuple[str, str]] = {
+    "an ERROR whose object is no Status": (json.dumps({"type": "ERROR", "object": {"foo": 1}}),
+                                           "type: ERROR without a Status: object has neither kind 'Status' nor "
+                                           "an integer 'code'"),
+    "an ERROR without object": (json.dumps({"type": "ERROR"}), "type: ERROR without a Status: missing field 'object'"),
+    "an ERROR whose object is a string": (json.dumps({"type": "ERROR", "object": "etcd is down"}),
+                                          "type: ERROR without a Status: object: not a JSON object (found string)"),
+}
+
+ALL_LINES = {**LINES, **NOT_JSON, **NOT_UTF8, **ERRORS_WITHOUT_STATUS}
+REPLAYABLE = {**LINES, **NOT_JSON}
+"""Lines that a replay of a recorded file rejects for the reason the live watch gives (it refuses every
+ERROR line, and a recording keeps a byte that is not UTF-8 as U+FFFD)."""
+
 BEFORE = datetime(2026, 11, 2, 9, 2, 1, tzinfo=UTC)
 """observedAt of the claim event sent just before the bad line (seed-lab line 7)."""
 AFTER = datetime(2026, 11, 2, 9, 2, 5, 498000, tzinfo=UTC)
 """observedAt of the claim event sent just after it (line 8): the clock may have moved on to it."""
 
 
-@pytest.mark.parametrize(("line", "reason"), list(LINES.values()), ids=list(LINES))
-def test_a_json_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_events_around_it_are_kept(
+def _claim_watches(requests: list[str]) -> int:
+    return sum(1 for r in requests if r.startswith("GET /apis/resource.k8s.io/v1/resourceclaims?") and "watch=" in r)
+
+
+@pytest.mark.parametrize(("line", "reason"), list(ALL_LINES.values()), ids=list(ALL_LINES))
+def test_a_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_watch_reads_on_from_the_next_line(
         ledger_factory: Callable[[], LedgerHandle], line: str, reason: str) -> None:
     clean, live = ledger_factory(), ledger_factory()
     clean.replay(SEED_LAB)
     metrics: list[WorkerMetrics] = []
+    watches: list[int] = []
 
     async def scenario() -> None:
         async with fake_cluster(live.db) as cluster:
@@ -72,28 +109,84 @@ def test_a_json_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_even
             await lockstep(cluster.server, live.db)
             assert cluster.server.faults == [], "the bad line was sent"
             assert not worker.task.done(), "the worker stopped"
+            watches.append(_claim_watches(cluster.server.requests))
 
     run(scenario)
-    # Both neighbours became ledger events, and so did everything else: the ledger is a clean replay's.
+    # Both neighbours became ledger events, once each, and so did everything else: the ledger is a clean
+    # replay's (same events, no duplicate, none missing).
     claim = [e.type for e in live.events() if e.stream == "claim:897a4b4b-03a9-30aa-6df0-70dbf8841cb8"]
     assert claim[:2] == ["ClaimCreated", "ClaimAllocated"]
     assert_same_ledger(live, clean)
     with live.engine.connect() as conn:
         rejected = conn.execute(text(
             "SELECT origin, error, body, observed_at, watch_type FROM observations WHERE status = 'rejected'")).all()
+        neighbours = conn.execute(text(
+            "SELECT resource_version, watch_type, status FROM observations WHERE kind = 'ResourceClaim' "
+            "AND resource_version IN ('1006', '1007') ORDER BY resource_version")).all()
+    assert [tuple(r) for r in neighbours] == [("1006", "ADDED", "recorded"), ("1007", "MODIFIED", "recorded")]
     assert len(rejected) == 1
     origin, error, body, observed_at, watch_type = rejected[0]
     assert origin.startswith("watch:ResourceClaim:")
     assert error == reason
-    assert body == line  # the raw text, kept whole
+    # The raw text, kept whole (a byte that is not UTF-8 kept as U+FFFD).
+    assert body == line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     assert BEFORE <= observed_at <= AFTER  # its receive time
     assert watch_type is None
     assert metric_sample(metrics[0], "dra_ledger_watch_rejected_total", kind="ResourceClaim") == 1
-    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim", reason="failed") == 0
-    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim", reason="connection") == 0
+    # Read on from the next line: the first watch of the claims never ended (no backoff, no watch again).
+    assert watches == [1]
+    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim") == 0
 
 
-@pytest.mark.parametrize(("line", "reason"), list(LINES.values()), ids=list(LINES))
+_STATUS_500 = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": "etcd leader changed", "reason": "InternalError", "code": 500}
+
+TRANSIENT: dict[str, tuple[Fault, str]] = {
+    # name: (the fault, the reason the watch of the claims starts again)
+    # The server writes half of the allocation's line (1007) and dies: no newline ever ends it. That is a
+    # broken connection, not a broken line: watch again from 1006 and receive the whole line then.
+    "a line cut by a dropped connection": (
+        Fault(action="drop", kind="ResourceClaim", verb="watch", after_events=1, partial=True), "connection"),
+    # An ERROR that carries a Status is the server's word on the watch, not a broken line.
+    "an in-stream ERROR Status 500": (
+        Fault(action="line", kind="ResourceClaim", verb="watch", after_events=1,
+              line=json.dumps({"type": "ERROR", "object": _STATUS_500})), "http-500"),
+    "an in-stream ERROR Status without a code": (
+        Fault(action="line", kind="ResourceClaim", verb="watch", after_events=1,
+              line=json.dumps({"type": "ERROR", "object": {**_STATUS_500, "code": None}})), "http-500"),
+}
+
+
+@pytest.mark.parametrize(("fault", "restart_reason"), list(TRANSIENT.values()), ids=list(TRANSIENT))
+def test_a_broken_connection_or_an_error_status_is_a_transient_fault_and_no_rejected_line(
+        ledger_factory: Callable[[], LedgerHandle], fault: Fault, restart_reason: str) -> None:
+    clean, live = ledger_factory(), ledger_factory()
+    clean.replay(SEED_LAB)
+    metrics: list[WorkerMetrics] = []
+    watches: list[int] = []
+
+    async def scenario() -> None:
+        async with fake_cluster(live.db) as cluster:
+            cluster.server.inject(fault)
+            cluster.server.advance(4)
+            worker = cluster.start()
+            metrics.append(worker.metrics)
+            await lockstep(cluster.server, live.db)
+            assert cluster.server.faults == [], "the fault fired"
+            assert not worker.task.done(), "the worker stopped"
+            watches.append(_claim_watches(cluster.server.requests))
+
+    run(scenario)
+    assert_same_ledger(live, clean)
+    with live.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM observations WHERE status = 'rejected'")).scalar_one() == 0
+    assert metric_sample(metrics[0], "dra_ledger_watch_rejected_total") == 0
+    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim",
+                         reason=restart_reason) == 1
+    assert watches[0] >= 2  # watched again (from 1006, the last stored resourceVersion)
+
+
+@pytest.mark.parametrize(("line", "reason"), list(REPLAYABLE.values()), ids=list(REPLAYABLE))
 def test_record_writes_such_a_line_as_received_and_its_replay_rejects_it_for_the_same_reason(
         line: str, reason: str) -> None:
     added, allocated = (x for x in seed_lab()[6:8] if isinstance(x, WatchLine))

@@ -8,10 +8,12 @@ translator sees exactly the API server's bytes, parsed as JSON.
 Failures are sorted for the watch loop (STYLE, error handling): :class:`WatchExpired` (410, as a
 status or an in-stream ERROR) means list again at once; :class:`TransientApiError` (connection
 refused/reset, stream cut, timeouts, 429, 5xx) means back off; :class:`ApiError` is anything else
-and fails the task loudly. A whole line of a watch stream that is JSON but no watch event (no
-``type``, an unknown one, no ``object``, an ``object`` that is not a JSON object) is no failure: it
-becomes a :class:`MalformedEvent` in its burst, which the ledger stores as a rejected observation, and
-the stream is read on.
+and fails the task loudly. A whole line of a watch stream that is no watch event (not UTF-8, not JSON,
+JSON without ``type``, with an unknown one, without ``object`` or with an ``object`` that is not a JSON
+object, an ``ERROR`` without a Status) is no failure: it becomes a :class:`MalformedEvent` in its burst,
+which the ledger stores as a rejected observation, and the stream is read on. A line is whole when the
+server's newline ended it; bytes left after the last newline when the stream ends were cut, and that
+is a broken connection (:meth:`KubeSource.watch` says why).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Literal, TypeAlias, TypedDict, cast
 import aiohttp
 from kubernetes_asyncio import client as k8s
 
-from ledger.recorded import envelope_problem
+from ledger.recorded import envelope_problem, error_status_problem, json_problem
 from ledger.types import JSONObject, JSONValue
 from workers.k8s.kinds import DRA_GROUP, KindInfo
 
@@ -101,16 +103,21 @@ class WatchEvent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MalformedEvent:
-    """A whole line of a watch stream that is JSON but no watch event, with its receive time.
+    """A whole line of a watch stream that is no watch event, with its receive time.
 
-    Source: the API server (or a proxy before it) sent it between two events; the events around it are
-    read as usual. It carries no resourceVersion: nothing in it is trusted.
+    Source: the API server (or a proxy before it) sent it between two events, ended by its newline: bytes
+    that are not UTF-8, text that is not JSON (an event cut short, ``garbage``), JSON that is no watch
+    event, or an ``ERROR`` whose object is no Status. The events around it are read as usual. It carries
+    no resourceVersion: nothing in it is trusted.
     """
 
     text: str
     """The line as received, without its line end (``\n`` or ``\r\n``; bytes that are not UTF-8 replaced by U+FFFD)."""
     reason: str
-    """What is wrong, naming the field (``ledger.recorded.envelope_problem``): ``missing field 'type'``..."""
+    """What is wrong, as a replay of the same line says it where it can: ``not UTF-8: invalid start byte at
+    byte 0``, ``invalid JSON: Expecting value (column 1)`` (``ledger.recorded.json_problem``),
+    ``missing field 'type'`` (``envelope_problem``), ``type: ERROR without a Status: ...``
+    (``error_status_problem``)."""
     received_at: datetime
 
 
@@ -335,13 +342,14 @@ class KubeSource:
         Yields bursts: the events whose lines arrived in one network read (at most ``batch_size``
         each), in stream order, each stamped with the clock when its line was complete. A line cut
         by a dropped connection is never yielded; the server's ``timeoutSeconds`` end is a normal end.
-        A whole line that is JSON but no watch event is yielded in its place as a :class:`MalformedEvent`.
+        A whole line that is no watch event (not UTF-8, not JSON, JSON but no event, an ERROR without a
+        Status) is yielded in its place as a :class:`MalformedEvent`, and the stream is read on.
 
         Raises:
-            WatchExpired: HTTP 410, or an in-stream ERROR with code 410.
-            TransientApiError: connection problems, stream cut, a line that is not JSON, 429/5xx, an
-                in-stream ERROR 5xx (or one without a Status).
-            ApiError: any other refusal or in-stream ERROR.
+            WatchExpired: HTTP 410, or an in-stream ERROR Status with code 410.
+            TransientApiError: connection problems, a stream cut (ended inside a line), 429/5xx, an
+                in-stream ERROR Status with a 5xx code or none.
+            ApiError: any other refusal or in-stream ERROR Status.
         """
         what = f"watch {self.info.plural}.{self.api_version} from {since}"
         try:
@@ -351,6 +359,15 @@ class KubeSource:
             async with resp:
                 if not 200 <= resp.status <= 299:
                     raise _status_error(resp.status, await resp.read(), resp.headers, what)
+                # Broken line or broken connection? A line is complete once its newline arrived: the
+                # server wrote that line whole, and whatever it holds (garbage, an event cut short, not
+                # UTF-8) is what the server or a proxy before it sent, so it is a broken line: stored as
+                # rejected by the sink, and the next line is read (watching again from before it would
+                # only meet it again). Bytes with no newline after them are a line still arriving; if the
+                # stream ends there (the server died mid-write, a proxy cut it), the connection broke,
+                # and that stays a transient fault below (as do HTTP errors and aiohttp's payload
+                # errors): nothing after the last complete line was stored, so watching again from the
+                # last stored resourceVersion loses and duplicates nothing.
                 buffer = b""
                 async for chunk in resp.content.iter_any():
                     buffer += chunk
@@ -376,28 +393,47 @@ class KubeSource:
             raise TransientApiError(f"{what}: {type(e).__name__}: {e}") from e
 
     async def _event(self, line: bytes, what: str) -> Received:
+        """Decode one complete line (its newline removed) of the stream ``what`` names.
+
+        A line that is no watch event is no failure of the stream (see :meth:`watch`): it comes back as a
+        :class:`MalformedEvent` whose reason is the one a replay of the line gives where it can.
+
+        Raises:
+            WatchExpired / TransientApiError / ApiError: an in-stream ERROR carrying a Status, by its code.
+        """
         try:
-            decoded: object = json.loads(line)
+            # Decoded here, not by json.loads (which would also take UTF-16 and UTF-32): a replay reads
+            # the same line as UTF-8 and reports it the same way.
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return await self._malformed(line, f"not UTF-8: {e.reason} at byte {e.start}")
+        try:
+            decoded: object = json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the decoder goes
-            raise TransientApiError(f"{what}: undecodable event: {e}") from e
+            return await self._malformed(line, json_problem(e))
         if isinstance(decoded, dict) and decoded.get("type") == "ERROR":
-            status_obj = decoded.get("object")
-            if not isinstance(status_obj, dict):
-                raise TransientApiError(f"{what}: in-stream ERROR without a Status object")
+            if (problem := error_status_problem(decoded)) is not None:
+                # Not the API server's ERROR (it always sends a Status): nothing says the watch ended
+                # or why. Read on; if the stream does end here, the loop simply watches again.
+                return await self._malformed(line, problem)
+            status_obj = cast(dict[str, JSONValue], decoded["object"])
             code = status_obj.get("code")
-            status = code if isinstance(code, int) else 500
+            status = code if isinstance(code, int) and not isinstance(code, bool) else 500
             raise _status_error(status, json.dumps(status_obj).encode(), {}, f"{what}: in-stream ERROR") from None
         if (problem := envelope_problem(decoded)) is not None:
-            # No failure of the stream: the lines around it are good events, and watching again from
-            # before it could only meet it again. The sink stores it as a rejected observation.
-            return MalformedEvent(text=line.rstrip(b"\r").decode("utf-8", "replace"), reason=problem,
-                                  received_at=await self._clock())
+            return await self._malformed(line, problem)
         raw = cast(RawWatchEvent, decoded)
         obj = raw["object"]
         meta = obj.get("metadata")
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         return WatchEvent(type=cast(EventType, raw["type"]), object=self._complete(obj),
                           resource_version=rv if isinstance(rv, str) else None, received_at=await self._clock())
+
+    async def _malformed(self, line: bytes, reason: str) -> MalformedEvent:
+        # No failure of the stream: the lines around it are good events, and watching again from
+        # before it could only meet it again. The sink stores it as a rejected observation.
+        return MalformedEvent(text=line.rstrip(b"\r").decode("utf-8", "replace"), reason=reason,
+                              received_at=await self._clock())
 
 
 async def wait_closed(api_client: k8s.ApiClient) -> None:
