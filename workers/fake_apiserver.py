@@ -14,10 +14,10 @@ client that stamps receive times from :meth:`FakeApiServer.now` (or ``GET /fake/
 history's exact ``observedAt``, which is what makes a live follow comparable with a replay.
 
 Faults, one-shot and in order (:class:`Fault`, ``POST /fake/faults``): answer a list or watch with a
-status (410, 429 with ``Retry-After``, 500...), drop a watch stream after N events (optionally in
-the middle of a line), end it with an in-stream ``ERROR`` 410, or send a line of its text as is
-after N events and go on (a malformed event); :meth:`FakeApiServer.expire` compacts, so every older
-resourceVersion answers 410 as an etcd compaction does.
+status (410, 429 with ``Retry-After``, 500..., or an HTML page in place of the answer), drop a watch
+stream after N events (optionally in the middle of a line), end it with an in-stream ``ERROR`` 410, or
+send a line of its text as is after N events and go on (a malformed event); :meth:`FakeApiServer.expire`
+compacts, so every older resourceVersion answers 410 as an etcd compaction does.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class Fault:
     """What a ``line`` fault sends, as is, followed by a newline: any text without one (a JSON text, an
     event cut short, ``garbage``), encoded as UTF-8; lone surrogates U+DC80..U+DCFF stand for the bytes
     0x80..0xFF (Python's ``surrogateescape``), so ``"\\udcff{}"`` sends a line that is not UTF-8."""
+    page: str | None = None
+    """A ``status`` answer's body as is, with Content-Type ``text/html`` (a proxy's login or error page),
+    instead of a JSON Status; with ``status`` 200 it stands in for a watch or list answer."""
     times: int = 1
 
 
@@ -281,6 +284,8 @@ class FakeApiServer:
         if fault is None:
             return None
         headers = {"Retry-After": str(fault.retry_after_s)} if fault.retry_after_s is not None else None
+        if fault.page is not None:
+            return web.Response(text=fault.page, content_type="text/html", status=fault.status, headers=headers)
         reason = _REASONS.get(fault.status, "Unknown")
         return web.json_response(_status(fault.status, f"injected fault: {reason}", reason), status=fault.status,
                                  headers=headers)

@@ -154,6 +154,11 @@ TRANSIENT: dict[str, tuple[Fault, str]] = {
     "an in-stream ERROR Status without a code": (
         Fault(action="line", kind="ResourceClaim", verb="watch", after_events=1,
               line=json.dumps({"type": "ERROR", "object": {**_STATUS_500, "code": None}})), "http-500"),
+    # A proxy answers the watch with 200 and its login page: no watch stream at all. Read line by line, its
+    # lines were each stored as rejected and, the page ending at once, watched again and stored again.
+    "a proxy's HTML page in place of the watch": (
+        Fault(action="status", status=200, kind="ResourceClaim", verb="watch",
+              page="<html>\n<body>Sign in to continue</body>\n</html>\n"), "connection"),
 }
 
 

@@ -170,6 +170,15 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+def _json_media(content_type: str | None) -> bool:
+    """Whether a response's Content-Type is JSON (``application/json``, ``application/*+json``, parameters
+    such as ``;stream=watch`` ignored). No header at all counts as JSON: the lines are judged one by one."""
+    if content_type is None:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _status_error(status: int, body: bytes, headers: Mapping[str, str], what: str) -> ApiError:
     try:
         decoded = json.loads(body) if body else {}
@@ -347,8 +356,9 @@ class KubeSource:
 
         Raises:
             WatchExpired: HTTP 410, or an in-stream ERROR Status with code 410.
-            TransientApiError: connection problems, a stream cut (ended inside a line), 429/5xx, an
-                in-stream ERROR Status with a 5xx code or none.
+            TransientApiError: connection problems, a stream cut (ended inside a line), 429/5xx, a 2xx
+                whose Content-Type is not JSON (a proxy's page), an in-stream ERROR Status with a 5xx code or
+                none.
             ApiError: any other refusal or in-stream ERROR Status.
         """
         what = f"watch {self.info.plural}.{self.api_version} from {since}"
@@ -359,6 +369,13 @@ class KubeSource:
             async with resp:
                 if not 200 <= resp.status <= 299:
                     raise _status_error(resp.status, await resp.read(), resp.headers, what)
+                if not _json_media(resp.headers.get("Content-Type")):
+                    # A 2xx that is not JSON is no watch stream: a proxy's login or error page, say. Read as
+                    # a stream, each of its lines would be stored as a rejected observation and, as such a
+                    # page ends at once, the loop would watch again and store them again, with no pause.
+                    # Backing off as from a 5xx stores nothing and says what came instead.
+                    raise TransientApiError(f"{what}: answered Content-Type "
+                                            f"{resp.headers.get('Content-Type')!r}, not a JSON watch stream")
                 # Broken line or broken connection? A line is complete once its newline arrived: the
                 # server wrote that line whole, and whatever it holds (garbage, an event cut short, not
                 # UTF-8) is what the server or a proxy before it sent, so it is a broken line: stored as
