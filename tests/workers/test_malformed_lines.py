@@ -92,26 +92,35 @@ def _claim_watches(requests: list[str]) -> int:
     return sum(1 for r in requests if r.startswith("GET /apis/resource.k8s.io/v1/resourceclaims?") and "watch=" in r)
 
 
-@pytest.mark.parametrize(("line", "reason"), list(ALL_LINES.values()), ids=list(ALL_LINES))
-def test_a_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_watch_reads_on_from_the_next_line(
-        ledger_factory: Callable[[], LedgerHandle], line: str, reason: str) -> None:
-    clean, live = ledger_factory(), ledger_factory()
-    clean.replay(SEED_LAB)
+def _follow(live: LedgerHandle, fault: Fault) -> tuple[WorkerMetrics, int]:
+    """Follow the seed lab's first four lines into ``live`` through the fake API server with ``fault``
+    queued; the worker's metrics and how many watches of the claims it made. Asserts that the fault fired
+    and that the worker is still running."""
     metrics: list[WorkerMetrics] = []
     watches: list[int] = []
 
     async def scenario() -> None:
         async with fake_cluster(live.db) as cluster:
-            cluster.server.inject(Fault(action="line", kind="ResourceClaim", verb="watch", after_events=1, line=line))
+            cluster.server.inject(fault)
             cluster.server.advance(4)
             worker = cluster.start()
             metrics.append(worker.metrics)
             await lockstep(cluster.server, live.db)
-            assert cluster.server.faults == [], "the bad line was sent"
+            assert cluster.server.faults == [], "the fault fired"
             assert not worker.task.done(), "the worker stopped"
             watches.append(_claim_watches(cluster.server.requests))
 
     run(scenario)
+    return metrics[0], watches[0]
+
+
+@pytest.mark.parametrize(("line", "reason"), list(ALL_LINES.values()), ids=list(ALL_LINES))
+def test_a_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_watch_reads_on_from_the_next_line(
+        ledger_factory: Callable[[], LedgerHandle], line: str, reason: str) -> None:
+    clean, live = ledger_factory(), ledger_factory()
+    clean.replay(SEED_LAB)
+    metrics, watches = _follow(live, Fault(action="line", kind="ResourceClaim", verb="watch", after_events=1,
+                                           line=line))
     # Both neighbours became ledger events, once each, and so did everything else: the ledger is a clean
     # replay's (same events, no duplicate, none missing).
     claim = [e.type for e in live.events() if e.stream == "claim:897a4b4b-03a9-30aa-6df0-70dbf8841cb8"]
@@ -132,10 +141,10 @@ def test_a_line_that_is_no_watch_event_is_recorded_as_rejected_and_the_watch_rea
     assert body == line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     assert BEFORE <= observed_at <= AFTER  # its receive time
     assert watch_type is None
-    assert metric_sample(metrics[0], "dra_ledger_watch_rejected_total", kind="ResourceClaim") == 1
+    assert metric_sample(metrics, "dra_ledger_watch_rejected_total", kind="ResourceClaim") == 1
     # Read on from the next line: the first watch of the claims never ended (no backoff, no watch again).
-    assert watches == [1]
-    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim") == 0
+    assert watches == 1
+    assert metric_sample(metrics, "dra_ledger_watch_restarts_total", kind="ResourceClaim") == 0
 
 
 _STATUS_500 = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -167,28 +176,14 @@ def test_a_broken_connection_or_an_error_status_is_a_transient_fault_and_no_reje
         ledger_factory: Callable[[], LedgerHandle], fault: Fault, restart_reason: str) -> None:
     clean, live = ledger_factory(), ledger_factory()
     clean.replay(SEED_LAB)
-    metrics: list[WorkerMetrics] = []
-    watches: list[int] = []
-
-    async def scenario() -> None:
-        async with fake_cluster(live.db) as cluster:
-            cluster.server.inject(fault)
-            cluster.server.advance(4)
-            worker = cluster.start()
-            metrics.append(worker.metrics)
-            await lockstep(cluster.server, live.db)
-            assert cluster.server.faults == [], "the fault fired"
-            assert not worker.task.done(), "the worker stopped"
-            watches.append(_claim_watches(cluster.server.requests))
-
-    run(scenario)
+    metrics, watches = _follow(live, fault)
     assert_same_ledger(live, clean)
     with live.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM observations WHERE status = 'rejected'")).scalar_one() == 0
-    assert metric_sample(metrics[0], "dra_ledger_watch_rejected_total") == 0
-    assert metric_sample(metrics[0], "dra_ledger_watch_restarts_total", kind="ResourceClaim",
+    assert metric_sample(metrics, "dra_ledger_watch_rejected_total") == 0
+    assert metric_sample(metrics, "dra_ledger_watch_restarts_total", kind="ResourceClaim",
                          reason=restart_reason) == 1
-    assert watches[0] >= 2  # watched again (from 1006, the last stored resourceVersion)
+    assert watches >= 2  # watched again (from 1006, the last stored resourceVersion)
 
 
 @pytest.mark.parametrize(("line", "reason"), list(REPLAYABLE.values()), ids=list(REPLAYABLE))
