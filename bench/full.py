@@ -10,7 +10,8 @@ Steps, each printed with its figure and written to ``--output`` (JSON):
 
 1. ``simulate``: 5,000 nodes x 8 GPUs for ``--hours`` (52 h gives ~8.3 M watch lines, ~10.3 M events).
 2. ``ingest``: :func:`ledger.services.ingest` of that file into database ``--database`` (created; kept),
-   with a progress line a minute; watch lines/s.
+   with a progress line a minute; watch lines/s, overall and for each million lines (``linesPerSecondByMillion``:
+   whether the rate holds once the database outgrows the page cache).
 3. ``rebuild``: :func:`ledger.projections.runner.rebuild` of every read model; events/s. Then the
    occupancy counts over the whole history (:func:`ledger.services.refresh_occupancy_counts`) and ``ANALYZE``.
 4. ``state``: resident memory a worker pays at start for this cluster's translator state
@@ -88,20 +89,27 @@ def main(argv: list[str] | None = None) -> int:
     db = LedgerDatabase.from_url(url)
     db.upgrade()
     done, start = 0, time.perf_counter()
-    last = start
+    last, done_then = start, 0
+    by_million: list[float] = []  # lines/s of each million lines: does the rate hold as the ledger grows?
+    million_start, million_done = start, 0
 
     def progress(lines: int) -> None:
-        nonlocal done, last
+        nonlocal done, last, done_then, million_start, million_done
         done += lines
         now = time.perf_counter()
+        if done // 1_000_000 > len(by_million):
+            by_million.append((done - million_done) / (now - million_start))
+            million_start, million_done = now, done
         if now - last >= 60:
-            last = now
-            print(f"  ingest: {done:,} / {summary.lines:,} lines, {done / (now - start):,.0f}/s", flush=True)
+            print(f"  ingest: {done:,} / {summary.lines:,} lines, {done / (now - start):,.0f}/s on average, "
+                  f"{(done - done_then) / (now - last):,.0f}/s in the last minute", flush=True)
+            last, done_then = now, done
 
     report = services.ingest(db, read_history(args.history), cluster=CLUSTER, batch_size=5000, progress=progress)
     seconds = time.perf_counter() - start
     figures["ingest"] = {"lines": summary.lines, "events": report.events, "rejected": len(report.rejected),
-                         "seconds": round(seconds, 1), "linesPerSecond": round(summary.lines / seconds)}
+                         "seconds": round(seconds, 1), "linesPerSecond": round(summary.lines / seconds),
+                         "linesPerSecondByMillion": [round(rate) for rate in by_million]}
     print(f"ingest: {summary.lines / seconds:,.0f} watch lines/s ({report.events:,} events)", flush=True)
 
     seconds, rebuilt = timed(lambda: runner.rebuild(db.engine))
