@@ -11,7 +11,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
-from api.errors import V1_PROBLEMS
+from api.errors import V1_NOT_FOUND
 from api.schemas import Occupancy, to_struct
 from ledger import services
 from ledger.errors import Invalid
@@ -33,7 +33,7 @@ class OccupancyController(Controller):
     tags = ("occupancy",)
 
     @get(
-        responses=V1_PROBLEMS,
+        responses=V1_NOT_FOUND,  # 404: a deviceClass not defined at T
         operation_id="getOccupancy",
         sync_to_thread=True,
         summary="Every device at T with its holders, and totals devices / allocated / free / shared",

@@ -93,6 +93,7 @@ def test_the_openapi_document_lists_the_device_class_parameter(api: TestClient[L
     [parameter] = [p for p in operation["parameters"] if p["name"] == "deviceClass"]
     assert parameter["in"] == "query" and not parameter.get("required")
     assert "DeviceClass" in parameter["description"]
+    assert "404" in operation["responses"]  # a class not defined at T: documented, so clients expect it
 
 
 @pytest.mark.parametrize("device_class", [WHOLE, MIG])
