@@ -21,9 +21,9 @@ from ledger.projections import queries
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject, JSONValue
-from tests.factories import at, rv, stamp, uid
+from tests.factories import at, history, rv, stamp, uid
 from tests.integration.test_quotas import DRIVER, Lab, device_class, exactly, lab_slice, req
-from tests.paths import HISTORIES
+from tests.paths import HISTORIES, REAL
 
 T = at(30)
 """After the allocations (minute 10) and gpu-2 leaving its slice (minute 20); before ``late-gpu`` (minute 40)."""
@@ -162,3 +162,43 @@ def test_the_seed_lab_class_takes_every_device_with_the_expected_totals(ledger: 
     held: dict[str, JSONValue] = {d["device"]: f"{a['namespace']}/{a['claim']}"
                                   for d in body["devices"] for a in d["allocations"]}
     assert held == expected["allocated"]
+
+
+def _class_file(path: Path, name: str, expression: str) -> Path:
+    path.write_text(f"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {name}\n"
+                    f"spec:\n  selectors:\n  - cel:\n      expression: \"{expression}\"\n")
+    return path
+
+
+def test_partitions_of_one_counter_set_stay_one_unit_in_their_class_totals(ledger: LedgerHandle,
+                                                                            tmp_path: Path) -> None:
+    # KEP-4815's slices: gpu-0 (40Gi) and gpu-0-partition-0..3 (10Gi each), all consuming gpu-0-counter-set.
+    # A class of 40Gi devices takes gpu-0, one of 10Gi devices the four partitions; the totals keep
+    # DESIGN §5's rule over the class's devices: the partitions are views of one GPU, counted once.
+    memory = "device.capacity['resource-driver.example.com'].memory"
+    ledger.replay(REAL / "kep4815_resourceslice_counter-slice-sharedcounters-only_v1.yaml",
+                  REAL / "kep4815_resourceslice_device-slice-gpu0-plus-4-partitions-consumescounters_v1.yaml",
+                  _class_file(tmp_path / "whole.yaml", "whole", f"{memory}.compareTo(quantity('40Gi')) == 0"),
+                  _class_file(tmp_path / "part.yaml", "part", f"{memory}.compareTo(quantity('10Gi')) == 0"), at=T)
+    whole: Any = ledger.occupancy(T, device_class="whole")
+    part: Any = ledger.occupancy(T, device_class="part")
+    assert [d["device"] for d in whole["devices"]] == ["gpu-0"]
+    assert [d["device"] for d in part["devices"]] == [f"gpu-0-partition-{i}" for i in range(4)]
+    assert whole["totals"] == part["totals"] == {"devices": 1, "allocated": 0, "free": 1, "shared": 0}
+
+
+def test_a_class_counts_only_in_the_clusters_that_define_it(lab: LedgerHandle, tmp_path: Path) -> None:
+    # Cluster `other` publishes two A100s of the same driver (whole-gpu's selectors would take them) but
+    # defines no DeviceClass.
+    other = LedgerHandle(engine=lab.engine, cluster="other")
+    other.replay(history(tmp_path / "other.jsonl", [("ADDED", lab_slice(2), 0)]))
+    published: Any = other.occupancy(T)
+    assert [d["device"] for d in published["devices"]] == ["gpu-0", "gpu-1"]
+    with lab.engine.connect() as conn:
+        # No cluster given: the whole-gpu devices of `default`, none of `other` (the class is not defined there).
+        body: Any = queries.occupancy_all(conn, at=T, device_class=WHOLE)
+        assert [(d["cluster"], d["device"]) for d in body["devices"]] == [
+            ("default", "gpu-0"), ("default", "gpu-1"), ("default", "gpu-2"), ("default", "gpu-3")]
+        assert body["totals"] == {"devices": 4, "allocated": 3, "free": 1, "shared": 0}
+        with pytest.raises(UnknownDeviceClass, match="in cluster 'other'"):
+            queries.occupancy_all(conn, at=T, cluster="other", device_class=WHOLE)
