@@ -132,7 +132,7 @@ class OccupancyScope:
         """Bind parameters of the filters (``teams`` as a sorted list; see :meth:`team_filter`; the
         DeviceClass members as four parallel arrays ``:m_cluster`` .. ``:m_device``, see :meth:`where`)."""
         granted = [ns for ns, team in self.overrides if self.teams is not None and team in self.teams]
-        members = sorted(self.members) if self.members is not None else []
+        members = list(self.members) if self.members is not None else []  # any order: a set for IN
         return {"cluster": self.cluster, "node": self.node, "driver": self.driver, "pool": self.pool,
                 "teams": sorted(self.teams) if self.teams is not None else None,
                 "overridden": [ns for ns, _ in self.overrides], "granted": granted,
@@ -572,10 +572,13 @@ def device_class_members(conn: Connection, *, at: datetime, scope: OccupancyScop
 
 def occupancy_scope(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
                     driver: str | None = None, pool: str | None = None, device_class: str | None = None,
-                    teams: Collection[str] | None = None,
-                    overrides: Mapping[str, str] = NO_OVERRIDES) -> OccupancyScope:
+                    teams: Collection[str] | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
+                    members: frozenset[DeviceSortKey] | None = None) -> OccupancyScope:
     """The :class:`OccupancyScope` of an occupancy question at ``at``, with the DeviceClass members
     resolved (:func:`device_class_members`) when ``device_class`` is given.
+
+    ``members``: the members of ``device_class`` already computed by the caller for the same ``at``,
+    filters and read-model rows (a cache; see ``ledger.services.occupancy_settled``); ``None`` computes them.
 
     Raises:
         Invalid: ``device_class`` is empty.
@@ -586,14 +589,16 @@ def occupancy_scope(conn: Connection, *, at: datetime, cluster: str | None = Non
                            overrides=tuple(sorted(overrides.items())))
     if device_class is None:
         return scope
-    members = device_class_members(conn, at=at, scope=scope, device_class=device_class)
+    if members is None:
+        members = device_class_members(conn, at=at, scope=scope, device_class=device_class)
     return replace(scope, device_class=device_class, members=members)
 
 
 def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
               driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
               after: DeviceSortKey | None = None, limit: int = OCCUPANCY_DEFAULT_LIMIT,
-              overrides: Mapping[str, str] = NO_OVERRIDES, device_class: str | None = None) -> OccupancyPage:
+              overrides: Mapping[str, str] = NO_OVERRIDES, device_class: str | None = None,
+              class_members: frozenset[DeviceSortKey] | None = None) -> OccupancyPage:
     """One page of devices at ``at`` with their holders, and totals over every device (all pages).
 
     Sources: ``device_inventory`` (published devices, highest pool generation) and
@@ -619,6 +624,8 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
             when an allocation at T was made for a request of the class), each with all its allocations
             (whatever class they were made for); totals count only those devices, with the rules below.
             The occupancy counts cannot answer it: totals are aggregated from the intervals.
+        class_members: :func:`device_class_members` of ``device_class`` already computed for this ``at``,
+            these filters and these read-model rows (the caller's cache); ``None`` computes them.
 
     Returns:
         An :class:`OccupancyPage` whose body is ``{"at", "totals": {"devices", "allocated", "free",
@@ -636,7 +643,7 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         UnknownDeviceClass: ``device_class`` is not defined at ``at``.
     """
     scope = occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
-                            device_class=device_class, teams=teams, overrides=overrides)
+                            device_class=device_class, teams=teams, overrides=overrides, members=class_members)
     counted = cluster_counts(conn, at, scope)  # once for the page and its totals
     devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit, counted=counted)
     totals = occupancy_totals(conn, at=at, scope=scope, counted=counted)

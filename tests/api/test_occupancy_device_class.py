@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
+from sqlalchemy import Connection
 
 from api.app import create_app
 from ledger.config import DEFAULT
+from ledger.projections import queries
 from ledger.projections.queries import rfc3339
 from ledger.testing.handle import LedgerHandle
 from tests.api.test_cli_bodies import run_cli
+from tests.factories import at
 from tests.integration.test_occupancy_device_class import LATE, LATER, MIG, WHOLE, T, two_classes
 
 AT = rfc3339(T)
@@ -112,3 +115,22 @@ def test_cli_refuses_a_class_not_defined_at_t_with_exit_code_2(lab: LedgerHandle
 
     assert code == 2
     assert f"DeviceClass '{LATE}' is not defined at {AT}" in output
+
+
+def test_the_pages_of_one_class_query_evaluate_its_selectors_once(api: TestClient[Litestar],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    evaluate = queries.device_class_members
+
+    def counted(conn: Connection, **kwargs: Any) -> frozenset[queries.DeviceSortKey]:
+        calls.append(kwargs["device_class"])
+        return evaluate(conn, **kwargs)
+
+    monkeypatch.setattr(queries, "device_class_members", counted)
+    query = {"at": rfc3339(at(35)), "deviceClass": MIG, "limit": "1"}  # before minute 40: no page from the page cache
+    token = api.get("/v1/occupancy", params=query).json()["nextPageToken"]
+    pages = 1
+    while token is not None:
+        token = api.get("/v1/occupancy", params={**query, "pageToken": token}).json()["nextPageToken"]
+        pages += 1
+    assert pages == 4 and calls == [MIG]
