@@ -155,7 +155,7 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
 V1_PROBLEMS = problem_responses(400, 401, 422, 503)
 """What every ``/v1`` read may answer besides 200."""
 V1_NOT_FOUND = problem_responses(400, 401, 404, 422, 503)
-"""... and for reads of one named object."""
+"""... and for reads of one named object, or filtered by one that must exist (occupancy's ``deviceClass``)."""
 V1_FORBIDDEN = problem_responses(400, 401, 403, 422, 503)
 """... and for reads a team-limited token may not make."""
 

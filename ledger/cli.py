@@ -443,15 +443,22 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
 def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="Only this node.")] = None,
               driver: Annotated[str | None, typer.Option(help="Only this driver.")] = None,
               pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+              device_class: Annotated[str | None, typer.Option(
+                  "--device-class", help="Only devices in this DeviceClass at T (its CEL selectors match them).")
+              ] = None,
               config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
               url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Every device at T with its holders and the totals devices / allocated / free / shared."""
+    """Every device at T with its holders and the totals devices / allocated / free / shared.
+
+    ``--device-class`` keeps the devices in that DeviceClass at T, with totals over them (the rule of
+    ``GET /v1/occupancy?deviceClass``); a class not defined at T is an error (exit code 2).
+    """
     when = _time(at, "--at")
     cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:
         return _whole_page(services.occupancy_all(db, at=when, cluster=cluster, node=node, driver=driver, pool=pool,
-                                                  config=cfg))
+                                                  device_class=device_class, config=cfg))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_occupancy)
 

@@ -19,6 +19,10 @@ class UnknownDevice(NotFound):
     """No device with this ``(driver, pool, device)`` was ever recorded."""
 
 
+class UnknownDeviceClass(NotFound):
+    """No DeviceClass of this name was defined at the instant asked about (in the clusters asked about)."""
+
+
 class Conflict(LedgerError):
     """The ledger moved on under the caller."""
 

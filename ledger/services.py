@@ -618,18 +618,22 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 
 
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
-                  driver: str | None = None, pool: str | None = None, config: LedgerConfig = DEFAULT) -> JSONObject:
+                  driver: str | None = None, pool: str | None = None, device_class: str | None = None,
+                  config: LedgerConfig = DEFAULT) -> JSONObject:
     """Every device at ``at`` with its holders, and totals: all pages in one body (CLI, demo).
 
     One REPEATABLE READ snapshot; see :func:`ledger.projections.queries.occupancy_all`. Allocations name
-    the team after ``config.teams.overrides``.
+    the team after ``config.teams.overrides``. ``device_class``: only the devices in that DeviceClass at
+    ``at`` (:func:`ledger.projections.queries.device_class_members`), totals over them.
 
     Raises:
+        Invalid: an empty ``device_class``.
+        UnknownDeviceClass: ``device_class`` is not defined at ``at``.
         StoreUnavailable: the database cannot be reached.
     """
     with db.snapshot() as conn:
         return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
-                                     overrides=config.teams.overrides)
+                                     device_class=device_class, overrides=config.teams.overrides)
 
 
 @dataclass(slots=True)
@@ -639,7 +643,7 @@ class _SettledOccupancy:
     page: queries.OccupancyPage
 
 
-_OccupancyKey = tuple[str, str | None, str | None, str | None, str | None, tuple[str, ...] | None,
+_OccupancyKey = tuple[str, str | None, str | None, str | None, str | None, str | None, tuple[str, ...] | None,
                       tuple[tuple[str, str], ...], DeviceSortKey | None, int]
 _OCCUPANCY_CACHE: dict[_OccupancyKey, _SettledOccupancy] = {}
 _OCCUPANCY_LOCK = threading.Lock()
@@ -648,26 +652,41 @@ OCCUPANCY_CACHE_ENTRIES = 64
 default limit of 100 devices, so a few MB at most."""
 
 
+_MembersKey = tuple[str, tuple[tuple[str, int], ...], datetime, str | None, str | None, str | None, str | None, str]
+_MEMBERS_CACHE: dict[_MembersKey, frozenset[DeviceSortKey]] = {}
+OCCUPANCY_MEMBERS_ENTRIES = 4
+"""DeviceClass member sets kept (per checkpoints, instant, filters and class) so that the pages of one class
+query, which share their first page's instant, evaluate the class's CEL selectors once, not once a page
+(~40 µs a device measured for a two-selector class: ~2.5 s at 61,000 devices). A set holds one key tuple per
+member device, ~0.3 KB each: up to ~20 MB a set at 61,000 devices, hence only a few sets."""
+
+
 def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
-                      driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
-                      after: DeviceSortKey | None = None, limit: int = queries.OCCUPANCY_DEFAULT_LIMIT,
+                      driver: str | None = None, pool: str | None = None, device_class: str | None = None,
+                      teams: Collection[str] | None = None, after: DeviceSortKey | None = None,
+                      limit: int = queries.OCCUPANCY_DEFAULT_LIMIT,
                       config: LedgerConfig = DEFAULT) -> queries.OccupancyPage:
     """One page of devices at ``at`` with their holders, and totals over all pages, read in one snapshot
-    (see :func:`ledger.projections.queries.occupancy` for the body, ``teams``, ``after`` and ``limit``);
-    answered from memory while the read models have not moved (the API's "now").
+    (see :func:`ledger.projections.queries.occupancy` for the body, ``device_class``, ``teams``, ``after``
+    and ``limit``); answered from memory while the read models have not moved (the API's "now").
 
     Exact, not approximate: see :mod:`ledger.projections.settled`. A cached page is used only when
     every checkpoint is where it was when the page was computed and ``at`` is at or after every finite
     interval bound; otherwise the page is computed (and kept when ``at`` qualifies). One checkpoint
     read per hit. Pages are cached one by one (key: filters, teams, team overrides, ``after``, ``limit``),
     oldest out first. Allocations name, and ``teams`` limits by, the team after ``config.teams.overrides``.
+    The members of ``device_class`` are kept apart (:data:`OCCUPANCY_MEMBERS_ENTRIES`), keyed by the
+    checkpoints read in the page's snapshot and ``at``, so a later page of the same query (same pinned
+    instant) does not evaluate the class's selectors again.
 
     Raises:
-        Invalid: ``limit`` outside 1..1000.
+        Invalid: ``limit`` outside 1..1000, or an empty ``device_class``.
+        UnknownDeviceClass: ``device_class`` is not defined at ``at``.
         StoreUnavailable: the database cannot be reached.
     """
     overrides = config.teams.overrides
-    key: _OccupancyKey = (db.url, cluster, node, driver, pool, tuple(sorted(teams)) if teams is not None else None,
+    key: _OccupancyKey = (db.url, cluster, node, driver, pool, device_class,
+                          tuple(sorted(teams)) if teams is not None else None,
                           tuple(sorted(overrides.items())), after, limit)
     with db.reading() as conn:
         checkpoints = settled.read_checkpoints(conn)
@@ -677,8 +696,22 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
     with _OCCUPANCY_LOCK, db.snapshot() as conn:
         # One snapshot for the version and the page, so the page is exactly the one of those checkpoints.
         version = settled.read_version(conn)
-        page = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool, teams=teams,
-                                 after=after, limit=limit, overrides=overrides)
+        members: frozenset[DeviceSortKey] | None = None
+        if device_class is not None:
+            # The members at ``at`` depend only on the read models' rows (their checkpoints) and ``at``:
+            # exact for every page of the query, whatever its ``after``, ``limit`` or team limit.
+            members_key: _MembersKey = (db.url, version.checkpoints, at, cluster, node, driver, pool, device_class)
+            members = _MEMBERS_CACHE.get(members_key)
+            if members is None:
+                members = queries.occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
+                                                  device_class=device_class).members
+                assert members is not None  # a scope with a class always has its members
+                if len(_MEMBERS_CACHE) >= OCCUPANCY_MEMBERS_ENTRIES:
+                    _MEMBERS_CACHE.pop(next(iter(_MEMBERS_CACHE)))
+                _MEMBERS_CACHE[members_key] = members
+        page = queries.occupancy(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
+                                 device_class=device_class, class_members=members, teams=teams, after=after,
+                                 limit=limit, overrides=overrides)
     if version.settled_at is None or at >= version.settled_at:
         if len(_OCCUPANCY_CACHE) >= OCCUPANCY_CACHE_ENTRIES and key not in _OCCUPANCY_CACHE:
             _OCCUPANCY_CACHE.pop(next(iter(_OCCUPANCY_CACHE)))

@@ -11,7 +11,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
-from api.errors import V1_PROBLEMS
+from api.errors import V1_NOT_FOUND
 from api.schemas import Occupancy, to_struct
 from ledger import services
 from ledger.errors import Invalid
@@ -19,6 +19,11 @@ from ledger.errors import Invalid
 AT_DOC = "Instant T (RFC 3339 with a zone, e.g. 2026-11-02T09:30:00Z); default now."
 TOKEN_DOC = "Opaque token from the previous page's nextPageToken."
 LIMIT_DOC = "Rows per page (1..1000)."
+DEVICE_CLASS_DOC = (
+    "Only devices in this DeviceClass at T: the class is defined at T and all its spec.selectors[].cel.expression "
+    "match the device as recorded at T (an evaluation error, such as a missing attribute, is no match); a device "
+    "held off-slice is in it when an allocation at T was made for a request of this class. Totals cover only "
+    "these devices. 404 when the class is not defined at T.")
 
 
 class OccupancyController(Controller):
@@ -28,7 +33,7 @@ class OccupancyController(Controller):
     tags = ("occupancy",)
 
     @get(
-        responses=V1_PROBLEMS,
+        responses=V1_NOT_FOUND,  # 404: a deviceClass not defined at T
         operation_id="getOccupancy",
         sync_to_thread=True,
         summary="Every device at T with its holders, and totals devices / allocated / free / shared",
@@ -42,6 +47,7 @@ class OccupancyController(Controller):
         node: Annotated[str | None, QueryParameter(description="Only devices on this node.")] = None,
         driver: Annotated[str | None, QueryParameter(description="Only this DRA driver.")] = None,
         pool: Annotated[str | None, QueryParameter(description="Only this pool.")] = None,
+        device_class: Annotated[str | None, QueryParameter(name="deviceClass", description=DEVICE_CLASS_DOC)] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> Occupancy:
@@ -52,10 +58,26 @@ class OccupancyController(Controller):
         allocations occupy nothing. Devices are ordered by cluster, driver, pool, device and paginated in
         SQL (the token holds the last device's key); totals cover every page. A team-limited token sees
         only devices its teams hold, only their allocations, and totals over those devices.
+
+        ``deviceClass`` keeps the devices in that DeviceClass at T (table ``device_classes``, the
+        ``DeviceClass.spec`` in force at T): a device in the inventory at T is in it when every
+        ``spec.selectors[].cel.expression`` selects the device's attributes and capacity as recorded at T
+        (a class without selectors takes every device; an expression that fails on a device — a missing
+        attribute, a type mismatch — does not select it, as in Kubernetes); a device held off-slice (no
+        longer in a ResourceSlice, so nothing to evaluate) is in it when one of its allocations at T was made
+        for a request of that class. A listed device shows all its allocations, whatever class they were
+        made for. Totals (devices / allocated / free / shared) count only those devices, with the same
+        counter-set rule. The other filters and the team limit apply as well; a ``pageToken`` is valid
+        only with the same ``deviceClass``.
+
+        Raises:
+            NotFound: (404) ``deviceClass`` is not defined at T (misspelt, created after T or deleted
+                before it); in any cluster when ``cluster`` is not given.
+            Invalid: (422) a bad ``at``, an empty ``deviceClass``, or a ``pageToken`` of another query.
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
-            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": at}
+            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": at, "deviceClass": device_class}
         )
         page = pagination.decode(page_token, query=query)
         if page.after is not None and len(page.after) != 4:
@@ -65,7 +87,8 @@ class OccupancyController(Controller):
         # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy),
         # on the team after the configuration's [teams] overrides.
         answer = services.occupancy_settled(
-            ctx.db, at=when, cluster=scope, node=node, driver=driver, pool=pool, teams=access.teams,
+            ctx.db, at=when, cluster=scope, node=node, driver=driver, pool=pool, device_class=device_class,
+            teams=access.teams,
             after=(page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None,
             limit=limit, config=ctx.config,
         )

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from types import MappingProxyType
@@ -20,10 +20,12 @@ from typing import Literal, TypeVar
 
 from sqlalchemy import Connection, text
 
-from ledger.errors import Invalid
+from ledger.errors import Invalid, UnknownDeviceClass
 from ledger.projections import counts
 from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
+from ledger.projections.base import json_value as _json
+from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.types import JSONObject, JSONValue
 
 GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
@@ -111,6 +113,10 @@ class OccupancyScope:
     and totals count those devices one by one (no counter-set merging; see :func:`occupancy`).
     ``overrides`` are the configuration's ``[teams] overrides`` as sorted ``(namespace, team)`` pairs: an
     allocation in an overridden namespace is billed to, shown as, and visible to the override's team.
+    ``device_class`` names the DeviceClass the question is about and ``members`` are the keys of the
+    devices in it at T (:func:`device_class_members`); every statement keeps only those devices
+    (``None``: no class filter). The members are computed in Python (CEL), so a scope with a class is
+    built by :func:`occupancy_scope`, never by hand.
     """
 
     cluster: str | None = None
@@ -119,13 +125,19 @@ class OccupancyScope:
     pool: str | None = None
     teams: frozenset[str] | None = None
     overrides: tuple[tuple[str, str], ...] = ()
+    device_class: str | None = None
+    members: frozenset[DeviceSortKey] | None = None
 
     def params(self) -> dict[str, object]:
-        """Bind parameters of the filters (``teams`` as a sorted list; see :meth:`team_filter`)."""
+        """Bind parameters of the filters (``teams`` as a sorted list; see :meth:`team_filter`; the
+        DeviceClass members as four parallel arrays ``:m_cluster`` .. ``:m_device``, see :meth:`where`)."""
         granted = [ns for ns, team in self.overrides if self.teams is not None and team in self.teams]
+        members = list(self.members) if self.members is not None else []  # any order: a set for IN
         return {"cluster": self.cluster, "node": self.node, "driver": self.driver, "pool": self.pool,
                 "teams": sorted(self.teams) if self.teams is not None else None,
-                "overridden": [ns for ns, _ in self.overrides], "granted": granted}
+                "overridden": [ns for ns, _ in self.overrides], "granted": granted,
+                "m_cluster": [k[0] for k in members], "m_driver": [k[1] for k in members],
+                "m_pool": [k[2] for k in members], "m_device": [k[3] for k in members]}
 
     def team_filter(self, alias: str) -> str:
         """``AND`` clause keeping the rows of ``alias`` billed to ``teams`` after the overrides ('' if unlimited).
@@ -141,10 +153,16 @@ class OccupancyScope:
                 f"OR {alias}.namespace = ANY(:granted))")
 
     def where(self, alias: str) -> str:
-        """``AND alias.col = :col`` for every filter that is set (``teams`` excluded)."""
-        return "".join(f" AND {alias}.{col} = :{col}"
-                       for col, value in (("cluster", self.cluster), ("node", self.node), ("driver", self.driver),
-                                          ("pool", self.pool)) if value is not None)
+        """``AND alias.col = :col`` for every filter that is set (``teams`` excluded), and, with a
+        DeviceClass, ``AND alias``'s device key is one of ``members``."""
+        columns = "".join(f" AND {alias}.{col} = :{col}"
+                          for col, value in (("cluster", self.cluster), ("node", self.node), ("driver", self.driver),
+                                             ("pool", self.pool)) if value is not None)
+        if self.members is None:
+            return columns
+        return (f"{columns} AND ({_KEY.format(a=alias)}) IN (SELECT m.cluster, m.driver, m.pool, m.device "
+                "FROM unnest(CAST(:m_cluster AS text[]), CAST(:m_driver AS text[]), CAST(:m_pool AS text[]), "
+                "CAST(:m_device AS text[])) AS m(cluster, driver, pool, device))")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,9 +246,9 @@ LOOK_UP: Literal["look up"] = "look up"
 
 def cluster_counts(conn: Connection, at: datetime, scope: OccupancyScope) -> Counted:
     """The occupancy counts of ``scope.cluster`` (all clusters when ``None``) at ``at``, or ``None`` when they
-    do not cover ``at`` or ``scope`` has a node or team filter (those list devices the cluster's counts do
-    not describe). One lookup serves a page and its totals (:func:`occupancy`)."""
-    if scope.node is not None or scope.teams is not None:
+    do not cover ``at`` or ``scope`` has a node, team or DeviceClass filter (those list devices the cluster's
+    counts do not describe). One lookup serves a page and its totals (:func:`occupancy`)."""
+    if scope.node is not None or scope.teams is not None or scope.members is not None:
         return None
     return counts.totals_at(conn, at, scope.cluster)
 
@@ -489,10 +507,98 @@ def _holders(conn: Connection, *, at: datetime, scope: OccupancyScope,
     return out
 
 
+def device_class_members(conn: Connection, *, at: datetime, scope: OccupancyScope,
+                         device_class: str) -> frozenset[DeviceSortKey]:
+    """Keys ``(cluster, driver, pool, device)`` of the devices of ``scope`` in DeviceClass ``device_class``
+    at ``at`` (``scope.teams`` is not applied here: the statements that use the members apply it).
+
+    A device in the inventory at T (``device_inventory``, highest pool generation) is in the class when
+    the class is defined at T in the device's cluster (``device_classes``: ``DeviceClass.spec``) and
+    every ``spec.selectors[].cel.expression`` selects the device as recorded at T (its attributes and
+    capacity; :func:`ledger.projections.selectors.selects`; no selectors select every device). An
+    expression that does not compile or fails on a device (a missing attribute, a type mismatch) does
+    not select it (DESIGN §11.10); a selector that is not CEL selects nothing. A device held at T after
+    leaving its ResourceSlice (off-slice: no inventory row to evaluate) is in the class when one of its
+    allocations at T was made for a request of that class (``ResourceClaim.status.allocation.devices.
+    results[].request`` → the request's ``deviceClassName``), and the class is defined at T in its
+    cluster.
+
+    Returns:
+        The member keys (unordered, unique); empty when the class selects nothing.
+
+    Raises:
+        Invalid: ``device_class`` is empty.
+        UnknownDeviceClass: no DeviceClass ``device_class`` is defined at ``at`` in ``scope.cluster``
+            (in any cluster when ``None``): a misspelt class, or one created later or deleted earlier.
+    """
+    if not device_class:
+        raise Invalid("deviceClass must not be empty")
+    base = replace(scope, members=None, device_class=None, teams=None)
+    params: dict[str, object] = {"at": at, "device_class": device_class, **base.params()}
+    specs: dict[str, list[str]] = {}
+    for r in conn.execute(text(
+            "SELECT c.cluster, c.spec FROM device_classes c WHERE c.name = :device_class AND c.valid @> :at"
+            + _cluster_filter(scope.cluster, "c") + " ORDER BY c.cluster, lower(c.valid)"), params):
+        spec = _json(r.spec)
+        specs[r.cluster] = expressions_of(spec.get("selectors") if isinstance(spec, dict) else None)
+    if not specs:
+        where = f" in cluster {scope.cluster!r}" if scope.cluster is not None else ""
+        raise UnknownDeviceClass(f"DeviceClass {device_class!r} is not defined at {rfc3339(at)}{where}")
+    params["class_clusters"] = sorted(specs)
+    members: set[DeviceSortKey] = set()
+    # One inventory row per device at T is the projection's invariant; should two overlap, the newest
+    # decides, as on the occupancy pages (:func:`_pick_devices`).
+    for r in conn.execute(text(
+            f"SELECT DISTINCT ON ({_KEY.format(a='i')}) {_KEY.format(a='i')}, i.attributes, i.capacity, "
+            "i.allow_multiple_allocations FROM device_inventory i "
+            f"WHERE i.valid @> :at AND i.cluster = ANY(:class_clusters){base.where('i')} "
+            f"ORDER BY {_KEY.format(a='i')}, lower(i.valid) DESC"), params):
+        attributes, capacity = _json(r.attributes), _json(r.capacity)
+        view = DeviceView(driver=r.driver, attributes=attributes if isinstance(attributes, dict) else {},
+                          capacity=capacity if isinstance(capacity, dict) else {},
+                          allow_multiple_allocations=bool(r.allow_multiple_allocations))
+        if selects(specs[r.cluster], view):
+            members.add((r.cluster, r.driver, r.pool, r.device))
+    # Off-slice: the same devices as the off-slice page statement (held at T, no inventory row at T).
+    for r in conn.execute(text(
+            f"SELECT DISTINCT {_KEY.format(a='a')} FROM device_allocations a "
+            f"WHERE a.valid @> :at AND a.cluster = ANY(:class_clusters) AND a.device_class = :device_class"
+            f"{base.where('a')} AND NOT EXISTS (SELECT 1 FROM device_inventory i WHERE i.cluster = a.cluster "
+            "  AND i.driver = a.driver AND i.pool = a.pool AND i.device = a.device "
+            f"  AND i.valid @> :at{base.where('i')})"), params):
+        members.add((r.cluster, r.driver, r.pool, r.device))
+    return frozenset(members)
+
+
+def occupancy_scope(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
+                    driver: str | None = None, pool: str | None = None, device_class: str | None = None,
+                    teams: Collection[str] | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
+                    members: frozenset[DeviceSortKey] | None = None) -> OccupancyScope:
+    """The :class:`OccupancyScope` of an occupancy question at ``at``, with the DeviceClass members
+    resolved (:func:`device_class_members`) when ``device_class`` is given.
+
+    ``members``: the members of ``device_class`` already computed by the caller for the same ``at``,
+    filters and read-model rows (a cache; see ``ledger.services.occupancy_settled``); ``None`` computes them.
+
+    Raises:
+        Invalid: ``device_class`` is empty.
+        UnknownDeviceClass: ``device_class`` is not defined at ``at`` (see :func:`device_class_members`).
+    """
+    scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
+                           teams=frozenset(teams) if teams is not None else None,
+                           overrides=tuple(sorted(overrides.items())))
+    if device_class is None:
+        return scope
+    if members is None:
+        members = device_class_members(conn, at=at, scope=scope, device_class=device_class)
+    return replace(scope, device_class=device_class, members=members)
+
+
 def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
               driver: str | None = None, pool: str | None = None, teams: Collection[str] | None = None,
               after: DeviceSortKey | None = None, limit: int = OCCUPANCY_DEFAULT_LIMIT,
-              overrides: Mapping[str, str] = NO_OVERRIDES) -> OccupancyPage:
+              overrides: Mapping[str, str] = NO_OVERRIDES, device_class: str | None = None,
+              class_members: frozenset[DeviceSortKey] | None = None) -> OccupancyPage:
     """One page of devices at ``at`` with their holders, and totals over every device (all pages).
 
     Sources: ``device_inventory`` (published devices, highest pool generation) and
@@ -513,6 +619,13 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         limit: devices per page, 1..:data:`OCCUPANCY_MAX_LIMIT`.
         overrides: ``[teams] overrides`` (namespace -> team): each allocation's ``team`` and the ``teams``
             limit use the overridden team.
+        device_class: only the devices in this DeviceClass at ``at`` (:func:`device_class_members`:
+            defined at T and every CEL selector matches the device as recorded at T; an off-slice device
+            when an allocation at T was made for a request of the class), each with all its allocations
+            (whatever class they were made for); totals count only those devices, with the rules below.
+            The occupancy counts cannot answer it: totals are aggregated from the intervals.
+        class_members: :func:`device_class_members` of ``device_class`` already computed for this ``at``,
+            these filters and these read-model rows (the caller's cache); ``None`` computes them.
 
     Returns:
         An :class:`OccupancyPage` whose body is ``{"at", "totals": {"devices", "allocated", "free",
@@ -526,11 +639,11 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         ``free`` is never negative; ``adminAccess`` never occupies.
 
     Raises:
-        Invalid: ``limit`` outside 1..:data:`OCCUPANCY_MAX_LIMIT`.
+        Invalid: ``limit`` outside 1..:data:`OCCUPANCY_MAX_LIMIT`, or an empty ``device_class``.
+        UnknownDeviceClass: ``device_class`` is not defined at ``at``.
     """
-    scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
-                           teams=frozenset(teams) if teams is not None else None,
-                           overrides=tuple(sorted(overrides.items())))
+    scope = occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
+                            device_class=device_class, teams=teams, overrides=overrides, members=class_members)
     counted = cluster_counts(conn, at, scope)  # once for the page and its totals
     devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit, counted=counted)
     totals = occupancy_totals(conn, at=at, scope=scope, counted=counted)
@@ -539,15 +652,19 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
 
 def occupancy_all(conn: Connection, *, at: datetime, cluster: str | None = None, node: str | None = None,
                   driver: str | None = None, pool: str | None = None,
-                  teams: Collection[str] | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+                  teams: Collection[str] | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
+                  device_class: str | None = None) -> JSONObject:
     """Every device at ``at`` (all pages of :func:`occupancy`, :data:`OCCUPANCY_MAX_LIMIT` at a time).
 
     For the CLI, the demo and tests that print or compare a whole fleet; the API serves pages. Same
-    body and sources as :func:`occupancy`; totals are computed once.
+    body, sources and ``device_class`` rule as :func:`occupancy`; totals are computed once.
+
+    Raises:
+        Invalid: an empty ``device_class``.
+        UnknownDeviceClass: ``device_class`` is not defined at ``at``.
     """
-    scope = OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool,
-                           teams=frozenset(teams) if teams is not None else None,
-                           overrides=tuple(sorted(overrides.items())))
+    scope = occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
+                            device_class=device_class, teams=teams, overrides=overrides)
     counted = cluster_counts(conn, at, scope)  # once for every page and the totals
     devices: list[JSONValue] = []
     after: DeviceSortKey | None = None

@@ -16,8 +16,9 @@ from datetime import datetime
 
 from sqlalchemy import Connection, text
 
-OCCUPANCY_TABLES = ("device_inventory", "device_allocations", "claim_consumers", "pod_phases")
-"""The read models :func:`ledger.projections.queries.occupancy` reads."""
+OCCUPANCY_TABLES = ("device_inventory", "device_allocations", "claim_consumers", "pod_phases", "device_classes")
+"""The read models :func:`ledger.projections.queries.occupancy` reads (``device_classes`` for a DeviceClass
+filter: a class's selectors at T decide which devices are listed)."""
 
 
 @dataclass(frozen=True, slots=True)

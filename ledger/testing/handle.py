@@ -51,11 +51,16 @@ class LedgerHandle:
                                      settings=TranslatorSettings(team_label=self.team_label))
 
     def occupancy(self, at: datetime, *, node: str | None = None, driver: str | None = None,
-                  pool: str | None = None) -> JSONObject:
-        """Occupancy body at ``at`` with every device (all pages; filters: node, driver, pool)."""
+                  pool: str | None = None, device_class: str | None = None) -> JSONObject:
+        """Occupancy body at ``at`` with every device (all pages; filters: node, driver, pool, DeviceClass).
+
+        Raises:
+            UnknownDeviceClass: ``device_class`` is not defined at ``at``.
+        """
         runner.catch_up(self.engine)
         with self.engine.connect() as conn:
-            return queries.occupancy_all(conn, at=at, cluster=self.cluster, node=node, driver=driver, pool=pool)
+            return queries.occupancy_all(conn, at=at, cluster=self.cluster, node=node, driver=driver, pool=pool,
+                                         device_class=device_class)
 
     def usage(self, start: datetime, end: datetime, group_by: str = "team") -> JSONObject:
         """Usage body: device-hours over ``[start, end)`` per ``group_by`` and DeviceClass."""

@@ -101,6 +101,8 @@ SAME_QUERIES = [
                  id="occupancy"),
     pytest.param(["occupancy", "--at", "2026-11-02T12:00:00Z", "--node", "lab-node"], "/v1/occupancy",
                  {"at": "2026-11-02T12:00:00Z", "node": "lab-node"}, id="occupancy of a node"),
+    pytest.param(["occupancy", "--at", "2026-11-02T09:30:00Z", "--device-class", "gpu.example.com"], "/v1/occupancy",
+                 {"at": "2026-11-02T09:30:00Z", "deviceClass": "gpu.example.com"}, id="occupancy of a DeviceClass"),
     pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"]], "/v1/usage", LAB, id="usage"),
     pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--group-by", "node"], "/v1/usage",
                  {**LAB, "groupBy": "node"}, id="usage by node"),

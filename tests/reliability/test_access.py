@@ -132,7 +132,7 @@ QUERY_VALUES: dict[str, list[str]] = {
     "at": [f.stamp(5), AT, MOVED_AT, f.stamp(50)], "from": [f.stamp(0)], "to": [f.stamp(60)],
     "stream": ["claim:azure-uid-1"], "type": ["ClaimAllocated"], "node": ["node-a"], "driver": ["gpu.example.com"],
     "pool": [POOL], "minIdle": ["0", "PT1M"], "step": ["PT10M"], "limit": ["1", "1000"], "afterPosition": ["0"],
-    "pageToken": [],
+    "pageToken": [], "deviceClass": ["gpu.example.com", "no-such-class"],
 }
 REQUIRED_DEFAULTS = {"from": f.stamp(0), "to": f.stamp(60)}
 OPERATION_IDS = ["getOccupancy", "listClaims", "getClaimHistory", "getUsage", "getQuotas", "getShared", "getPending",
