@@ -210,6 +210,42 @@ class DeviceClassDeleted(Event):
     name: str
 
 
+# --- device taint rules (source: DeviceTaintRule) -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceTaintRuleDefined(Event):
+    """A DeviceTaintRule was first seen (or seen again after its deletion).
+
+    Source: ``DeviceTaintRule.spec`` (any served version, normalised). ``device_selector`` is
+    ``spec.deviceSelector`` with only the fields set among ``deviceClassName``, ``driver``, ``pool``,
+    ``device`` and ``selectors`` (``[{"cel": {"expression": ...}}]``); ``None`` when the rule has no
+    selector, which in Kubernetes matches no device (``{}`` matches every device). ``taint`` is
+    ``spec.taint`` as ``{"key", "value", "effect", "timeAdded"}`` (``value`` and ``timeAdded`` may be
+    ``None``; ``timeAdded`` is the RFC 3339 text as sent). Stream ``taintrule:<name>``.
+    """
+
+    TYPE: ClassVar[str] = "DeviceTaintRuleDefined"
+    name: str
+    device_selector: JSONObject | None
+    taint: JSONObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceTaintRuleChanged(DeviceTaintRuleDefined):
+    """The ``spec.deviceSelector`` or ``spec.taint`` of a DeviceTaintRule changed; the payload is the new spec."""
+
+    TYPE: ClassVar[str] = "DeviceTaintRuleChanged"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceTaintRuleDeleted(Event):
+    """A DeviceTaintRule was deleted: its taint no longer applies, from the time the deletion was observed."""
+
+    TYPE: ClassVar[str] = "DeviceTaintRuleDeleted"
+    name: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TeamAssigned(Event):
     """The team billed for a namespace was set or changed: the value of the team label, or the namespace
@@ -256,6 +292,7 @@ EVENT_TYPES: Mapping[str, EventClass] = {
         DevicePublished, DeviceUpdated, DeviceWithdrawn, PoolGenerationObserved,
         ClaimCreated, ClaimAllocated, ClaimReserved, ClaimUnreserved, ClaimDeletionRequested,
         ClaimDeallocated, ClaimDeleted, DeviceClassDefined, DeviceClassChanged, DeviceClassDeleted,
+        DeviceTaintRuleDefined, DeviceTaintRuleChanged, DeviceTaintRuleDeleted,
         TeamAssigned, PodPhaseChanged, PodDeleted,
     )
 }

@@ -98,6 +98,22 @@ def claim(*, name: str, namespace: str = "ml", claim_uid: str, count: int = 1,
             "status": status}
 
 
+def taint_rule(name: str, *, selector: JSONObject | None, effect: str = "NoSchedule",
+               key: str = "example.com/broken", value: str | None = None,
+               api_version: str = "resource.k8s.io/v1beta2", created: float = 0) -> JSONObject:
+    """A DeviceTaintRule created at minute ``created`` (``spec.deviceSelector`` = ``selector`` unless ``None``)."""
+    taint: JSONObject = {"key": key, "effect": effect, "timeAdded": stamp(created)}
+    if value is not None:
+        taint["value"] = value
+    spec: JSONObject = {"taint": taint}
+    if selector is not None:
+        spec["deviceSelector"] = selector
+    return {"apiVersion": api_version, "kind": "DeviceTaintRule",
+            "metadata": {"name": name, "uid": uid("rule"), "resourceVersion": rv(), "generation": 1,
+                         "creationTimestamp": stamp(created)},
+            "spec": spec}
+
+
 def namespace(name: str, team: str | None) -> JSONObject:
     """A core/v1 Namespace, labelled ``team`` when given."""
     labels: JSONObject = {"kubernetes.io/metadata.name": name}

@@ -209,7 +209,7 @@ def register(app: typer.Typer) -> None:
                                                          "(default: until Ctrl-C / SIGTERM).")] = None,
         clock_url: ClockOpt = None,
     ) -> None:
-        """Record the live list/watch streams of the five kinds to a file that `dra-ledger replay` reads."""
+        """Record the live list/watch streams of the watched kinds to a file that `dra-ledger replay` reads."""
         configure_logging()
 
         async def main() -> None:

@@ -1,8 +1,9 @@
 """A fake Kubernetes API server that plays a recorded history (DESIGN §9) to list/watch clients.
 
 For tests and demos: the real kubernetes-asyncio client talks HTTP to it exactly as to a cluster.
-It serves list and watch for Namespace, Pod (core/v1), DeviceClass, ResourceSlice and ResourceClaim
-(``resource.k8s.io``, in the versions it is told to serve), discovery (``/api``, ``/apis``) and
+It serves list and watch for Namespace, Pod (core/v1), DeviceClass, ResourceSlice, ResourceClaim and
+DeviceTaintRule (``resource.k8s.io``, in the versions it is told to serve that have the kind: DeviceTaintRule
+only in ``v1beta2`` and ``v1alpha3``), discovery (``/api``, ``/apis``, ``/apis/resource.k8s.io/<version>``) and
 ``coordination.k8s.io/v1`` Leases (get/create/update with resourceVersion conflicts), and honours
 ``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``, ``limit``/``continue``.
 
@@ -308,6 +309,8 @@ class FakeApiServer:
         for prefix in ("/apis", "/apis/"):
             r.add_get(prefix, self._groups)
         r.add_get("/api/v1/{plural}", self._collection)
+        for suffix in ("", "/"):  # kubernetes-asyncio asks with the slash
+            r.add_get("/apis/" + DRA_GROUP + "/{version}" + suffix, self._resources)
         r.add_get("/apis/" + DRA_GROUP + "/{version}/{plural}", self._collection)
         r.add_get("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", self._lease_get)
         r.add_put("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", self._lease_put)
@@ -356,12 +359,26 @@ class FakeApiServer:
         groups.append(group("coordination.k8s.io", ["v1"]))
         return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 
+    async def _resources(self, request: web.Request) -> web.Response:
+        """``GET /apis/resource.k8s.io/<version>``: the APIResourceList of the kinds served in that version."""
+        version = request.match_info["version"]
+        if version not in self.served.get(DRA_GROUP, []):
+            return web.json_response(_status(404, f"the server could not find {request.path}", "NotFound"),
+                                     status=404)
+        resources: list[JSONValue] = [
+            {"name": info.plural, "singularName": "", "namespaced": info.kind == "ResourceClaim", "kind": info.kind,
+             "verbs": ["get", "list", "watch"]}
+            for info in BY_PLURAL.values() if info.group == DRA_GROUP and version in info.versions]
+        return web.json_response({"kind": "APIResourceList", "apiVersion": "v1",
+                                  "groupVersion": f"{DRA_GROUP}/{version}", "resources": resources})
+
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         plural = request.match_info["plural"]
         version = request.match_info.get("version", "v1")
         info = BY_PLURAL.get(plural)
         if info is None or (info.group == DRA_GROUP) != ("version" in request.match_info) or (
-                info.group == DRA_GROUP and version not in self.served.get(DRA_GROUP, [])):
+                info.group == DRA_GROUP and (version not in self.served.get(DRA_GROUP, [])
+                                             or version not in info.versions)):
             return web.json_response(_status(404, f"the server could not find {request.path}", "NotFound"),
                                      status=404)
         watching = _flag(request.query.get("watch"))

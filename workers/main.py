@@ -1,7 +1,8 @@
 """One worker process: leader election, then one list/watch task per kind, restarted after backoff.
 
 ``run_worker`` is what ``dra-ledger watch`` runs (and what the tests run in-process). While standby it
-only competes for the Lease; as leader it runs the five watch loops and the Lease renewal together,
+only competes for the Lease; as leader it runs the watch loops (five, six where the server serves
+DeviceTaintRule) and the Lease renewal together,
 and drops back to standby (cancelling the loops) when the Lease is lost.
 """
 
@@ -19,7 +20,15 @@ from kubernetes_asyncio import client as k8s
 
 from ledger.errors import LedgerError
 from workers.health import WorkerMetrics
-from workers.k8s.client import ApiError, Clock, KubeSource, NotServed, TransientApiError, served_versions
+from workers.k8s.client import (
+    ApiError,
+    Clock,
+    KubeSource,
+    NotServed,
+    TransientApiError,
+    served_resources,
+    served_versions,
+)
 from workers.k8s.kinds import DRA_GROUP, KINDS, KindInfo
 from workers.leader import LeadershipLost, LeaseElector
 from workers.settings import WatchSettings, backoff_delay_s
@@ -45,10 +54,13 @@ class _Stopped(Exception):
 async def choose_version(api_client: k8s.ApiClient, info: KindInfo, settings: WatchSettings) -> str:
     """The most preferred version of ``info`` the server serves (v1, else v1beta2, else v1beta1).
 
+    For an optional kind (DeviceTaintRule) a served group version is not enough: the version's resource
+    list (``GET /apis/resource.k8s.io/<version>``) must name the kind's plural too.
     Retries transient discovery failures with backoff.
 
     Raises:
-        NotServed: the server serves none of the kind's versions (no DRA on this cluster).
+        NotServed: the server serves none of the kind's versions (no DRA on this cluster, or no
+            DeviceTaintRule in any version it serves).
     """
     if info.group != DRA_GROUP:
         return info.versions[0]
@@ -64,19 +76,46 @@ async def choose_version(api_client: k8s.ApiClient, info: KindInfo, settings: Wa
                         extra={"resource": info.plural, "resourceVersion": None})
             await asyncio.sleep(delay)
     for version in info.versions:
-        if version in served:
+        if version in served and (not info.optional or info.plural in await _resources(api_client, info, version,
+                                                                                          settings)):
             return version
     raise NotServed(f"{info.group} serves {served or 'nothing'}; the ledger reads {', '.join(info.versions)}")
 
 
-async def supervise(api_client: k8s.ApiClient, info: KindInfo, sink: Sink, *, clock: Clock,
-                    settings: WatchSettings, metrics: WorkerMetrics | None) -> NoReturn:
-    """Follow one kind forever; a task that fails (non-transient API error, ledger error) is logged
-    loudly and restarted after backoff, discovery included (the server may start serving v1)."""
+async def _resources(api_client: k8s.ApiClient, info: KindInfo, version: str, settings: WatchSettings) -> list[str]:
+    """:func:`served_resources` of ``info.group``/``version``, retrying transient failures with backoff."""
     failures = 0
     while True:
         try:
-            version = await choose_version(api_client, info, settings)
+            return await served_resources(api_client, info.group, version, timeout_s=settings.request_timeout_s)
+        except TransientApiError as e:
+            delay = backoff_delay_s(settings, failures, retry_after_s=e.retry_after_s)
+            failures += 1
+            log.warning("discovery of %s/%s failed, retrying in %.2fs: %s", info.group, version, delay, e,
+                        extra={"resource": info.plural, "resourceVersion": None})
+            await asyncio.sleep(delay)
+
+
+async def supervise(api_client: k8s.ApiClient, info: KindInfo, sink: Sink, *, clock: Clock,
+                    settings: WatchSettings, metrics: WorkerMetrics | None) -> None:
+    """Follow one kind forever; a task that fails (non-transient API error, ledger error) is logged
+    loudly and restarted after backoff, discovery included (the server may start serving v1).
+
+    An optional kind (:attr:`KindInfo.optional`: DeviceTaintRule) the server does not serve is said once
+    in the log (a warning) and the task returns: the other kinds are followed without it, and the next
+    leadership term looks again.
+    """
+    failures = 0
+    while True:
+        try:
+            try:
+                version = await choose_version(api_client, info, settings)
+            except NotServed as e:
+                if not info.optional:
+                    raise
+                log.warning("%s is not served; following the other kinds without it: %s", info.kind, e,
+                            extra={"resource": info.plural, "resourceVersion": None})
+                return
             source = KubeSource(api_client, info, version, clock=clock, request_timeout_s=settings.request_timeout_s,
                                 page_size=settings.list_page_size)
             log.info("following %s", info.kind, extra={"resource": info.plural, "resourceVersion": None,

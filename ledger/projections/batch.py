@@ -38,7 +38,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from ledger.events import RecordedEvent
 from ledger.projections.base import opt_str_of, str_of
-from ledger.projections.models import ALLOCATION_EVENTS, counter_set_of, model_of
+from ledger.projections.models import ALLOCATION_EVENTS, TAINT_RULE_EVENTS, counter_set_of, model_of, taint_rule_row
 from ledger.store import tables as t
 from ledger.store.postgres import copy_rows
 from ledger.types import JSONValue
@@ -231,6 +231,26 @@ def apply_device_classes(conn: Connection, events: Sequence[RecordedEvent]) -> N
         iv.close(key, e.occurred_at)
         if e.type != "DeviceClassDeleted":
             iv.open({"cluster": key[0], "name": key[1], "spec": _j(e.payload["spec"])}, e.occurred_at)
+    iv.flush()
+
+
+def apply_device_taint_rules(conn: Connection, events: Sequence[RecordedEvent]) -> None:
+    """Batch form of :class:`ledger.projections.models.DeviceTaintRules` (table ``device_taint_rules``).
+
+    Raises:
+        AssertionError / ledger.errors.Invalid: a payload lacks ``taint`` or ``taint.effect`` (see
+            :func:`ledger.projections.models.taint_rule_row`).
+    """
+    mine = _mine(events, TAINT_RULE_EVENTS)
+    if not mine:
+        return
+    iv = _Intervals(conn, t.device_taint_rules, ("cluster", "name"))
+    iv.load((e.cluster, str_of(e.payload, "name")) for e in mine)
+    for e in mine:
+        key = (e.cluster, str_of(e.payload, "name"))
+        iv.close(key, e.occurred_at)
+        if e.type != "DeviceTaintRuleDeleted":
+            iv.open({"cluster": key[0], "name": key[1], **taint_rule_row(e.payload)}, e.occurred_at)
     iv.flush()
 
 
@@ -458,6 +478,7 @@ BATCH_APPLIERS = {
     "namespace_teams": apply_namespace_teams,
     "device_inventory": apply_device_inventory,
     "device_classes": apply_device_classes,
+    "device_taint_rules": apply_device_taint_rules,
     "pod_phases": apply_pod_phases,
     "claims": apply_claims,
     "claim_consumers": apply_claim_consumers,

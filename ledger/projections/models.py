@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Table, text
 from ledger.events import RecordedEvent
 from ledger.projections.base import close_intervals, open_interval, opt_str_of, str_of
 from ledger.store import tables as t
-from ledger.types import JSONValue
+from ledger.types import JSONObject, JSONValue
 
 MODEL_ATTRIBUTES = ("model", "productName", "type")
 """Unqualified attribute names read, in this order, as a device's model (e.g. ``productName``)."""
@@ -108,6 +108,50 @@ class DeviceClasses:
         close_intervals(conn, t.device_classes, key, event.occurred_at)
         if event.type != "DeviceClassDeleted":
             open_interval(conn, t.device_classes, {**key, "spec": _j(event.payload["spec"])}, event.occurred_at)
+
+
+TAINT_RULE_EVENTS = ("DeviceTaintRuleDefined", "DeviceTaintRuleChanged", "DeviceTaintRuleDeleted")
+"""The event types that change ``device_taint_rules`` (:class:`DeviceTaintRules` and its batch and fold forms)."""
+
+
+def taint_rule_row(payload: JSONObject) -> dict[str, object]:
+    """The ``device_taint_rules`` columns (besides cluster, name, valid) of a Defined / Changed payload.
+
+    Args:
+        payload: ``{"name", "deviceSelector", "taint"}`` as :class:`ledger.events.DeviceTaintRuleDefined` stores it.
+
+    Returns:
+        ``device_selector`` (JSON text, or ``None`` when the rule has no selector), ``effect``
+        (``taint.effect``), ``taint`` (JSON text).
+
+    Raises:
+        AssertionError: ``taint`` is not a mapping (the translator always writes one).
+        ledger.errors.Invalid: ``taint.effect`` is missing or not a string.
+    """
+    taint, selector = payload["taint"], payload.get("deviceSelector")
+    assert isinstance(taint, dict)
+    return {"device_selector": None if selector is None else _j(selector), "effect": str_of(taint, "effect"),
+            "taint": _j(taint)}
+
+
+class DeviceTaintRules:
+    """DeviceTaintRule specs (``spec.deviceSelector``, ``spec.taint``) over time: one interval per spec.
+
+    Source: ``DeviceTaintRuleDefined`` / ``Changed`` (open an interval, closing the open one) and
+    ``DeviceTaintRuleDeleted`` (close it), dated by ``occurred_at``. Pending demand reads it (DESIGN §11.9).
+    """
+
+    name = "device_taint_rules"
+    tables: Sequence[Table] = (t.device_taint_rules,)
+
+    def apply_event(self, conn: Connection, event: RecordedEvent) -> None:
+        """Open, replace or close the rule's interval; other events are ignored."""
+        if event.type not in TAINT_RULE_EVENTS:
+            return
+        key = {"cluster": event.cluster, "name": str_of(event.payload, "name")}
+        close_intervals(conn, t.device_taint_rules, key, event.occurred_at)
+        if event.type != "DeviceTaintRuleDeleted":
+            open_interval(conn, t.device_taint_rules, {**key, **taint_rule_row(event.payload)}, event.occurred_at)
 
 
 class PodPhases:
@@ -287,9 +331,9 @@ class DeviceAllocations:
             "AND upper_inf(valid) AND lower(valid) >= :at"), params)
 
 
-ALL: tuple[NamespaceTeams | DeviceInventory | DeviceClasses | PodPhases | Claims | ClaimConsumers
-           | DeviceAllocations, ...] = (
-    NamespaceTeams(), DeviceInventory(), DeviceClasses(), PodPhases(), Claims(), ClaimConsumers(),
-    DeviceAllocations(),
+ALL: tuple[NamespaceTeams | DeviceInventory | DeviceClasses | DeviceTaintRules | PodPhases | Claims
+           | ClaimConsumers | DeviceAllocations, ...] = (
+    NamespaceTeams(), DeviceInventory(), DeviceClasses(), DeviceTaintRules(), PodPhases(), Claims(),
+    ClaimConsumers(), DeviceAllocations(),
 )
 """Every core projection, in the order they are applied."""

@@ -6,10 +6,17 @@ evaluation error means "does not match" (DESIGN §11.10). A device is free at T 
 no allocation other than ``adminAccess`` holds it (a device that ``allowMultipleAllocations`` stays
 free while it is shared: it can take another share), the counters it consumes are not used up by
 other partitions of its counter set, and it carries no ``NoSchedule`` / ``NoExecute`` taint
-(DESIGN §11.9).
+(DESIGN §11.9): neither one published in its ResourceSlice (``spec.devices[].taints``) nor one a
+DeviceTaintRule in force at T adds to it (:func:`rule_tainted_devices`).
+
+Tolerations: a request's ``tolerations`` are not consulted, for slice taints and rule taints alike. Free
+devices are counted per class, not per request, and a tainted device is one the scheduler would not hand
+to an ordinary request; a claim that tolerates the taint may still get it, which "requested 4, 2 free"
+then understates, never overstates.
 
 Sources: ``claim_states`` (pending intervals), ``claims.requests``, ``device_classes``,
-``device_inventory``, ``device_allocations``, ``namespace_teams`` and the pools' ``sharedCounters``.
+``device_inventory``, ``device_allocations``, ``device_taint_rules``, ``namespace_teams`` and the pools'
+``sharedCounters``.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from ledger.projections.base import json_value as _json
 from ledger.projections.base import request_count
 from ledger.projections.queries import NO_OVERRIDES, rfc3339
 from ledger.projections.quotas import Catalog, Device, load_catalogs
-from ledger.projections.selectors import expressions_of
+from ledger.projections.selectors import expressions_of, selects
 from ledger.projections.shared import counter_amounts, shared_counters
 from ledger.quantities import quantity_value
 from ledger.types import JSONObject, JSONValue
@@ -36,6 +43,50 @@ BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
 DeviceId = tuple[str, str, str]
+
+
+def rule_selected_devices(selector: JSONObject, catalog: Catalog) -> list[Device]:
+    """The devices of ``catalog`` a DeviceTaintRule's ``spec.deviceSelector`` selects (every field set must hold).
+
+    Fields: ``driver``, ``pool`` and ``device`` compare with the device's (driver, pool name, device name);
+    ``deviceClassName`` needs the class's CEL selectors to select the device (a class not defined at the
+    catalog's instant selects nothing); ``selectors[].cel.expression`` must all select it. An empty selector
+    selects every device. A CEL compile or evaluation error is "does not match" (DESIGN §11.10), never raised.
+
+    Args:
+        selector: ``device_taint_rules.device_selector`` (source ``DeviceTaintRule.spec.deviceSelector``).
+        catalog: the DeviceClasses and devices (``device_inventory``) at T of the rule's cluster.
+
+    Returns:
+        The selected devices in the catalog's order (driver, pool, device), each once.
+    """
+    device_class = selector.get("deviceClassName")
+    if device_class is not None and not isinstance(device_class, str):
+        return []
+    candidates = catalog.devices if device_class is None else catalog.devices_of(device_class)
+    fixed = [(name, selector[name]) for name in ("driver", "pool", "device") if selector.get(name) is not None]
+    expressions = expressions_of(selector["selectors"]) if "selectors" in selector else []
+    return [d for d in candidates
+            if all(getattr(d, name) == wanted for name, wanted in fixed) and selects(expressions, d.view)]
+
+
+def rule_tainted_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catalog) -> set[DeviceId]:
+    """``(driver, pool, device)`` of every device of ``catalog`` a blocking DeviceTaintRule taints at ``at``.
+
+    A rule counts when its interval in ``device_taint_rules`` contains ``at``, its ``taint.effect`` is in
+    :data:`BLOCKING_EFFECTS` and it has a selector (a rule without ``deviceSelector`` matches no device, as
+    in Kubernetes); matching is :func:`rule_selected_devices`. The set is unordered, without duplicates.
+    """
+    rules = conn.execute(text(
+        "SELECT device_selector FROM device_taint_rules WHERE cluster = :cluster AND valid @> :at "
+        "AND effect = ANY(:effects) AND device_selector IS NOT NULL ORDER BY name"),
+        {"cluster": cluster, "at": at, "effects": sorted(BLOCKING_EFFECTS)}).scalars().all()
+    tainted: set[DeviceId] = set()
+    for raw in rules:
+        selector = _json(raw)
+        if isinstance(selector, dict):
+            tainted |= {(d.driver, d.pool, d.device) for d in rule_selected_devices(selector, catalog)}
+    return tainted
 
 
 def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catalog) -> set[DeviceId]:
@@ -51,6 +102,7 @@ def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catal
         if isinstance(taints, list) and any(isinstance(t, dict) and t.get("effect") in BLOCKING_EFFECTS
                                             for t in taints):
             tainted.add((r.driver, r.pool, r.device))
+    tainted |= rule_tainted_devices(conn, at=at, cluster=cluster, catalog=catalog)
     # Counters in use per (driver, pool, counterSet, counter), from the held devices.
     in_use: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
     sets_of: dict[DeviceId, list[str]] = {}

@@ -13,8 +13,8 @@ Two techniques, each where it pays:
   ``events`` payloads on the server and finds each interval's end with a window over the key
   (``lead`` / ``min(...) FILTER`` over the following events), so no payload crosses the wire and no
   Python object is made per event.
-* **Python** for ``namespace_teams``, ``device_inventory``, ``device_classes`` and
-  ``device_allocations``: conflicts, relabel splits and the team / inventory lookups of an allocation
+* **Python** for ``namespace_teams``, ``device_inventory``, ``device_classes``, ``device_taint_rules``
+  and ``device_allocations``: conflicts, relabel splits and the team / inventory lookups of an allocation
   are a fold, not a window. One pass over those event types (about one event in six), streamed in
   global position order from a server-side cursor, then one ``COPY`` per table.
 
@@ -58,7 +58,7 @@ import msgspec
 from sqlalchemy import Connection, Engine, text
 
 from ledger.projections.base import opt_str_of, str_of
-from ledger.projections.models import counter_set_of, model_of
+from ledger.projections.models import TAINT_RULE_EVENTS, counter_set_of, model_of, taint_rule_row
 from ledger.store.postgres import as_json, copy_in, copy_out, copy_rows, stream_rows
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
@@ -202,11 +202,12 @@ SQL_BUILT: dict[str, tuple[_Built, ...]] = {
 }
 """Projection name -> the tables it has and the queries that fill them from ``events``."""
 
-FOLDED = frozenset({"namespace_teams", "device_inventory", "device_classes", "device_allocations"})
+FOLDED = frozenset({"namespace_teams", "device_inventory", "device_classes", "device_taint_rules",
+                    "device_allocations"})
 """Projections built by the Python fold (:class:`_Fold`)."""
 
 _FOLD_TYPES = ("TeamAssigned", "DevicePublished", "DeviceUpdated", "DeviceWithdrawn", "DeviceClassDefined",
-               "DeviceClassChanged", "DeviceClassDeleted", "ClaimAllocated", "ClaimDeallocated")
+               "DeviceClassChanged", "DeviceClassDeleted", *TAINT_RULE_EVENTS, "ClaimAllocated", "ClaimDeallocated")
 """Every event type the folded projections read (``device_allocations`` reads the first four too)."""
 
 
@@ -291,6 +292,8 @@ _TEAM, _ALLOC_TEAM = 2, 4
 _ALLOCATION_COLUMNS = ("cluster", "claim_uid", "namespace", "claim", "team", "request", "device_class", "driver",
                        "pool", "device", "share_id", "consumed_capacity", "admin_access", "node", "model",
                        "conflict")
+_TAINT_RULE_COLUMNS = ("device_selector", "effect", "taint")
+"""The ``device_taint_rules`` columns after cluster and name, as :func:`taint_rule_row` gives them."""
 _INVENTORY_COLUMNS = ("cluster", "driver", "pool", "device", "node", "slice_name", "model", "counter_set",
                       "allow_multiple_allocations", "attributes", "capacity", "consumes_counters", "taints")
 
@@ -315,7 +318,7 @@ class _Inventory(_Interval):
 
 
 class _Fold:
-    """The four folded projections over events in global position order (see the module docstring)."""
+    """The five folded projections over events in global position order (see the module docstring)."""
 
     def __init__(self) -> None:
         self.teams: dict[tuple[str, str], list[_Interval]] = {}
@@ -324,6 +327,8 @@ class _Fold:
         self.inventory_rows: list[_Inventory] = []
         self.classes: dict[tuple[str, str], _Interval] = {}
         self.class_rows: list[_Interval] = []
+        self.rules: dict[tuple[str, str], _Interval] = {}
+        self.rule_rows: list[_Interval] = []
         # Open allocations, reached three ways (as the reference's UPDATEs select them): by device for
         # conflicts, by claim for ClaimDeallocated, by namespace for a relabel. Lists keep closed rows
         # until next visited (pruned then); closed rows are final and go to ``closed``.
@@ -350,6 +355,15 @@ class _Fold:
             if event_type != "DeviceClassDeleted":
                 self.classes[key] = spec = _Interval([cluster, key[1], _j(p["spec"])], at)
                 self.class_rows.append(spec)
+        elif event_type.startswith("DeviceTaintRule"):
+            # device_taint_rules (reference: models.DeviceTaintRules): one interval per rule spec
+            key = (cluster, str_of(p, "name"))
+            if (old_rule := self.rules.pop(key, None)) is not None:
+                old_rule.close(at)
+            if event_type != "DeviceTaintRuleDeleted":
+                row = taint_rule_row(p)
+                self.rules[key] = rule = _Interval([cluster, key[1], *(row[c] for c in _TAINT_RULE_COLUMNS)], at)
+                self.rule_rows.append(rule)
         else:
             self._device(event_type, cluster, at, p)
 
@@ -471,6 +485,7 @@ class _Folded:
     teams: list[list[object]]
     inventory: list[list[object]]
     classes: list[list[object]]
+    taint_rules: list[list[object]]
     allocations: list[list[object]]
     allocation_chunks: int
 
@@ -513,7 +528,7 @@ def _fold_events(engine: Engine, head: GlobalPosition, spool: IO[bytes], stop: t
     # catch-ups breaks ties between intervals of one key with equal starts by row id (the one inserted
     # last), as _latest_containing does here.
     return _Folded(teams=[r.row() for r in fold.team_rows], inventory=[r.row() for r in fold.inventory_rows],
-                   classes=[r.row() for r in fold.class_rows],
+                   classes=[r.row() for r in fold.class_rows], taint_rules=[r.row() for r in fold.rule_rows],
                    allocations=_by_device([*fold.take_closed(), *(r.row() for r in fold.open_allocations.values())]),
                    allocation_chunks=chunks)
 
@@ -534,6 +549,8 @@ def _write_folded(conn: Connection, names: Collection[str], folded: _Folded, spo
         copy_rows(conn, "device_inventory", [*_INVENTORY_COLUMNS, "valid"], folded.inventory)
     if "device_classes" in names:
         copy_rows(conn, "device_classes", ["cluster", "name", "spec", "valid"], folded.classes)
+    if "device_taint_rules" in names:
+        copy_rows(conn, "device_taint_rules", ["cluster", "name", *_TAINT_RULE_COLUMNS, "valid"], folded.taint_rules)
     if "device_allocations" in names:
         columns = [*_ALLOCATION_COLUMNS, "valid"]
         for chunk in _spooled(spool, folded.allocation_chunks):

@@ -233,8 +233,21 @@ device_classes = Table(
     *_interval_indexes("device_classes", "cluster", "name"),
 )
 
+device_taint_rules = Table(
+    "device_taint_rules", metadata,
+    Column("row_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("cluster", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("device_selector", JSONB,
+           comment="DeviceTaintRule.spec.deviceSelector; NULL: no selector, matches no device"),
+    Column("effect", Text, nullable=False, comment="DeviceTaintRule.spec.taint.effect"),
+    Column("taint", JSONB, nullable=False, comment="DeviceTaintRule.spec.taint {key, value, effect, timeAdded}"),
+    Column("valid", TSTZRANGE, nullable=False),
+    *_interval_indexes("device_taint_rules", "cluster", "name"),
+)
+
 READ_MODELS = (device_inventory, device_allocations, claim_consumers, claims, claim_states, pod_phases,
-               namespace_teams, device_classes)
+               namespace_teams, device_classes, device_taint_rules)
 """Tables derived from ``events``; ``rebuild`` empties and refills them."""
 
 

@@ -9,6 +9,10 @@ ones in ``k8s.io/dynamic-resource-allocation/api/v1beta1/conversion.go``:
   ``exactly`` next to ``name`` (``firstAvailable`` sub-requests have the same shape in both).
 - ``v1beta2`` already has the ``v1`` shape, and DeviceClass / DeviceTaintRule do not change: only
   ``apiVersion`` is relabelled.
+- DeviceTaintRule is served as ``v1alpha3`` (Kubernetes 1.33 to 1.35) and ``v1beta2`` (1.36 on); its
+  ``spec`` {``deviceSelector``, ``taint``} has one shape in every version (1.35's ``v1alpha3`` dropped
+  ``deviceSelector.deviceClassName`` and ``selectors``: absent fields, not another shape), so its
+  ``v1alpha3`` objects are accepted and relabelled too. Other kinds in ``v1alpha3`` stay unsupported.
 
 Only the structure needed to convert and to find objects is checked here (``metadata``, ``spec``,
 the device list of a slice and the request list of a claim); the translator validates what it reads.
@@ -30,6 +34,9 @@ V1BETA1: Final = "resource.k8s.io/v1beta1"
 
 _DRA_VERSIONS: Final = frozenset({V1, V1BETA2, V1BETA1})
 _CORE_VERSIONS: Final = frozenset({"v1"})
+V1ALPHA3: Final = "resource.k8s.io/v1alpha3"
+_TAINT_RULE_VERSIONS: Final = _DRA_VERSIONS | {V1ALPHA3}
+"""DeviceTaintRule versions: the three DRA versions plus ``v1alpha3``, where 1.33 to 1.35 serve it."""
 
 SUPPORTED: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -37,12 +44,12 @@ SUPPORTED: Mapping[str, frozenset[str]] = MappingProxyType(
         "ResourceClaim": _DRA_VERSIONS,
         "ResourceClaimTemplate": _DRA_VERSIONS,
         "DeviceClass": _DRA_VERSIONS,
-        "DeviceTaintRule": _DRA_VERSIONS,
+        "DeviceTaintRule": _TAINT_RULE_VERSIONS,
         "Pod": _CORE_VERSIONS,
         "Namespace": _CORE_VERSIONS,
     }
 )
-"""Kind -> the ``apiVersion`` values ``normalize`` accepts (never ``resource.k8s.io/v1alpha3``)."""
+"""Kind -> the ``apiVersion`` values ``normalize`` accepts (``resource.k8s.io/v1alpha3`` for DeviceTaintRule only)."""
 
 _EXACTLY_FIELDS: Final = (
     "deviceClassName",
@@ -78,7 +85,8 @@ def normalize(obj: JSONObject) -> JSONObject:
     """Return ``obj`` in the ``resource.k8s.io/v1`` shape.
 
     DRA kinds (ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass, DeviceTaintRule) in
-    ``resource.k8s.io/v1``, ``v1beta2`` or ``v1beta1`` come back labelled ``resource.k8s.io/v1``.
+    ``resource.k8s.io/v1``, ``v1beta2`` or ``v1beta1`` (DeviceTaintRule also ``v1alpha3``) come back
+    labelled ``resource.k8s.io/v1``.
     An object already in ``v1`` (``resource.k8s.io/v1``, or ``v1`` Pods and Namespaces) is checked and
     returned itself, not copied; an older version comes back as a new object that shares no mutable
     part with the input. The input is never mutated. Every other field (metadata, status, unknown fields) is
@@ -96,7 +104,7 @@ def normalize(obj: JSONObject) -> JSONObject:
 
     Raises:
         UnsupportedObject: the kind is not tracked (for example a CRD or a ``List``), or its
-            ``apiVersion`` is not one accepted by ``SUPPORTED`` (for example
+            ``apiVersion`` is not one accepted by ``SUPPORTED`` (for example a ResourceClaim in
             ``resource.k8s.io/v1alpha3``).
         InvalidObject: ``kind`` or ``apiVersion`` is not a string, ``metadata`` is not a mapping,
             ``spec`` is present but not a mapping, a slice's ``spec.devices`` is not a list of

@@ -18,18 +18,18 @@ from ledger.translator.normalize import V1
 from ledger.translator.translate import TranslatorState, claim_uid_of, namespace_of
 from ledger.types import JSONObject, JSONValue
 
-RELISTED_KINDS = ("ResourceSlice", "ResourceClaim", "DeviceClass", "Pod", "Namespace")
-"""Kinds whose relist this module understands (the five kinds the workers watch)."""
+RELISTED_KINDS = ("ResourceSlice", "ResourceClaim", "DeviceClass", "Pod", "Namespace", "DeviceTaintRule")
+"""Kinds whose relist this module understands (the kinds the workers watch; DeviceTaintRule where served)."""
 
 _PREFIX = {"ResourceSlice": "slice:", "ResourceClaim": "claim:", "DeviceClass": "class:", "Pod": "pod:",
-           "Namespace": "namespace:"}
+           "Namespace": "namespace:", "DeviceTaintRule": "taintrule:"}
 
 
 def state_key(obj: JSONObject) -> str | None:
     """Return the translator state key an object is recorded under, or ``None`` for other kinds.
 
     Source: ``kind`` and ``metadata.uid`` / ``metadata.name`` / ``metadata.namespace``. Keys:
-    ``slice:<uid>``, ``claim:<uid>``, ``class:<name>``, ``pod:<uid>``, ``namespace:<name>``
+    ``slice:<uid>``, ``claim:<uid>``, ``class:<name>``, ``taintrule:<name>``, ``pod:<uid>``, ``namespace:<name>``
     (``name:<namespace>/<name>`` or ``name:<name>`` stands in for a missing uid, as the translator does).
 
     Raises:
@@ -43,7 +43,7 @@ def state_key(obj: JSONObject) -> str | None:
     if kind == "Pod":
         uid = opt_str(obj, "metadata.uid")
         return f"pod:{uid or 'name:' + namespace_of(obj) + '/' + (opt_str(obj, 'metadata.name') or '')}"
-    if kind in ("DeviceClass", "Namespace"):
+    if kind in ("DeviceClass", "DeviceTaintRule", "Namespace"):
         return f"{_PREFIX[str(kind)]}{opt_str(obj, 'metadata.name') or ''}"
     return None
 
@@ -93,8 +93,8 @@ def _tombstone(state: TranslatorState, kind: str, ident: str, entry: JSONObject)
     if kind == "ResourceClaim":
         return {"apiVersion": V1, "kind": "ResourceClaim",
                 "metadata": {**_uid_meta(ident), "namespace": entry.get("namespace"), "name": entry.get("name")}}
-    if kind == "DeviceClass":
-        return {"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": ident}}
+    if kind in ("DeviceClass", "DeviceTaintRule"):
+        return {"apiVersion": V1, "kind": kind, "metadata": {"name": ident}}
     if kind == "ResourceSlice":
         pool_id = entry.get("pool")
         pool = state.get(f"pool:{pool_id}") if isinstance(pool_id, str) else None

@@ -51,7 +51,7 @@ DEFAULT_NAMESPACE = "default"
 @dataclass(slots=True)
 class TranslatorState:
     """What the translator recorded last, per state key (``claim:<uid>``, ``pool:<driver>/<pool>``,
-    ``slice:<uid>``, ``class:<name>``, ``namespace:<name>``, ``pod:<uid>``).
+    ``slice:<uid>``, ``class:<name>``, ``taintrule:<name>``, ``namespace:<name>``, ``pod:<uid>``).
 
     Values are JSON objects so they can be stored as ``jsonb``; in memory they are packed as JSON bytes
     (:class:`StateEntries`). ``dirty`` lists the keys changed since the caller last persisted; the
@@ -215,8 +215,8 @@ def translate(state: TranslatorState, obs: Observation,
                          watch_type=obs.type, digest=obs.digest)
     handler = _HANDLERS.get(kind)
     if handler is None:
-        if kind in ("ResourceClaimTemplate", "DeviceTaintRule"):
-            return []  # accepted kinds the ledger does not record yet
+        if kind == "ResourceClaimTemplate":
+            return []  # an accepted kind the ledger does not record
         raise UnsupportedObject(f"kind {kind!r} is not tracked")
     # Work on a copy-on-write overlay so that an error half-way leaves the caller's state untouched.
     # (Copying every entry per observation cost O(state) per line: ~1.5 ms at 40,000 devices and
@@ -653,6 +653,79 @@ def _on_class(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     em.state.put(key, state)
 
 
+# --- DeviceTaintRule ----------------------------------------------------------------------------
+
+_SELECTOR_NAMES = ("deviceClassName", "driver", "pool", "device")
+"""The string fields of ``DeviceTaintRule.spec.deviceSelector``, in the order they are recorded."""
+
+
+def _taint_rule_view(obj: JSONObject) -> tuple[JSONObject | None, JSONObject]:
+    """Return the recorded ``(deviceSelector, taint)`` of a DeviceTaintRule (see ``ev.DeviceTaintRuleDefined``).
+
+    Source: ``DeviceTaintRule.spec.deviceSelector`` and ``spec.taint``. Only the fields the ledger reads are
+    kept, so a change elsewhere (``status``, an unknown field) is no change of the rule.
+
+    Raises:
+        InvalidObject: ``spec.taint`` is missing or its ``key`` / ``effect`` is missing or empty; a selector
+            field, ``taint.value`` or a CEL ``expression`` is not a string; ``selectors`` is not a list of
+            mappings; ``taint.timeAdded`` is not an RFC 3339 time with a zone. The path names the field,
+            e.g. ``spec.deviceSelector.selectors[0].cel.expression``.
+    """
+    raw = opt_map(obj, "spec.deviceSelector") if opt_map(obj, "spec").get("deviceSelector") is not None else None
+    selector: JSONObject | None = None
+    if raw is not None:
+        selector = {}
+        for name in _SELECTOR_NAMES:
+            value = opt_str(obj, f"spec.deviceSelector.{name}")
+            if value is not None:
+                selector[name] = value
+        if raw.get("selectors") is not None:
+            cels: list[JSONValue] = []
+            for i, entry in enumerate(maps_in(obj, "spec.deviceSelector.selectors")):
+                with _Located(f"spec.deviceSelector.selectors[{i}]"):
+                    expression = req_str(entry, "cel.expression")
+                cels.append({"cel": {"expression": expression}})
+            selector["selectors"] = cels
+    if not opt_map(obj, "spec.taint"):
+        raise InvalidObject("spec.taint", "required mapping is missing or empty")
+    time_added = opt_str(obj, "spec.taint.timeAdded")
+    if time_added is not None:
+        parse_k8s_time(time_added, "spec.taint.timeAdded")
+    taint: JSONObject = {"key": req_str(obj, "spec.taint.key"), "value": opt_str(obj, "spec.taint.value"),
+                         "effect": req_str(obj, "spec.taint.effect"), "timeAdded": time_added}
+    return selector, taint
+
+
+def _on_taint_rule(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
+    """Record a DeviceTaintRule on stream ``taintrule:<name>``: Defined, Changed (selector or taint), Deleted.
+
+    As for a DeviceClass: a relist or a repeated delivery of the recorded spec emits nothing; a deletion is
+    dated when observed, a definition by ``creationTimestamp``, a change by ``metadata.managedFields[].time``.
+    A DELETED object is not validated beyond its name: its spec no longer matters.
+    """
+    name = req_str(obj, "metadata.name")
+    key = f"taintrule:{name}"
+    stream = StreamId(key)
+    state = em.state.take(key)
+    if em.obs.type == "DELETED":
+        if state is not None and not state.get("deleted"):
+            em.emit(key, stream, ev.DeviceTaintRuleDeleted(name=name), em.obs.observed_at, pos_holder=state)
+            em.state.put(key, {"pos": state["pos"], "deleted": True})
+        return
+    selector, taint = _taint_rule_view(obj)
+    if state is None or state.get("deleted"):
+        state = {"pos": state["pos"] if state else 0, "deviceSelector": selector, "taint": taint}
+        em.emit(key, stream, ev.DeviceTaintRuleDefined(name=name, device_selector=selector, taint=taint),
+                _created_time(obj, em.obs.observed_at), pos_holder=state)
+    elif state.get("deviceSelector") != selector or state.get("taint") != taint:
+        state["deviceSelector"], state["taint"] = selector, taint
+        em.emit(key, stream, ev.DeviceTaintRuleChanged(name=name, device_selector=selector, taint=taint),
+                _change_time(obj, em.obs.observed_at), pos_holder=state)
+    else:
+        return  # nothing tracked changed: a relist or a repeated delivery
+    em.state.put(key, state)
+
+
 def _on_namespace(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -> None:
     name = req_str(obj, "metadata.name")
     key = f"namespace:{name}"
@@ -726,6 +799,7 @@ _HANDLERS: Mapping[str, Callable[[_Emitter, JSONObject, TranslatorSettings], Non
     "ResourceSlice": _on_slice,
     "ResourceClaim": _on_claim_any,
     "DeviceClass": _on_class,
+    "DeviceTaintRule": _on_taint_rule,
     "Namespace": _on_namespace,
     "Pod": _on_pod,
 }

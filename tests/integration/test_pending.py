@@ -11,8 +11,8 @@ from ledger import services
 from ledger.projections.selectors import DeviceView, matches
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
-from ledger.types import JSONObject
-from tests.factories import at, namespace
+from ledger.types import JSONObject, JSONValue
+from tests.factories import at, dig, namespace, stamp, taint_rule
 from tests.integration.test_quotas import DRIVER, Lab, device_class, exactly, lab_slice, req
 from tests.paths import HISTORIES
 
@@ -59,6 +59,55 @@ def test_tainted_devices_are_not_free_and_cel_errors_match_nothing(ledger: Ledge
     assert classes["nvidia-only"]["free"] == 0 and classes["broken"]["free"] == 0
     by_claim = {c["name"]: c["requests"][0]["free"] for c in body["claims"]}
     assert by_claim == {"wants-three": 4, "wants-index-3": 1, "wants-nvidia": 0, "wants-broken": 0}
+
+
+def test_devices_a_blocking_device_taint_rule_matches_are_not_free_while_it_is_in_force(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    h = Lab()
+    h.add(namespace("ml", "vision"))
+    h.add(device_class("gpu.example.com"))
+    h.add(device_class("index-five-up", selector=f"device.attributes['{DRIVER}'].index >= 5"))
+    h.add(lab_slice(6))  # gpu-0 .. gpu-5, pool node-a
+    h.claim("held", [req("gpu", exactly("gpu.example.com", 1))], allocate={"gpu": 1}, minutes=2)  # takes gpu-0
+    h.claim("wants-two", [req("gpu", exactly("gpu.example.com", 2))], origin="manual", minutes=2)
+    index_two: list[JSONValue] = [{"cel": {"expression": f"device.attributes['{DRIVER}'].index == 2"}}]
+    rules = {
+        # taint one device each, by name (gpu-1), by CEL (gpu-2) and by DeviceClass (gpu-5)
+        "by-name": taint_rule("by-name", selector={"driver": DRIVER, "pool": "node-a", "device": "gpu-1"}),
+        "by-cel": taint_rule("by-cel", selector={"selectors": index_two}, effect="NoExecute"),
+        "by-class": taint_rule("by-class", selector={"deviceClassName": "index-five-up"}),
+        # match nothing: effect None, no selector, a CEL error, another pool, a class not defined, a field that
+        # contradicts another
+        "effect-none": taint_rule("effect-none", selector={}, effect="None"),
+        "no-selector": taint_rule("no-selector", selector=None),
+        "cel-error": taint_rule("cel-error", selector={"selectors": [
+            {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'H100'"}}]}),
+        "other-pool": taint_rule("other-pool", selector={"pool": "node-b"}),
+        "no-class": taint_rule("no-class", selector={"deviceClassName": "not-defined"}),
+        "contradiction": taint_rule("contradiction", selector={"device": "gpu-3", "selectors": index_two}),
+    }
+    for rule in rules.values():
+        dig(rule, "metadata")["creationTimestamp"] = stamp(5)
+        h.add(rule, 5)
+    h.add(taint_rule("later", selector={"device": "gpu-3"}, created=40), 40)
+    h.events.append(("MODIFIED", taint_rule("by-cel", selector={"selectors": index_two}, effect="None"), 42))
+    h.events.append(("DELETED", rules["by-name"], 45))
+    h.replay(ledger, tmp_path)
+
+    def free_at(minutes: float) -> tuple[int, int]:
+        body: Any = services.pending(ledger.db, at=at(minutes), cluster=ledger.cluster)
+        [cls] = body["classes"]
+        [claim] = body["claims"]
+        assert (cls["deviceClass"], cls["requested"], claim["name"]) == ("gpu.example.com", 2, "wants-two")
+        return cls["free"], claim["requests"][0]["free"]
+
+    # Minute 30: gpu-0 held; gpu-1, gpu-2, gpu-5 tainted by rules; gpu-3 and gpu-4 free.
+    assert free_at(30) == (2, 2)
+    # Minute 50: by-name deleted (gpu-1 free again), by-cel now effect None (gpu-2 free), later taints gpu-3:
+    # gpu-1, gpu-2 and gpu-4 free.
+    assert free_at(50) == (3, 3)
+    # Minute 3: no rule yet (they were created at minute 5 and 40): gpu-1 .. gpu-5 free.
+    assert free_at(3) == (5, 5)
 
 
 def test_cel_selectors_follow_kubernetes_device_shapes() -> None:

@@ -32,6 +32,9 @@ from ledger.events import (
     DeviceClassDefined,
     DeviceClassDeleted,
     DevicePublished,
+    DeviceTaintRuleChanged,
+    DeviceTaintRuleDefined,
+    DeviceTaintRuleDeleted,
     DeviceUpdated,
     DeviceWithdrawn,
     Event,
@@ -229,7 +232,20 @@ def _edge_cases(cluster: str) -> list[tuple[str, Event, float]]:
         (DeviceClassChanged(name="gpu.example.com", spec={"selectors": [{"cel": {"expression": "true"}}]}), 10),
         (DeviceClassDeleted(name="gpu.example.com"), 20),
         (DeviceClassDefined(name="gpu.example.com", spec={}), 30),
+        # taint rules: changed, deleted, defined again; one without a selector; a change dated before its definition
+        (_rule("r1", {"driver": "gpu.example.com", "device": "gpu-0"}), 5),
+        (_rule("r1", {"driver": "gpu.example.com"}, effect="NoExecute", event=DeviceTaintRuleChanged), 15),
+        (DeviceTaintRuleDeleted(name="r1"), 25),
+        (_rule("r1", {}), 35),
+        (_rule("r2", None, effect="None"), 10),
+        (_rule("r2", None, event=DeviceTaintRuleChanged), 8),  # earlier than its definition: empty interval
     ]]
+
+
+def _rule(name: str, selector: JSONObject | None, *, effect: str = "NoSchedule",
+          event: type[DeviceTaintRuleDefined] = DeviceTaintRuleDefined) -> DeviceTaintRuleDefined:
+    return event(name=name, device_selector=selector,
+                 taint={"key": "example.com/broken", "value": None, "effect": effect, "timeAdded": None})
 
 
 def test_hand_made_edge_cases_rebuild_to_the_rows_of_every_other_path(ledger: LedgerHandle) -> None:
@@ -254,6 +270,11 @@ def test_hand_made_edge_cases_rebuild_to_the_rows_of_every_other_path(ledger: Le
         assert count("pod_phases WHERE isempty(valid)") >= 1
         assert count("claims WHERE uid = 'c5' AND origin = 'manual' AND state = 'allocated'") == 1
         assert count("claim_consumers WHERE upper_inf(valid)") >= 1
+        assert count("device_taint_rules WHERE name = 'r1'") == 3  # defined, changed, (deleted,) defined again
+        assert count("device_taint_rules WHERE name = 'r1' AND upper_inf(valid) AND device_selector = '{}'") == 1
+        assert count("device_taint_rules WHERE name = 'r2' AND device_selector IS NULL AND isempty(valid)") == 1
+        assert count("device_taint_rules WHERE name = 'r1' AND effect = 'NoExecute' "
+                     "AND device_selector = '{\"driver\": \"gpu.example.com\"}'") == 1
 
 
 def test_allocations_written_while_the_fold_reads_give_the_same_rows(ledger: LedgerHandle, tmp_path: Path,

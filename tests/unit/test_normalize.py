@@ -238,9 +238,12 @@ def test_a_custom_resource_is_not_tracked() -> None:
         normalize(crd)
 
 
-def test_every_tracked_dra_kind_accepts_the_three_versions_and_not_v1alpha3() -> None:
-    for kind in ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "DeviceTaintRule"):
+def test_every_tracked_dra_kind_accepts_the_three_versions_and_only_device_taint_rule_v1alpha3() -> None:
+    for kind in ("ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
         assert SUPPORTED[kind] == {V1, "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"}
+    # Kubernetes 1.33 to 1.35 serve DeviceTaintRule only as v1alpha3.
+    assert SUPPORTED["DeviceTaintRule"] == {V1, "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1",
+                                            "resource.k8s.io/v1alpha3"}
     assert SUPPORTED["Pod"] == SUPPORTED["Namespace"] == {"v1"}
 
 

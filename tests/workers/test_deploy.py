@@ -44,7 +44,7 @@ def test_the_kustomization_lists_every_manifest() -> None:
     assert sorted(listed) == sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
-def test_the_cluster_role_grants_get_list_watch_on_exactly_the_five_watched_kinds() -> None:
+def test_the_cluster_role_grants_get_list_watch_on_exactly_the_six_watched_kinds() -> None:
     (role,) = [r for r in _by_kind("ClusterRole") if r["metadata"]["name"] == "dra-ledger-watch"]
     granted = {(group, resource) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"]}

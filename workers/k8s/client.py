@@ -220,6 +220,31 @@ async def served_versions(api_client: k8s.ApiClient, group: str = DRA_GROUP, *,
     return []
 
 
+async def served_resources(api_client: k8s.ApiClient, group: str, version: str, *,
+                           timeout_s: float = 30.0) -> list[str]:
+    """Resource names (plurals, no subresources) that ``group``/``version`` serves: ``GET /apis/<group>/<version>``.
+
+    Why: a group version may be served without every kind in it (``resource.k8s.io/v1beta2`` has no
+    DeviceTaintRule before Kubernetes 1.36), so an optional kind is looked up here before it is watched.
+
+    Returns:
+        E.g. ``["deviceclasses", "devicetaintrules", "resourceclaims"]`` in the server's order; ``[]`` when
+        the group version is not served (404).
+
+    Raises:
+        TransientApiError: connection problems, 429 or 5xx.
+        ApiError: any other refusal.
+    """
+    call = api_for(api_client, group, version).get_api_resources(_preload_content=False, _request_timeout=timeout_s)
+    try:
+        body = await get_json(cast(Awaitable[aiohttp.ClientResponse], call), f"GET /apis/{group}/{version}")
+    except NotServed:
+        return []
+    resources = body.get("resources")
+    return [str(r["name"]) for r in (resources if isinstance(resources, list) else [])
+            if isinstance(r, dict) and isinstance(r.get("name"), str) and "/" not in str(r["name"])]
+
+
 async def get_json(call: Awaitable[aiohttp.ClientResponse], what: str) -> dict[str, JSONValue]:
     """Await a kubernetes-asyncio call made with ``_preload_content=False`` and decode its JSON object body.
 
