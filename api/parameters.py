@@ -7,6 +7,7 @@ the question was dropped. Every such request is now a 400 problem that names the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -54,6 +55,10 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     ``OPTIONS`` is let through whatever its query: a CORS preflight is sent for the URL the real request
     will use, query included, and Litestar answers it from the route's methods, never reading the query.
 
+    Every name taken from the request is echoed through :func:`echo_names` (each at most
+    :data:`MAX_ECHO_CHARS` characters, at most :data:`MAX_ECHO_NAMES` of them), so a problem body stays
+    small whatever the query string holds.
+
     Raises:
         ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
             takes, or a repeated one.
@@ -68,15 +73,40 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     if unknown:
         takes = ", ".join(sorted(allowed)) or "no query parameters"
         noun = "parameter" if len(unknown) == 1 else "parameters"
-        raise ValidationException(f"unknown query {noun} {', '.join(unknown)}: this endpoint takes {takes}")
+        raise ValidationException(f"unknown query {noun} {echo_names(unknown)}: this endpoint takes {takes}")
     repeated = sorted(name for name in set(given) if len(given.getall(name)) > 1)
     if repeated:
         noun = "parameter" if len(repeated) == 1 else "parameters"
-        raise ValidationException(f"query {noun} {', '.join(repeated)} given more than once; give each once")
+        raise ValidationException(f"query {noun} {echo_names(repeated)} given more than once; give each once")
     empty = sorted(name for name in given if given[name] == "")
     if empty:
         name = empty[0]
-        raise Invalid(f"{name}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
+        raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
+
+
+MAX_ECHO_CHARS = 100
+"""Longest piece of client input (a parameter name or value) a problem body repeats, in characters; longer
+input is cut to this length, its last character an ellipsis (``…``). A name or value an endpoint takes is
+far shorter (a page token is under 200 bytes but is never echoed)."""
+MAX_ECHO_NAMES = 10
+"""Most parameter names one problem body lists; the rest are counted (``... and 990 more``)."""
+
+
+def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and ``…`` (``limit`` in all).
+
+    For echoing client input in problem details: the caller sees which input was meant without the body
+    growing with the request (a 100 KiB parameter name answered with a 100 KiB detail).
+    """
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def echo_names(names: Sequence[str]) -> str:
+    """``names`` joined with ``", "`` for a problem detail, each through :func:`shorten`, at most
+    :data:`MAX_ECHO_NAMES` of them followed by ``... and N more`` (order kept)."""
+    shown = ", ".join(shorten(name) for name in names[:MAX_ECHO_NAMES])
+    rest = len(names) - MAX_ECHO_NAMES
+    return f"{shown} ... and {rest} more" if rest > 0 else shown
 
 
 EMPTY_HINTS = {"cluster": "to ask about every cluster", "namespace": "for every namespace", "team": "for every team",
