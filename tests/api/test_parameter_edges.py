@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
+import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
@@ -45,3 +48,45 @@ def test_a_time_too_far_in_the_future_with_a_long_fraction_is_echoed_cut(client:
     at = "9999-06-01T00:00:00." + "0" * 5000 + "Z"
     detail = problem(client, f"/v1/occupancy?at={at}", 422)
     assert detail == f"at: {repr(at)[:MAX_ECHO_CHARS - 1]}… is too far in the future"
+
+
+@pytest.mark.parametrize(("path", "name", "value"), [
+    ("/v1/occupancy", "limit", "1e3"), ("/v1/occupancy", "limit", "10.0"), ("/v1/occupancy", "limit", "1_0"),
+    ("/v1/occupancy", "limit", "１０"), ("/v1/occupancy", "limit", "+10"), ("/v1/occupancy", "limit", " 10"),
+    ("/v1/occupancy", "limit", "0x10"), ("/v1/claims", "limit", "٣"), ("/v1/events", "afterPosition", "1e1"),
+    ("/v1/events", "limit", "5.0"),
+])
+def test_an_integer_in_another_form_than_ascii_digits_is_a_422_naming_the_parameter_and_the_form(
+        client: TestClient[Litestar], path: str, name: str, value: str) -> None:
+    detail = problem(client, f"{path}?{name}={quote(value)}", 422)
+    assert detail == f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), got {value!r}"
+
+
+@pytest.mark.parametrize(("query", "bound"), [("limit=0", ">= 1"), ("limit=-5", ">= 1"), ("limit=1001", "<= 1000"),
+                                            ("limit=" + "9" * 30, "<= 1000")])
+def test_an_integer_out_of_range_is_still_refused_by_its_range(client: TestClient[Litestar], query: str,
+                                                               bound: str) -> None:
+    assert bound in problem(client, f"/v1/occupancy?{query}", 422)
+
+
+def test_an_integer_in_ascii_digits_is_taken(client: TestClient[Litestar]) -> None:
+    response = client.get("/v1/events?limit=2&afterPosition=3")
+    assert response.status_code == 200, response.text
+    assert [e["globalPosition"] for e in response.json()["events"]] == [4, 5]
+
+
+@pytest.mark.parametrize(("path", "name"), [("/v1/reports/idle-claims", "minIdle"), ("/v1/usage", "step")])
+@pytest.mark.parametrize("value", ["1e3", "1_800", "１０", "PT１H", "+10", " 10", "inf", "nan", "0x10", "1800\n",
+                                   "PT1H\n", ".5", "5."])
+def test_seconds_in_another_form_than_ascii_decimals_are_a_422_naming_the_parameter_and_the_form(
+        client: TestClient[Litestar], path: str, name: str, value: str) -> None:
+    window = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z&" if path == "/v1/usage" else ""
+    detail = problem(client, f"{path}?{window}{name}={quote(value)}", 422)
+    assert detail == (f"{name}: expected an ISO 8601 duration (PT30M) or seconds in ASCII decimal digits "
+                      f"(1800, 0.5), got {value!r}")
+
+
+@pytest.mark.parametrize("value", ["1800", "0.5", "PT30M", "P1DT0,5H"])
+def test_seconds_in_ascii_decimals_and_iso_durations_are_taken(client: TestClient[Litestar], value: str) -> None:
+    response = client.get(f"/v1/reports/idle-claims?minIdle={quote(value)}")
+    assert response.status_code == 200, response.text
