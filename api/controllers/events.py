@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller, get
+from litestar import Controller
 from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
@@ -13,6 +13,7 @@ from api.auth import Access
 from api.controllers.occupancy import TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
+from api.methods import read
 from api.parameters import shorten
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
@@ -26,7 +27,7 @@ class EventsController(Controller):
     path = "/v1/events"
     tags = ("events",)
 
-    @get(
+    @read(
         responses=V1_FORBIDDEN,
         operation_id="listEvents",
         sync_to_thread=True,
@@ -80,7 +81,7 @@ class DevicesController(Controller):
     path = "/v1/devices"
     tags = ("devices",)
 
-    @get(
+    @read(
         "/{driver:str}/{pool:str}/{device:str}/timeline",
         responses=V1_NOT_FOUND,
         operation_id="getDeviceTimeline",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Request, Response
 from litestar.datastructures import Accept
 from litestar.datastructures.headers import MediaTypeHeader  # the parser Accept itself uses for each range
 from litestar.di import NamedDependency
@@ -18,6 +18,7 @@ from api.auth import Access
 from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
+from api.methods import read
 from api.schemas import Usage, to_struct
 from ledger import services
 from ledger.errors import Invalid
@@ -103,7 +104,7 @@ class UsageController(Controller):
     path = "/v1/usage"
     tags = ("usage",)
 
-    @get(
+    @read(
         responses=V1_PROBLEMS,
         operation_id="getUsage",
         sync_to_thread=True,
