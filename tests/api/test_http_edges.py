@@ -69,3 +69,17 @@ def test_the_openapi_document_lists_head_next_to_get_with_its_own_operation_id(c
     reads = [path for path in paths if path.startswith("/v1/") or path in ("/healthz", "/readyz", "/metrics")]
     assert len(reads) == 13
     assert all(set(paths[path]) >= {"get", "head"} for path in reads)
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Origin": "https://dashboard.example", "Access-Control-Request-Method": "GET",
+         "Access-Control-Request-Headers": "authorization"},
+])
+@pytest.mark.parametrize("path", ["/v1/occupancy?at=2026-11-02T09:30:00Z", "/v1/claims/ml-serve/shared-gpu/history"])
+def test_options_needs_no_token_and_answers_only_the_allowed_methods(
+        make_client: Callable[[LedgerConfig], TestClient[Litestar]], path: str, headers: dict[str, str]) -> None:
+    guarded = make_client(LedgerConfig.model_validate({"api": {"tokens": [{"name": "a", "token": TOKEN}]}}))
+    response = guarded.options(path, headers=headers)
+    assert (response.status_code, dict(response.headers), response.content) == \
+        (204, {"allow": "GET, HEAD, OPTIONS"}, b"")  # no CORS headers: the API does not offer CORS
+    assert guarded.get(path).status_code == 401  # the request a preflight announces still needs the token
