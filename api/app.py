@@ -2,6 +2,7 @@
 
 Reads come from the read models through :mod:`ledger.services`; the API never writes to the ledger.
 OpenAPI 3.1 is served at ``/schema`` (``/schema/openapi.json``); every error is RFC 9457 problem details.
+Every read answers ``HEAD`` as it answers ``GET``, without the body (:mod:`api.methods`).
 """
 
 from __future__ import annotations

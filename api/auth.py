@@ -85,7 +85,18 @@ class TokenTable:
 
 
 def require_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Litestar guard on ``/v1``: authenticates and stores the :class:`Access` in ``connection.state``."""
+    """Litestar guard on ``/v1``: authenticates and stores the :class:`Access` in ``connection.state``.
+
+    ``OPTIONS`` is let through without a token: Litestar answers it with the route's ``Allow`` list only
+    (204, no body), which says no more than the open OpenAPI document, and a CORS preflight never carries
+    credentials (Fetch standard), so refusing it would only turn a browser's preflight into a 401. The API
+    sends no CORS headers, so a browser still refuses the cross-origin request that follows.
+
+    Raises:
+        NotAuthorizedException: (401) see :meth:`TokenTable.check`.
+    """
+    if connection.scope.get("method") == "OPTIONS":
+        return
     table: TokenTable = connection.app.state.tokens
     connection.state.access = table.check(connection.headers.get("authorization"))
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from litestar import Request
 from litestar.params import QueryParameter
 
+from api.parameters import shorten
 from ledger import recorded
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
@@ -64,7 +65,8 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
     """Parse an RFC 3339 query parameter (with a zone) into aware UTC; ``default`` (else now) when absent.
 
     Raises:
-        Invalid: not RFC 3339, no zone, or beyond year 9998. When a space stands where the offset's sign
+        Invalid: not RFC 3339, no zone, or beyond year 9998 (the value echoed at most 100 characters
+            long). When a space stands where the offset's sign
             would be, the message adds that ``+`` must be sent as ``%2B`` (an unencoded ``+`` in a query
             string arrives as a space).
     """
@@ -78,7 +80,7 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
             hint = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
         raise Invalid(f"{name}: {e}{hint}") from e
     if parsed >= MAX_TIME:
-        raise Invalid(f"{name}: {value!r} is too far in the future")
+        raise Invalid(f"{name}: {shorten(repr(value))} is too far in the future")
     return parsed
 
 

@@ -3,12 +3,18 @@
 Litestar binds the parameters a handler declares and ignores the rest, so ``/v1/shared?from=...&to=...``
 answered for *now* and ``?at=A&at=B`` silently used one of the two: a caller could not tell that part of
 the question was dropped. Every such request is now a 400 problem that names the parameters.
+
+The guard also checks the form of integer parameters before Litestar converts them: msgspec's conversion
+read ``limit=1e3`` as 1000 and ``limit=10.0`` as 10. Only ASCII decimal digits are integers here (a 422).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from functools import cache
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from litestar.connection import ASGIConnection
 from litestar.exceptions import ValidationException
@@ -48,17 +54,48 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
     return frozenset(names)
 
 
+INTEGER = re.compile(r"-?[0-9]+")
+"""The form of an integer query parameter: ASCII decimal digits after an optional ``-``, so that a negative
+or huge value is refused by the parameter's range, naming the bound (Litestar reads any length). Not ``+``,
+an exponent (``1e3``), a fraction (``10.0``), ``_`` (``1_800``), spaces or other scripts' digits (``１０``)."""
+
+
+def _is_integer(annotation: object) -> bool:
+    """Whether a handler argument's annotation is ``int`` or ``int | None``."""
+    if annotation is int:
+        return True
+    return get_origin(annotation) in (Union, UnionType) and int in get_args(annotation)
+
+
+@cache
+def integer_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The query parameters of ``handler`` that take an integer, as clients spell them (``afterPosition``).
+
+    Source: :func:`query_names` and the annotation of each handler argument (``int`` or ``int | None``).
+    """
+    names = query_names(handler, path_parameters)
+    return frozenset(client_name(field, name) for name, field in handler.parsed_fn_signature.parameters.items()
+                     if client_name(field, name) in names and _is_integer(field.annotation))
+
+
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Litestar guard on ``/v1``: every query parameter is one the endpoint takes, each given once.
 
     ``OPTIONS`` is let through whatever its query: a CORS preflight is sent for the URL the real request
     will use, query included, and Litestar answers it from the route's methods, never reading the query.
 
+    Every name taken from the request is echoed through :func:`echo_names` (each at most
+    :data:`MAX_ECHO_CHARS` characters, at most :data:`MAX_ECHO_NAMES` of them), so a problem body stays
+    small whatever the query string holds.
+
     Raises:
         ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
             takes, or a repeated one.
         Invalid: (422) a parameter given with an empty value (``?node=``): no parameter takes the empty
-            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused.
+            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused;
+            or an integer parameter (``limit``, ``afterPosition``) whose value is not :data:`INTEGER`.
+            Litestar's own conversion (msgspec) also reads ``1e3`` and ``10.0`` as integers; its range
+            checks (``ge``/``le``) still follow, so ``-3`` is refused as out of range, naming the bound.
     """
     if connection.scope.get("method") == "OPTIONS":
         return
@@ -68,15 +105,44 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     if unknown:
         takes = ", ".join(sorted(allowed)) or "no query parameters"
         noun = "parameter" if len(unknown) == 1 else "parameters"
-        raise ValidationException(f"unknown query {noun} {', '.join(unknown)}: this endpoint takes {takes}")
+        raise ValidationException(f"unknown query {noun} {echo_names(unknown)}: this endpoint takes {takes}")
     repeated = sorted(name for name in set(given) if len(given.getall(name)) > 1)
     if repeated:
         noun = "parameter" if len(repeated) == 1 else "parameters"
-        raise ValidationException(f"query {noun} {', '.join(repeated)} given more than once; give each once")
+        raise ValidationException(f"query {noun} {echo_names(repeated)} given more than once; give each once")
     empty = sorted(name for name in given if given[name] == "")
     if empty:
         name = empty[0]
-        raise Invalid(f"{name}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
+        raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
+    for name in sorted(integer_names(handler, frozenset(connection.path_params)) & set(given)):
+        if not INTEGER.fullmatch(value := given[name]):
+            raise Invalid(f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), "
+                          f"got {shorten(repr(value))}")
+
+
+MAX_ECHO_CHARS = 100
+"""Longest piece of client input (a parameter name or value) a problem body repeats, in characters; longer
+input is cut to this length, its last character an ellipsis (``…``). A name or value an endpoint takes is
+far shorter (a page token is under 200 bytes but is never echoed)."""
+MAX_ECHO_NAMES = 10
+"""Most parameter names one problem body lists; the rest are counted (``... and 990 more``)."""
+
+
+def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and ``…`` (``limit`` in all).
+
+    For echoing client input in problem details: the caller sees which input was meant without the body
+    growing with the request (a 100 KiB parameter name answered with a 100 KiB detail).
+    """
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def echo_names(names: Sequence[str]) -> str:
+    """``names`` joined with ``", "`` for a problem detail, each through :func:`shorten`, at most
+    :data:`MAX_ECHO_NAMES` of them followed by ``... and N more`` (order kept)."""
+    shown = ", ".join(shorten(name) for name in names[:MAX_ECHO_NAMES])
+    rest = len(names) - MAX_ECHO_NAMES
+    return f"{shown} ... and {rest} more" if rest > 0 else shown
 
 
 EMPTY_HINTS = {"cluster": "to ask about every cluster", "namespace": "for every namespace", "team": "for every team",

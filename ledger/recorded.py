@@ -143,11 +143,16 @@ _RFC3339: Final = re.compile(
 _CALENDAR_UNITS: Final = re.compile(r"^-?P[^T]*[YM]")
 """An ISO 8601 duration with years or months (P1M, P1Y2D): calendar units, not a fixed length."""
 
-_NUMBER = r"\d+(?:[.,]\d+)?"
-_ISO_DURATION: Final = re.compile(rf"^-?P(?=[\dT])(?:(?P<W>{_NUMBER})W)?(?:(?P<D>{_NUMBER})D)?"
-                                  rf"(?:T(?=\d)(?:(?P<H>{_NUMBER})H)?(?:(?P<M>{_NUMBER})M)?(?:(?P<S>{_NUMBER})S)?)?$")
+_NUMBER = r"[0-9]+(?:[.,][0-9]+)?"
+_ISO_DURATION: Final = re.compile(rf"^-?P(?=[0-9T])(?:(?P<W>{_NUMBER})W)?(?:(?P<D>{_NUMBER})D)?"
+                                  rf"(?:T(?=[0-9])(?:(?P<H>{_NUMBER})H)?(?:(?P<M>{_NUMBER})M)?(?:(?P<S>{_NUMBER})S)?)?\Z")
 """The ISO 8601 duration shape: weeks, days, then T hours, minutes, seconds, each at most once, in order
-(pydantic's parser alone also takes ``PT1H1H``, adding the two). Groups are named by unit."""
+(pydantic's parser alone also takes ``PT1H1H``, adding the two). Groups are named by unit. Digits are ASCII
+``0-9`` only (``\\d`` would also take ``１`` and other Unicode digits)."""
+_SECONDS: Final = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+"""A number of seconds: ASCII decimal digits, an optional fraction after a ``.``, an optional ``-`` (refused
+later as out of range, with the range in the message). Not what ``float()`` also takes: an exponent
+(``1e3``), ``_`` between digits (``1_800``), other scripts' digits (``１８００``), spaces, ``+``, ``inf``, ``nan``."""
 
 _UNIT_SECONDS: Final = {"W": 604_800, "D": 86_400, "H": 3_600, "M": 60, "S": 1}
 
@@ -166,6 +171,9 @@ def _magnitude_s(match: re.Match[str]) -> float:
 def parse_duration(value: str, name: str) -> timedelta:
     """Parse an ISO 8601 duration (``PT30M``, ``P1DT2H``) or a number of seconds (``1800``, ``0.5``).
 
+    Both forms take ASCII digits only (:data:`_SECONDS`, :data:`_ISO_DURATION`): ``1e3``, ``1_800`` and
+    ``１８００`` are refused, not read as 1000 or 1800 seconds.
+
     The shape and the range are checked here; pydantic's ``timedelta`` parser does the arithmetic.
 
     Args:
@@ -176,25 +184,25 @@ def parse_duration(value: str, name: str) -> timedelta:
         A ``timedelta`` from 0 to :data:`MAX_DURATION` (100 years) inclusive.
 
     Raises:
-        Invalid: neither form (``PT1H1H`` included, or a fraction before the last unit), years or months
-            (no fixed length), or out of range: negative or longer than 100 years (the message gives the
+        Invalid: neither form (``PT1H1H`` and ``1e3`` included, or a fraction before the last unit), years or
+            months (no fixed length), or out of range: negative or longer than 100 years (the message gives the
             largest accepted, ``P36500D``).
     """
     from pydantic import TypeAdapter, ValidationError
 
     if _CALENDAR_UNITS.match(value):
-        raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), got {value!r}")
-    bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds, got {_short_repr(value)}")
+        raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), "
+                      f"got {_short_repr(value)}")
+    bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds in ASCII decimal digits (1800, 0.5), "
+                  f"got {_short_repr(value)}")
     out_of_range = Invalid(f"{name}: {_short_repr(value)} is out of range; the longest duration accepted is P36500D "
                            f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest 0")
     raw: object = value
-    try:
+    if _SECONDS.fullmatch(value):
         raw = seconds = float(value)
-    except ValueError:
-        if (match := _ISO_DURATION.match(value)) is None:
-            raise bad from None
+    elif (match := _ISO_DURATION.match(value)) is not None:
         seconds = -_magnitude_s(match) if value.startswith("-") else _magnitude_s(match)
-    if seconds != seconds:  # NaN
+    else:
         raise bad
     # Checked before pydantic, which refuses a huge number and a misplaced fraction with one error type.
     if not 0 <= seconds <= MAX_DURATION.total_seconds():

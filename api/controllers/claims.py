@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, get
+from litestar import Controller
 from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
@@ -14,6 +14,7 @@ from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_NOT_FOUND, V1_PROBLEMS
+from api.methods import read
 from api.schemas import ClaimHistory, Claims, to_struct
 from ledger import services
 from ledger.errors import UnknownClaim
@@ -25,7 +26,7 @@ class ClaimsController(Controller):
     path = "/v1/claims"
     tags = ("claims",)
 
-    @get(
+    @read(
         responses=V1_PROBLEMS,
         operation_id="listClaims",
         sync_to_thread=True,
@@ -83,7 +84,7 @@ class ClaimsController(Controller):
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Claims)
 
-    @get(
+    @read(
         "/{namespace:str}/{name:str}/history",
         responses=V1_NOT_FOUND,
         operation_id="getClaimHistory",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Annotated, Any
 
-from litestar import Controller, get
+from litestar import Controller
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -14,6 +14,7 @@ from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_PROBLEMS
+from api.methods import read
 from api.schemas import Pending, Quotas, Shared, to_struct
 from ledger import services
 
@@ -63,7 +64,7 @@ class DemandController(Controller):
     path = "/v1"
     tags = ("quotas",)
 
-    @get("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas", sync_to_thread=True,
+    @read("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas", sync_to_thread=True,
          summary="Kueue-style counted usage vs quota per team and resource name")
     def quotas(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
                cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Quotas:
@@ -81,7 +82,7 @@ class DemandController(Controller):
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "rows": chunk, "nextPageToken": token}, Quotas)
 
-    @get("/shared", responses=V1_PROBLEMS, operation_id="getShared", sync_to_thread=True, tags=["shared"],
+    @read("/shared", responses=V1_PROBLEMS, operation_id="getShared", sync_to_thread=True, tags=["shared"],
          summary="Shared devices, partitioned counter sets and multi-consumer claims")
     def shared(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
                cluster: ClusterParam = None) -> Shared:
@@ -95,7 +96,7 @@ class DemandController(Controller):
         body = scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access)
         return to_struct(body, Shared)
 
-    @get("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
+    @read("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
          summary="Pending demand vs free devices per DeviceClass")
     def pending(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
                 cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Pending:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller, get
+from litestar import Controller
 from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
@@ -13,6 +13,8 @@ from api.auth import Access
 from api.controllers.occupancy import TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
+from api.methods import read
+from api.parameters import shorten
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
 from ledger.errors import Invalid
@@ -25,7 +27,7 @@ class EventsController(Controller):
     path = "/v1/events"
     tags = ("events",)
 
-    @get(
+    @read(
         responses=V1_FORBIDDEN,
         operation_id="listEvents",
         sync_to_thread=True,
@@ -54,7 +56,8 @@ class EventsController(Controller):
 
             raise PermissionDeniedException("a team-limited token cannot read the audit log")
         if event_type is not None and event_type not in EVENT_TYPES:
-            raise Invalid(f"type: no event type {event_type!r}; the types are {', '.join(sorted(EVENT_TYPES))}")
+            known = ", ".join(sorted(EVENT_TYPES))
+            raise Invalid(f"type: no event type {shorten(repr(event_type))}; the types are {known}")
         if page_token is not None and after_position:
             raise Invalid("give afterPosition or pageToken, not both (the token already says where to go on)")
         query = pagination.fingerprint({"type": event_type, "stream": stream})
@@ -78,7 +81,7 @@ class DevicesController(Controller):
     path = "/v1/devices"
     tags = ("devices",)
 
-    @get(
+    @read(
         "/{driver:str}/{pool:str}/{device:str}/timeline",
         responses=V1_NOT_FOUND,
         operation_id="getDeviceTimeline",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Response, get
+from litestar import Controller, Response
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from api.deps import AppState
+from api.methods import read
 from api.schemas import Health
 from ledger import services
 from ledger.errors import Unavailable
@@ -26,12 +27,12 @@ class HealthController(Controller):
     path = ""
     tags = ("health",)
 
-    @get("/healthz", operation_id="getHealthz", summary="Liveness: the process answers")
+    @read("/healthz", operation_id="getHealthz", summary="Liveness: the process answers")
     async def healthz(self) -> Health:
         """Always ``{"status": "ok"}`` while the process serves requests."""
         return Health(status="ok")
 
-    @get(
+    @read(
         "/readyz",
         operation_id="getReadyz",
         sync_to_thread=True,
@@ -59,7 +60,7 @@ class HealthController(Controller):
             status_code=200 if ready else 503,
         )
 
-    @get(
+    @read(
         "/metrics",
         operation_id="getMetrics",
         sync_to_thread=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, get
+from litestar import Controller
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -12,6 +12,7 @@ from api import pagination
 from api.auth import Access
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_NOT_FOUND
+from api.methods import read
 from api.schemas import Occupancy, to_struct
 from ledger import services
 from ledger.errors import Invalid
@@ -32,7 +33,7 @@ class OccupancyController(Controller):
     path = "/v1/occupancy"
     tags = ("occupancy",)
 
-    @get(
+    @read(
         responses=V1_NOT_FOUND,  # 404: a deviceClass not defined at T
         operation_id="getOccupancy",
         sync_to_thread=True,

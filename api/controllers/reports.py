@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller, get
+from litestar import Controller
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -13,6 +13,7 @@ from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
+from api.methods import read
 from api.schemas import IdleClaims, to_struct
 from ledger import services
 
@@ -23,7 +24,7 @@ class ReportsController(Controller):
     path = "/v1/reports"
     tags = ("reports",)
 
-    @get(
+    @read(
         "/idle-claims",
         responses=V1_PROBLEMS,
         operation_id="getIdleClaims",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Request, Response
 from litestar.datastructures import Accept
 from litestar.datastructures.headers import MediaTypeHeader  # the parser Accept itself uses for each range
 from litestar.di import NamedDependency
@@ -17,6 +18,7 @@ from api.auth import Access
 from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
+from api.methods import read
 from api.schemas import Usage, to_struct
 from ledger import services
 from ledger.errors import Invalid
@@ -50,33 +52,50 @@ def usage_csv(body: dict[str, Any]) -> str:
     )
 
 
+QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+"""RFC 9110 §12.4.2 ``qvalue``: 0 to 1 with at most three decimals (``0``, ``0.5``, ``1.000``)."""
+
+
+def valid_ranges(accept: Accept) -> Accept | None:
+    """The media ranges of ``accept`` whose ``q`` is a valid RFC 9110 qvalue (:data:`QVALUE`; absent means
+    1), in the same order; ``None`` when none is left.
+
+    A range with ``q=-1``, ``q=2``, ``q=abc`` or ``q=0.5000`` is not one the grammar allows, so it is ignored
+    as if the client had not sent it: Litestar's :class:`Accept` would rank ``q=-1`` and ``q=abc`` as
+    preferences (it read ``text/csv;q=-1`` alone as asking for CSV) and ``q=2`` above every valid range.
+    """
+    kept = [r for r in accept if QVALUE.fullmatch(MediaTypeHeader(r).params.get("q", "1"))]
+    return Accept(", ".join(kept)) if kept else None
+
+
 def refused(accept: Accept, media_type: str) -> bool:
     """Whether the client marked ``media_type`` as not acceptable: the most specific range of ``accept`` that
     matches it has ``q=0`` (RFC 9110 §12.5.1). ``text/*, text/csv;q=0`` refuses CSV; ``*/*;q=0, text/csv`` does not.
 
-    A range whose ``q`` is not a number counts as ``q=1``, as Litestar's :class:`Accept` orders it.
+    ``accept`` holds valid ranges only (:func:`valid_ranges`), so every ``q`` is a number from 0 to 1.
     """
     offered = MediaTypeHeader(media_type)
     matching = [r for r in map(MediaTypeHeader, accept) if offered.match(r)]
     if not matching:
         return False
     quality = max(matching, key=lambda r: r.priority[1]).params.get("q", "1")  # priority = (q, specificity)
-    try:
-        return float(quality) == 0
-    except ValueError:
-        return False
+    return float(quality) == 0
 
 
 def negotiate(accept: Accept, offered: Sequence[str]) -> str:
     """The media type to answer with: Litestar's :meth:`Accept.best_match` (highest ``q``, then the most
     specific range, then header order) among the ``offered`` types the client did not refuse with ``q=0``;
-    ``offered[0]`` when none is left.
+    ``offered[0]`` when none is left. Ranges with an invalid ``q`` are ignored first (:func:`valid_ranges`).
 
-    Nothing acceptable left (``Accept: text/csv;q=0``, ``Accept: image/png``) is answered with ``offered[0]``
-    rather than 406, as RFC 9110 §12.5.1 allows: the API's default representation is always sent.
+    Nothing acceptable left (``Accept: text/csv;q=0``, ``Accept: image/png``, or only invalid ranges such as
+    ``text/csv;q=-1``) is answered with ``offered[0]`` rather than 406, as RFC 9110 §12.5.1 allows: the API's
+    default representation is always sent.
     """
-    allowed = [t for t in offered if not refused(accept, t)]
-    return accept.best_match(allowed, default=offered[0]) if allowed else offered[0]
+    valid = valid_ranges(accept)
+    if valid is None:
+        return offered[0]
+    allowed = [t for t in offered if not refused(valid, t)]
+    return valid.best_match(allowed, default=offered[0]) if allowed else offered[0]
 
 
 class UsageController(Controller):
@@ -85,7 +104,7 @@ class UsageController(Controller):
     path = "/v1/usage"
     tags = ("usage",)
 
-    @get(
+    @read(
         responses=V1_PROBLEMS,
         operation_id="getUsage",
         sync_to_thread=True,
@@ -117,7 +136,8 @@ class UsageController(Controller):
         ``[teams] overrides``, applied to the whole window at query time. With a
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
         whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
-        (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON.
+        (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON. A media
+        range whose ``q`` is not an RFC 9110 qvalue (0 to 1, three decimals at most) is ignored.
 
         Nothing after "now" counts (``AppState.clock``). The JSON pages are cut by offset from one result:
         the first page's instant is pinned in ``nextPageToken`` and every later page is computed at it, so

@@ -273,7 +273,7 @@ def test_a_bad_parameter_is_named_as_the_client_spells_it(client: TestClient[Lit
 
 @pytest.mark.parametrize(("path", "params"), [
     ("/v1/reports/idle-claims", {"minIdle": "P99999999999D"}),
-    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "1e300"}),
+    ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "step": "9" * 40}),
 ])
 def test_a_duration_too_long_is_a_422_saying_out_of_range_and_the_longest(client: TestClient[Litestar], path: str,
                                                                           params: dict[str, str]) -> None:
@@ -388,7 +388,7 @@ def test_options_with_a_query_answers_as_options_without_one(client: TestClient[
     preflight = {"Origin": "https://dashboard.example", "Access-Control-Request-Method": "GET"}
     bare = client.options("/v1/occupancy", headers=preflight)
     queried = client.options(f"/v1/occupancy?{query}", headers=preflight)
-    assert (bare.status_code, bare.headers["allow"]) == (204, "GET, OPTIONS")
+    assert (bare.status_code, bare.headers["allow"]) == (204, "GET, HEAD, OPTIONS")
     assert (queried.status_code, dict(queried.headers), queried.content) == \
         (bare.status_code, dict(bare.headers), bare.content)
 

@@ -1,0 +1,85 @@
+"""Edges of HTTP itself on the API: q-values in ``Accept``, ``HEAD``, ``OPTIONS``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+
+from ledger.config import LedgerConfig
+
+TOKEN = "head-token-0123456789abcdef"
+WINDOW = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
+
+
+@pytest.mark.parametrize(("accept", "media_type"), [
+    # A q-value outside 0..1, not a number, or with four decimals: the range is ignored.
+    ("text/csv;q=-1", "application/json"), ("text/csv;q=abc", "application/json"),
+    ("text/csv;q=1.5", "application/json"), ("text/csv;q=0.5000", "application/json"),
+    ("text/csv;q=-1, application/json;q=0.5", "application/json"),
+    ("application/json;q=2, text/csv;q=0.5", "text/csv"), ("application/json;q=nan, text/csv;q=0.1", "text/csv"),
+    # Valid ranges keep counting next to an ignored one.
+    ("text/csv;q=-1, text/*", "text/csv"), ("text/csv;q=1.000, application/json;q=0.999", "text/csv"),
+])
+def test_a_media_range_with_an_invalid_q_value_is_ignored(client: TestClient[Litestar], accept: str,
+                                                          media_type: str) -> None:
+    response = client.get("/v1/usage", params=WINDOW, headers={"Accept": accept})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].split(";")[0] == media_type
+
+
+AT = "2026-11-02T09:30:00Z"
+READS = [
+    # Every GET endpoint, with its instant fixed so that GET and HEAD compute the same answer.
+    f"/v1/occupancy?at={AT}", f"/v1/claims?at={AT}", "/v1/claims/ml-serve/shared-gpu/history",
+    f"/v1/usage?from={WINDOW['from']}&to={WINDOW['to']}", f"/v1/quotas?at={AT}", f"/v1/shared?at={AT}",
+    f"/v1/reports/idle-claims?at={AT}", f"/v1/pending?at={AT}", "/v1/events?limit=5",
+    f"/v1/devices/gpu.example.com/lab-node/gpu-1/timeline?to={AT}", "/healthz", "/readyz", "/metrics",
+    # Refusals: a problem answer's status and headers, without its body.
+    "/v1/occupancy?limit=0", "/v1/occupancy?bogus=1", "/v1/claims/ml-serve/no-such-claim/history",
+]
+
+
+@pytest.mark.parametrize("path", READS)
+def test_head_answers_with_the_status_and_headers_of_get_and_no_body(client: TestClient[Litestar], path: str) -> None:
+    got = client.get(path)
+    head = client.head(path)
+    assert head.status_code == got.status_code, head.text
+    assert head.content == b""
+    assert dict(head.headers) == dict(got.headers)
+    assert int(head.headers["content-length"]) == len(got.content) > 0
+
+
+def test_head_without_a_token_is_a_401_like_get(make_client: Callable[[LedgerConfig], TestClient[Litestar]]) -> None:
+    guarded = make_client(LedgerConfig.model_validate({"api": {"tokens": [{"name": "a", "token": TOKEN}]}}))
+    got, head = guarded.get("/v1/occupancy"), guarded.head("/v1/occupancy")
+    assert (head.status_code, head.content, dict(head.headers)) == (401, b"", dict(got.headers))
+    assert head.headers["www-authenticate"] == "Bearer"
+    authorized = guarded.head("/v1/occupancy", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert (authorized.status_code, authorized.content) == (200, b"")
+
+
+def test_the_openapi_document_lists_head_next_to_get_with_its_own_operation_id(client: TestClient[Litestar]) -> None:
+    paths = client.get("/schema/openapi.json").json()["paths"]
+    assert paths["/v1/occupancy"]["get"]["operationId"] == "getOccupancy"
+    assert paths["/v1/occupancy"]["head"]["operationId"] == "headOccupancy"
+    assert paths["/v1/events"]["head"]["operationId"] == "headListEvents"
+    reads = [path for path in paths if path.startswith("/v1/") or path in ("/healthz", "/readyz", "/metrics")]
+    assert len(reads) == 13
+    assert all(set(paths[path]) >= {"get", "head"} for path in reads)
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Origin": "https://dashboard.example", "Access-Control-Request-Method": "GET",
+         "Access-Control-Request-Headers": "authorization"},
+])
+@pytest.mark.parametrize("path", ["/v1/occupancy?at=2026-11-02T09:30:00Z", "/v1/claims/ml-serve/shared-gpu/history"])
+def test_options_needs_no_token_and_answers_only_the_allowed_methods(
+        make_client: Callable[[LedgerConfig], TestClient[Litestar]], path: str, headers: dict[str, str]) -> None:
+    guarded = make_client(LedgerConfig.model_validate({"api": {"tokens": [{"name": "a", "token": TOKEN}]}}))
+    response = guarded.options(path, headers=headers)
+    assert (response.status_code, dict(response.headers), response.content) == \
+        (204, {"allow": "GET, HEAD, OPTIONS"}, b"")  # no CORS headers: the API does not offer CORS
+    assert guarded.get(path).status_code == 401  # the request a preflight announces still needs the token

@@ -1,0 +1,92 @@
+"""Edges of the ``/v1`` query parameters: what a problem body echoes, and which numbers are numbers."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+from litestar import Litestar
+from litestar.testing import TestClient
+
+MAX_ECHO_CHARS = 100
+"""The documented cut of echoed input (:data:`api.parameters.MAX_ECHO_CHARS`), spelled out so the tests state it."""
+
+
+def problem(client: TestClient[Litestar], url: str, status: int) -> str:
+    """GET ``url``, check it is a problem-details answer with ``status``, and return its detail."""
+    response = client.get(url)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status
+    detail = body["detail"]
+    assert isinstance(detail, str)
+    return detail
+
+
+def test_a_long_unknown_parameter_name_is_echoed_cut_to_100_characters_with_an_ellipsis(
+        client: TestClient[Litestar]) -> None:
+    detail = problem(client, "/v1/occupancy?" + "x" * 5000 + "=1", 400)
+    assert detail.startswith("unknown query parameter " + "x" * (MAX_ECHO_CHARS - 1) + "…: this endpoint takes "), \
+        detail[:300]
+    assert "x" * MAX_ECHO_CHARS not in detail and len(detail) < 400
+
+
+def test_many_unknown_parameters_are_listed_ten_at_most_and_the_rest_counted(client: TestClient[Litestar]) -> None:
+    query = "&".join(f"p{n:03d}=1" for n in range(50))
+    detail = problem(client, f"/v1/occupancy?{query}", 400)
+    listed = ", ".join(f"p{n:03d}" for n in range(10))
+    assert detail.startswith(f"unknown query parameters {listed} ... and 40 more: this endpoint takes "), detail
+
+
+def test_a_long_event_type_is_echoed_cut(client: TestClient[Litestar]) -> None:
+    detail = problem(client, "/v1/events?type=" + "T" * 5000, 422)
+    assert detail.startswith("type: no event type '" + "T" * (MAX_ECHO_CHARS - 2) + "…; the types are "), detail[:300]
+
+
+def test_a_time_too_far_in_the_future_with_a_long_fraction_is_echoed_cut(client: TestClient[Litestar]) -> None:
+    at = "9999-06-01T00:00:00." + "0" * 5000 + "Z"
+    detail = problem(client, f"/v1/occupancy?at={at}", 422)
+    assert detail == f"at: {repr(at)[:MAX_ECHO_CHARS - 1]}… is too far in the future"
+
+
+@pytest.mark.parametrize(("path", "name", "value"), [
+    ("/v1/occupancy", "limit", "1e3"), ("/v1/occupancy", "limit", "10.0"), ("/v1/occupancy", "limit", "1_0"),
+    ("/v1/occupancy", "limit", "１０"), ("/v1/occupancy", "limit", "+10"), ("/v1/occupancy", "limit", " 10"),
+    ("/v1/occupancy", "limit", "0x10"), ("/v1/claims", "limit", "٣"), ("/v1/events", "afterPosition", "1e1"),
+    ("/v1/events", "limit", "5.0"),
+])
+def test_an_integer_in_another_form_than_ascii_digits_is_a_422_naming_the_parameter_and_the_form(
+        client: TestClient[Litestar], path: str, name: str, value: str) -> None:
+    detail = problem(client, f"{path}?{name}={quote(value)}", 422)
+    assert detail == f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), got {value!r}"
+
+
+@pytest.mark.parametrize(("query", "bound"), [("limit=0", ">= 1"), ("limit=-5", ">= 1"), ("limit=1001", "<= 1000"),
+                                            ("limit=" + "9" * 30, "<= 1000")])
+def test_an_integer_out_of_range_is_still_refused_by_its_range(client: TestClient[Litestar], query: str,
+                                                               bound: str) -> None:
+    assert bound in problem(client, f"/v1/occupancy?{query}", 422)
+
+
+def test_an_integer_in_ascii_digits_is_taken(client: TestClient[Litestar]) -> None:
+    response = client.get("/v1/events?limit=2&afterPosition=3")
+    assert response.status_code == 200, response.text
+    assert [e["globalPosition"] for e in response.json()["events"]] == [4, 5]
+
+
+@pytest.mark.parametrize(("path", "name"), [("/v1/reports/idle-claims", "minIdle"), ("/v1/usage", "step")])
+@pytest.mark.parametrize("value", ["1e3", "1_800", "１０", "PT１H", "+10", " 10", "inf", "nan", "0x10", "1800\n",
+                                   "PT1H\n", ".5", "5."])
+def test_seconds_in_another_form_than_ascii_decimals_are_a_422_naming_the_parameter_and_the_form(
+        client: TestClient[Litestar], path: str, name: str, value: str) -> None:
+    window = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z&" if path == "/v1/usage" else ""
+    detail = problem(client, f"{path}?{window}{name}={quote(value)}", 422)
+    assert detail == (f"{name}: expected an ISO 8601 duration (PT30M) or seconds in ASCII decimal digits "
+                      f"(1800, 0.5), got {value!r}")
+
+
+@pytest.mark.parametrize("value", ["1800", "0.5", "PT30M", "P1DT0,5H"])
+def test_seconds_in_ascii_decimals_and_iso_durations_are_taken(client: TestClient[Litestar], value: str) -> None:
+    response = client.get(f"/v1/reports/idle-claims?minIdle={quote(value)}")
+    assert response.status_code == 200, response.text
