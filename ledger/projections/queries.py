@@ -132,12 +132,10 @@ class OccupancyScope:
         """Bind parameters of the filters (``teams`` as a sorted list; see :meth:`team_filter`; the
         DeviceClass members as four parallel arrays ``:m_cluster`` .. ``:m_device``, see :meth:`where`)."""
         granted = [ns for ns, team in self.overrides if self.teams is not None and team in self.teams]
-        members = list(self.members) if self.members is not None else []  # any order: a set for IN
         return {"cluster": self.cluster, "node": self.node, "driver": self.driver, "pool": self.pool,
                 "teams": sorted(self.teams) if self.teams is not None else None,
                 "overridden": [ns for ns, _ in self.overrides], "granted": granted,
-                "m_cluster": [k[0] for k in members], "m_driver": [k[1] for k in members],
-                "m_pool": [k[2] for k in members], "m_device": [k[3] for k in members],
+                "members": sorted(_member_text(k) for k in self.members) if self.members is not None else [],
                 "device_class": self.device_class}
 
     def team_filter(self, alias: str) -> str:
@@ -166,12 +164,23 @@ class OccupancyScope:
         return columns + self.member_filter(alias)
 
     def member_filter(self, alias: str) -> str:
-        """``AND alias``'s device key is one of ``members`` ('' without a DeviceClass)."""
+        """``AND alias``'s device key is one of ``members`` ('' without a DeviceClass).
+
+        Written as ``= ANY(:members)`` over one text per key (:func:`_member_text`), not as ``IN`` a join
+        of the unnested keys: PostgreSQL tests ``= ANY`` of a large array by a hash lookup per row, so an
+        index walk in key order with ``LIMIT`` stays a walk, whereas the join was planned member by member
+        (20 s a page after the first on the 10 M-event ledger, for a class of 40,000 devices)."""
         if self.members is None:
             return ""
-        return (f" AND ({_KEY.format(a=alias)}) IN (SELECT m.cluster, m.driver, m.pool, m.device "
-                "FROM unnest(CAST(:m_cluster AS text[]), CAST(:m_driver AS text[]), CAST(:m_pool AS text[]), "
-                "CAST(:m_device AS text[])) AS m(cluster, driver, pool, device))")
+        return (f" AND ({alias}.cluster || chr(31) || {alias}.driver || chr(31) || {alias}.pool || chr(31) "
+                f"|| {alias}.device) = ANY(CAST(:members AS text[]))")
+
+
+def _member_text(key: DeviceSortKey) -> str:
+    """A device key as one text, its parts joined by U+001F, for :meth:`OccupancyScope.member_filter`. Two keys
+    give one text only if a part holds U+001F, which the API server's validation of cluster-scoped names,
+    driver names and pool and device names never lets through."""
+    return "\x1f".join(key)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -510,7 +519,8 @@ def _holders(conn: Connection, *, at: datetime, scope: OccupancyScope,
     rows = conn.execute(text(
         "SELECT a.cluster, a.driver, a.pool, a.device, a.node, a.model, a.claim_uid, a.namespace, a.claim, a.team, "
         " a.request, a.device_class, a.share_id, a.consumed_capacity, a.admin_access, a.conflict "
-        f"FROM device_allocations a {page.format(a='a')} WHERE a.valid @> :at{scope.where('a')} "
+        # The page's keys were picked among the DeviceClass's members already: no member filter here.
+        f"FROM device_allocations a {page.format(a='a')} WHERE a.valid @> :at{scope.where('a', members=False)} "
         f"ORDER BY {_ALLOCATION_ORDER}"), params).all()
     consumers = consumers_at(conn, at, scope.cluster, claims=sorted({(r.cluster, r.claim_uid) for r in rows}))
     out: dict[DeviceSortKey, _Holders] = {}
@@ -529,7 +539,7 @@ def _holders(conn: Connection, *, at: datetime, scope: OccupancyScope,
     if scope.teams is not None:
         inventory = conn.execute(text(
             f"SELECT DISTINCT ON ({_KEY.format(a='i')}) {_KEY.format(a='i')}, i.node, i.model "
-            f"FROM device_inventory i {page.format(a='i')} WHERE i.valid @> :at{scope.where('i')} "
+            f"FROM device_inventory i {page.format(a='i')} WHERE i.valid @> :at{scope.where('i', members=False)} "
             f"ORDER BY {_KEY.format(a='i')}, lower(i.valid) DESC"), params).all()
         for r in inventory:
             key = (r.cluster, r.driver, r.pool, r.device)
