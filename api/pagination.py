@@ -32,9 +32,13 @@ class Page:
     after: tuple[str, ...] | None = None
 
 
-def fingerprint(params: Mapping[str, object]) -> str:
-    """Digest of the query parameters that define the result (not ``pageToken`` / ``limit``)."""
-    text = json.dumps({k: str(v) for k, v in sorted(params.items()) if v is not None}, sort_keys=True)
+def fingerprint(endpoint: str, params: Mapping[str, object]) -> str:
+    """Digest of the endpoint (its path, e.g. ``/v1/quotas``) and the query parameters that define the result
+    (not ``pageToken`` / ``limit``). The endpoint is in it so that a token of one list is refused by another
+    taking the same parameters (``/v1/quotas`` and ``/v1/pending`` both take ``at`` and ``cluster``): read
+    there, its offset skipped rows of a list it never counted."""
+    text = json.dumps({"endpoint": endpoint, "params": {k: str(v) for k, v in sorted(params.items()) if v is not None}},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -73,7 +77,19 @@ def decode(token: str | None, *, query: str) -> Page:
         raise Invalid("pageToken does not belong to this query (its parameters changed)")
     if after is not None and not (isinstance(after, list) and all(isinstance(k, str) for k in after)):
         raise Invalid("pageToken is not a token this API issued")
+    if not all(_encodable(k) for k in (*(after or ()), at or "")):
+        # JSON can carry a lone surrogate ("\ud800"), which no text the API issues holds and which the
+        # database driver cannot send: an edited token, refused here rather than failing the query.
+        raise Invalid("pageToken is not a token this API issued")
     return Page(offset=offset, at=at, after=tuple(after) if after is not None else None)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def cut(rows: Sequence[T], *, page: Page, limit: int, at: str | None, query: str) -> tuple[list[T], str | None]:

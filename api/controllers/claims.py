@@ -60,6 +60,7 @@ class ClaimsController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
+            "/v1/claims",
             {
                 "state": claim_state,
                 "namespace": namespace,

@@ -74,7 +74,7 @@ class DemandController(Controller):
         counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint({"cluster": scope, "at": at})
+        query = pagination.fingerprint("/v1/quotas", {"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
@@ -105,7 +105,7 @@ class DemandController(Controller):
         unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint({"cluster": scope, "at": at})
+        query = pagination.fingerprint("/v1/pending", {"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)

@@ -78,6 +78,7 @@ class OccupancyController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
+            "/v1/occupancy",
             {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": at, "deviceClass": device_class}
         )
         page = pagination.decode(page_token, query=query)

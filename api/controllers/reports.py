@@ -55,7 +55,7 @@ class ReportsController(Controller):
         that team: the body is the one of ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint({"minIdle": min_idle, "cluster": scope, "at": at})
+        query = pagination.fingerprint("/v1/reports/idle-claims", {"minIdle": min_idle, "cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = services.idle_report(

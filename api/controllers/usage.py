@@ -8,7 +8,6 @@ from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response
-from litestar.datastructures import Accept
 from litestar.datastructures.headers import MediaTypeHeader  # the parser Accept itself uses for each range
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
@@ -56,46 +55,52 @@ QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
 """RFC 9110 §12.4.2 ``qvalue``: 0 to 1 with at most three decimals (``0``, ``0.5``, ``1.000``)."""
 
 
-def valid_ranges(accept: Accept) -> Accept | None:
-    """The media ranges of ``accept`` whose ``q`` is a valid RFC 9110 qvalue (:data:`QVALUE`; absent means
-    1), in the same order; ``None`` when none is left.
+def _q(media_range: str) -> str | None:
+    """The text of one media range's ``q`` parameter: ``None`` when absent, ``""`` when given without a value."""
+    for param in media_range.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            return value.strip()
+    return None
 
-    A range with ``q=-1``, ``q=2``, ``q=abc`` or ``q=0.5000`` is not one the grammar allows, so it is ignored
-    as if the client had not sent it: Litestar's :class:`Accept` would rank ``q=-1`` and ``q=abc`` as
-    preferences (it read ``text/csv;q=-1`` alone as asking for CSV) and ``q=2`` above every valid range.
+
+def valid_ranges(accept: str | None) -> list[MediaTypeHeader]:
+    """The media ranges of an ``Accept`` header whose ``q`` is a valid RFC 9110 qvalue (:data:`QVALUE`; absent
+    means 1), in header order.
+
+    A range with ``q=-1``, ``q=2``, ``q=inf``, ``q=``, a bare ``q``, full-width digits or ``q=0.5000`` is not
+    one the grammar allows, so it is ignored as if the client had not sent it. Read from the raw header, not
+    from Litestar's :class:`~litestar.datastructures.Accept`: that ranks the ranges as it parses them, and
+    ``q=inf`` raised OverflowError there (a 500), while ``q=`` or ``q=abc`` were read as ``q=1``.
     """
-    kept = [r for r in accept if QVALUE.fullmatch(MediaTypeHeader(r).params.get("q", "1"))]
-    return Accept(", ".join(kept)) if kept else None
+    ranges = [r.strip() for r in (accept or "").split(",") if r.strip()]
+    return [MediaTypeHeader(r) for r in ranges if (q := _q(r)) is None or QVALUE.fullmatch(q)]
 
 
-def refused(accept: Accept, media_type: str) -> bool:
-    """Whether the client marked ``media_type`` as not acceptable: the most specific range of ``accept`` that
-    matches it has ``q=0`` (RFC 9110 §12.5.1). ``text/*, text/csv;q=0`` refuses CSV; ``*/*;q=0, text/csv`` does not.
-
-    ``accept`` holds valid ranges only (:func:`valid_ranges`), so every ``q`` is a number from 0 to 1.
-    """
+def quality(ranges: Sequence[MediaTypeHeader], media_type: str) -> float:
+    """The ``q`` the client gave ``media_type``: that of the most specific range of ``ranges`` matching it
+    (RFC 9110 §12.5.1: ``text/*;q=0.5, text/csv`` gives CSV 1), 0 when none matches. ``ranges`` are valid
+    ones (:func:`valid_ranges`), so every ``q`` is a number from 0 to 1."""
     offered = MediaTypeHeader(media_type)
-    matching = [r for r in map(MediaTypeHeader, accept) if offered.match(r)]
+    matching = [r for r in ranges if offered.match(r)]
     if not matching:
-        return False
-    quality = max(matching, key=lambda r: r.priority[1]).params.get("q", "1")  # priority = (q, specificity)
-    return float(quality) == 0
+        return 0.0
+    return float(max(matching, key=lambda r: r.priority[1]).params.get("q", "1"))  # priority = (q, specificity)
 
 
-def negotiate(accept: Accept, offered: Sequence[str]) -> str:
-    """The media type to answer with: Litestar's :meth:`Accept.best_match` (highest ``q``, then the most
-    specific range, then header order) among the ``offered`` types the client did not refuse with ``q=0``;
-    ``offered[0]`` when none is left. Ranges with an invalid ``q`` are ignored first (:func:`valid_ranges`).
+def negotiate(accept: str | None, offered: Sequence[str]) -> str:
+    """The media type to answer with, from the raw ``Accept`` header: the ``offered`` type with the highest
+    :func:`quality`; on a tie the one offered first (the client does not prefer the other), and
+    ``offered[0]`` when every offered type has quality 0 or the header has no valid range.
 
-    Nothing acceptable left (``Accept: text/csv;q=0``, ``Accept: image/png``, or only invalid ranges such as
+    Nothing acceptable (``Accept: text/csv;q=0``, ``Accept: image/png``, or only invalid ranges such as
     ``text/csv;q=-1``) is answered with ``offered[0]`` rather than 406, as RFC 9110 §12.5.1 allows: the API's
     default representation is always sent.
     """
-    valid = valid_ranges(accept)
-    if valid is None:
-        return offered[0]
-    allowed = [t for t in offered if not refused(valid, t)]
-    return valid.best_match(allowed, default=offered[0]) if allowed else offered[0]
+    ranges = valid_ranges(accept)
+    scored = [(quality(ranges, t), -i, t) for i, t in enumerate(offered)]
+    best_q, _, best = max(scored)
+    return best if best_q > 0 else offered[0]
 
 
 class UsageController(Controller):
@@ -155,11 +160,12 @@ class UsageController(Controller):
             raise Invalid("from must be before to")
         bucket = parse_duration(step, "step")
         query = pagination.fingerprint(
+            "/v1/usage",
             {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
         )
         page = pagination.decode(page_token, query=query)
         # JSON unless the client prefers CSV (q-values; q=0 refuses a type), see negotiate().
-        as_csv = negotiate(request.accept, ["application/json", "text/csv"]) == "text/csv"
+        as_csv = negotiate(request.headers.get("accept"), ["application/json", "text/csv"]) == "text/csv"
         now = ctx.clock() if as_csv or page.at is None else parse_instant(page.at, "pageToken")
         body: Any = services.usage(
             ctx.db,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable
 
 import pytest
@@ -22,10 +24,20 @@ WINDOW = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
     ("application/json;q=2, text/csv;q=0.5", "text/csv"), ("application/json;q=nan, text/csv;q=0.1", "text/csv"),
     # Valid ranges keep counting next to an ignored one.
     ("text/csv;q=-1, text/*", "text/csv"), ("text/csv;q=1.000, application/json;q=0.999", "text/csv"),
+    # Infinity was a 500 (OverflowError while Litestar ranked the ranges); an empty or bare q, or full-width
+    # digits, were read as q=1 (CSV).
+    ("text/csv;q=inf", "application/json"), ("text/csv;q=-inf", "application/json"),
+    ("*/*;q=inf, text/csv;q=0.5", "text/csv"), ("text/csv;q=1e999", "application/json"),
+    ("text/csv;q=", "application/json"), ("text/csv;q", "application/json"),
+    ("text/csv;q=\uff10.5".encode(), "application/json"),  # as UTF-8 bytes: header strings are ASCII
+    # A tie is no preference for CSV: the default representation.
+    ("text/csv;q=0.5, application/json;q=0.5", "application/json"), ("*/*", "application/json"),
+    ("text/*;q=0.5, text/csv", "text/csv"),
 ])
-def test_a_media_range_with_an_invalid_q_value_is_ignored(client: TestClient[Litestar], accept: str,
+def test_a_media_range_with_an_invalid_q_value_is_ignored(client: TestClient[Litestar], accept: str | bytes,
                                                           media_type: str) -> None:
-    response = client.get("/v1/usage", params=WINDOW, headers={"Accept": accept})
+    response = client.get("/v1/usage", params=WINDOW, headers={b"Accept": accept if isinstance(accept, bytes)
+                                                               else accept.encode("ascii")})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].split(";")[0] == media_type
 
@@ -83,3 +95,30 @@ def test_options_needs_no_token_and_answers_only_the_allowed_methods(
     assert (response.status_code, dict(response.headers), response.content) == \
         (204, {"allow": "GET, HEAD, OPTIONS"}, b"")  # no CORS headers: the API does not offer CORS
     assert guarded.get(path).status_code == 401  # the request a preflight announces still needs the token
+
+
+def _token(body: dict[str, object]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+
+
+def test_a_page_token_of_one_list_is_refused_by_another_taking_the_same_parameters(
+        client: TestClient[Litestar]) -> None:
+    # /v1/quotas and /v1/pending both take at, cluster and limit: a quotas token read by pending skipped its
+    # only pending claim (200, "claims": []) instead of being refused.
+    quotas = client.get("/v1/quotas", params={"at": AT, "limit": 1}).json()
+    assert quotas["nextPageToken"] is not None
+    pending = client.get("/v1/pending", params={"at": AT, "limit": 1, "pageToken": quotas["nextPageToken"]})
+    assert pending.status_code == 422, pending.text
+    assert "does not belong to this query" in pending.json()["detail"]
+    # Its own token still pages.
+    again = client.get("/v1/quotas", params={"at": AT, "limit": 1, "pageToken": quotas["nextPageToken"]})
+    assert again.status_code == 200, again.text
+
+
+def test_a_page_token_holding_a_lone_surrogate_is_a_422_not_a_500(client: TestClient[Litestar]) -> None:
+    first = client.get("/v1/occupancy", params={"at": AT, "limit": 1}).json()
+    token = json.loads(base64.urlsafe_b64decode(first["nextPageToken"] + "=" * (-len(first["nextPageToken"]) % 4)))
+    token["k"][1] = "\ud800"  # json.dumps writes it as the escape \ud800, which json.loads reads back
+    response = client.get("/v1/occupancy", params={"at": AT, "limit": 1, "pageToken": _token(token)})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "pageToken is not a token this API issued"
