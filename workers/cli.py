@@ -136,8 +136,10 @@ def register(app: typer.Typer) -> None:
         = True,
         config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
                                                     help="Configuration file (TOML or YAML) for the jobs.")] = None,
-        health_port: Annotated[int | None, typer.Option("--health-port", help="Port of /healthz /readyz "
-                                                        "/metrics (default LEDGER_WATCH_HEALTH_PORT, 8081).")] = None,
+        health_port: Annotated[int | None, typer.Option("--health-port", min=-1, max=65535,
+                                                        help="Port of /healthz /readyz /metrics (default "
+                                                        "LEDGER_WATCH_HEALTH_PORT, 8081; 0: a free one, -1: "
+                                                        "none).")] = None,
         clock_url: ClockOpt = None,
     ) -> None:
         """Follow a cluster's five DRA-related kinds into the ledger (list, then watch; leader-elected).
@@ -231,7 +233,8 @@ def register(app: typer.Typer) -> None:
     @app.command("fake-apiserver")
     def fake_apiserver(
         history: Annotated[Path, typer.Option("--history", help="Recorded history to serve (DESIGN §9).")],
-        port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: a free one).")] = 8080,
+        port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                          help="Port on 127.0.0.1 (0: a free one).")] = 8080,
         host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
         speed: Annotated[float, typer.Option("--speed", help="Play the history this many times faster "
                                              "than recorded; 0: all of it at once.")] = 0.0,
