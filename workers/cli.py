@@ -18,7 +18,7 @@ from kubernetes_asyncio import config as k8s_config
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from ledger import services
+from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
 from ledger.recorded import read_history
@@ -125,8 +125,10 @@ def register(app: typer.Typer) -> None:
     def watch(
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
-        cluster: Annotated[str | None, typer.Option("--cluster", envvar="LEDGER_CLUSTER",
-                                                    help="Name the cluster's rows carry.")] = None,
+        cluster: Annotated[str | None, typer.Option(
+            "--cluster", envvar="LEDGER_CLUSTER",
+            callback=cli.refuse_empty_cluster(leaving_out="to record as cluster 'default'"),
+            help="Name the cluster's rows carry (default: 'default'); an empty name is refused.")] = None,
         database_url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                                          help="Ledger database URL; unset = embedded.")] = None,
         identity: Annotated[str | None, typer.Option("--identity", help="Lease holder identity "
