@@ -11,10 +11,9 @@ from typing import Annotated, Any
 from litestar import Request
 from litestar.params import QueryParameter
 
-from api.parameters import shorten
 from ledger import recorded
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 

@@ -21,7 +21,7 @@ from litestar.exceptions import ValidationException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import ParameterKwarg
 
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 
 
 def client_name(field: Any, name: str) -> str:
@@ -85,7 +85,7 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     will use, query included, and Litestar answers it from the route's methods, never reading the query.
 
     Every name taken from the request is echoed through :func:`echo_names` (each at most
-    :data:`MAX_ECHO_CHARS` characters, at most :data:`MAX_ECHO_NAMES` of them), so a problem body stays
+    :data:`ledger.errors.MAX_ECHO_CHARS` characters, at most :data:`MAX_ECHO_NAMES` of them), so a problem body stays
     small whatever the query string holds.
 
     Raises:
@@ -120,21 +120,8 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
                           f"got {shorten(repr(value))}")
 
 
-MAX_ECHO_CHARS = 100
-"""Longest piece of client input (a parameter name or value) a problem body repeats, in characters; longer
-input is cut to this length, its last character an ellipsis (``…``). A name or value an endpoint takes is
-far shorter (a page token is under 200 bytes but is never echoed)."""
 MAX_ECHO_NAMES = 10
 """Most parameter names one problem body lists; the rest are counted (``... and 990 more``)."""
-
-
-def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
-    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and ``…`` (``limit`` in all).
-
-    For echoing client input in problem details: the caller sees which input was meant without the body
-    growing with the request (a 100 KiB parameter name answered with a 100 KiB detail).
-    """
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def echo_names(names: Sequence[str]) -> str:

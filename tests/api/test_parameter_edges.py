@@ -8,6 +8,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from ledger.testing.handle import LedgerHandle
+from tests.api.test_cli_bodies import run_cli
+
 MAX_ECHO_CHARS = 100
 """The documented cut of echoed input (:data:`api.parameters.MAX_ECHO_CHARS`), spelled out so the tests state it."""
 
@@ -48,6 +51,49 @@ def test_a_time_too_far_in_the_future_with_a_long_fraction_is_echoed_cut(client:
     at = "9999-06-01T00:00:00." + "0" * 5000 + "Z"
     detail = problem(client, f"/v1/occupancy?at={at}", 422)
     assert detail == f"at: {repr(at)[:MAX_ECHO_CHARS - 1]}… is too far in the future"
+
+
+LONG = "z" * 5000
+"""A value far longer than any name or value the API takes."""
+CUT = "z" * (MAX_ECHO_CHARS - 1) + "…"
+"""``LONG`` as a problem body repeats it."""
+WINDOW = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z"
+
+
+@pytest.mark.parametrize(("url", "status", "detail"), [
+    (f"/v1/occupancy?deviceClass={LONG}", 404, f"DeviceClass '{CUT[:-2]}… is not defined at "),
+    (f"/v1/claims/{LONG}/x/history", 404, f"no ResourceClaim {CUT}/x was ever recorded"),
+    (f"/v1/claims/x/{LONG}/history", 404, f"no ResourceClaim x/{CUT} was ever recorded"),
+    (f"/v1/devices/{LONG}/p/d/timeline", 404, f"no device {CUT}/p/d was ever recorded"),
+    (f"/v1/devices/d/p/{LONG}/timeline", 404, f"no device d/p/{CUT} was ever recorded"),
+    (f"/v1/usage?{WINDOW}&groupBy={LONG}", 422,
+     f"groupBy: Invalid enum value '{CUT}' (one of: team, namespace, deviceClass, model, node)"),
+    (f"/v1/claims?state={LONG}", 422, f"state: Invalid enum value '{CUT}' (one of: pending, allocated, deleted, all)"),
+    (f"/v1/claims?origin={LONG}", 422, f"origin: Invalid enum value '{CUT}' (one of: manual, template, extended)"),
+    (f"/v1/occupancy?at={LONG}", 422, f"at: not an RFC 3339 time with a zone: '{CUT[:-2]}…"),
+    (f"/v1/usage?from={LONG}&to=2026-11-02T12:00:00Z", 422, f"from: not an RFC 3339 time with a zone: '{CUT[:-2]}…"),
+    (f"/v1/usage?{WINDOW}&step=P{'9' * 5000}D", 422, f"step: 'P{'9' * 97}… is out of range; "),
+])
+def test_every_problem_repeats_client_input_cut_to_100_characters_ending_in_an_ellipsis(
+        client: TestClient[Litestar], url: str, status: int, detail: str) -> None:
+    got = problem(client, url, status)
+    assert got.startswith(detail), got[:300]
+    assert "z" * MAX_ECHO_CHARS not in got and "9" * MAX_ECHO_CHARS not in got and "..." not in got
+    assert len(got) < 400
+
+
+def test_an_unknown_device_class_in_a_long_cluster_cuts_both(client: TestClient[Litestar]) -> None:
+    got = problem(client, f"/v1/occupancy?deviceClass={LONG}&cluster={'c' * 5000}", 404)
+    assert got.startswith(f"DeviceClass '{CUT[:-2]}… is not defined at "), got[:300]
+    assert got.endswith(f" in cluster '{'c' * (MAX_ECHO_CHARS - 2)}…"), got[-300:]
+
+
+def test_the_cli_refuses_a_long_unknown_device_class_echoing_it_cut(seeded: LedgerHandle) -> None:
+    code, output = run_cli(seeded, "occupancy", "--at", "2026-11-02T09:30:00Z", "--device-class", LONG)
+
+    assert code == 2, output
+    assert f"DeviceClass '{CUT[:-2]}… is not defined at 2026-11-02T09:30:00Z" in output
+    assert "z" * MAX_ECHO_CHARS not in output
 
 
 @pytest.mark.parametrize(("path", "name", "value"), [
