@@ -83,10 +83,12 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
     return parsed
 
 
-def parse_duration(value: str | None, name: str) -> timedelta | None:
+def parse_duration(value: str | None, name: str, *, shortest: timedelta = timedelta(0)) -> timedelta | None:
     """Parse an ISO 8601 duration (``PT30M``) or a number of seconds; ``None`` when absent.
+
+    ``shortest`` is the shortest accepted (0; :data:`ledger.recorded.SHORTEST_STEP` for ``step``).
 
     Raises:
         Invalid: see :func:`ledger.recorded.parse_duration`.
     """
-    return None if value is None else recorded.parse_duration(value, name)
+    return None if value is None else recorded.parse_duration(value, name, shortest=shortest)

@@ -32,7 +32,7 @@ from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
-from ledger.recorded import parse_duration, parse_time
+from ledger.recorded import SHORTEST_STEP, parse_duration, parse_time
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
@@ -124,9 +124,9 @@ def _time(value: str | None, option: str) -> datetime:
         raise typer.BadParameter(str(e), param_hint=option) from e
 
 
-def _duration(value: str, option: str) -> timedelta:
+def _duration(value: str, option: str, *, shortest: timedelta = timedelta(0)) -> timedelta:
     try:
-        return parse_duration(value, option)
+        return parse_duration(value, option, shortest=shortest)
     except Invalid as e:
         raise typer.BadParameter(str(e).removeprefix(f"{option}: "), param_hint=option) from e
 
@@ -502,7 +502,7 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
     # The API's parser and, in services.usage, the API's bucket limits: the same answers and messages.
-    bucket = _duration(step, "--step") if step is not None else None
+    bucket = _duration(step, "--step", shortest=SHORTEST_STEP) if step is not None else None
     cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:

@@ -168,7 +168,21 @@ def _magnitude_s(match: re.Match[str]) -> float:
                for unit, number in match.groupdict().items() if number is not None)
 
 
-def parse_duration(value: str, name: str) -> timedelta:
+SHORTEST_STEP: Final = timedelta(microseconds=1)
+"""Shortest bucket of a stepped usage query (``step``, ``--step``): a ``timedelta`` counts whole microseconds,
+so one is the smallest positive duration, and a step must be positive."""
+
+
+def _spell_shortest(shortest: timedelta) -> str:
+    """The lower bound of a duration as the range message gives it: ``0``, or e.g. ``PT0.000001S (0.000001
+    seconds; durations are counted in whole microseconds)``."""
+    if not shortest:
+        return "0"
+    seconds = f"{shortest.total_seconds():.6f}".rstrip("0").rstrip(".")
+    return f"PT{seconds}S ({seconds} seconds; durations are counted in whole microseconds)"
+
+
+def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0)) -> timedelta:
     """Parse an ISO 8601 duration (``PT30M``, ``P1DT2H``) or a number of seconds (``1800``, ``0.5``).
 
     Both forms take ASCII digits only (:data:`_SECONDS`, :data:`_ISO_DURATION`): ``1e3``, ``1_800`` and
@@ -179,14 +193,17 @@ def parse_duration(value: str, name: str) -> timedelta:
     Args:
         value: the text given.
         name: the parameter or option it came from, for the error message.
+        shortest: the shortest duration accepted (0; :data:`SHORTEST_STEP` for a step). The value is read
+            to the microsecond first, so ``0.0000001`` (read as 0) is below a ``shortest`` of one microsecond.
 
     Returns:
-        A ``timedelta`` from 0 to :data:`MAX_DURATION` (100 years) inclusive.
+        A ``timedelta`` from ``shortest`` to :data:`MAX_DURATION` (100 years) inclusive, in whole microseconds
+        (pydantic rounds a finer fraction to the nearest).
 
     Raises:
         Invalid: neither form (``PT1H1H`` and ``1e3`` included, or a fraction before the last unit), years or
-            months (no fixed length), or out of range: negative or longer than 100 years (the message gives the
-            largest accepted, ``P36500D``).
+            months (no fixed length), or out of range: shorter than ``shortest`` (negative, or under one
+            microsecond for a step) or longer than 100 years (the message gives both bounds, ``P36500D``).
     """
     from pydantic import TypeAdapter, ValidationError
 
@@ -196,7 +213,8 @@ def parse_duration(value: str, name: str) -> timedelta:
     bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds in ASCII decimal digits (1800, 0.5), "
                   f"got {shorten(repr(value))}")
     out_of_range = Invalid(f"{name}: {shorten(repr(value))} is out of range; the longest duration accepted is P36500D "
-                           f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest 0")
+                           f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest "
+                           f"{_spell_shortest(shortest)}")
     raw: object = value
     if _SECONDS.fullmatch(value):
         raw = seconds = float(value)
@@ -211,7 +229,7 @@ def parse_duration(value: str, name: str) -> timedelta:
         parsed = TypeAdapter(timedelta).validate_python(raw)
     except (ValidationError, OverflowError) as e:
         raise bad from e
-    if not timedelta(0) <= parsed <= MAX_DURATION:
+    if not shortest <= parsed <= MAX_DURATION:
         raise out_of_range
     return parsed
 

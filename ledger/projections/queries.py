@@ -780,15 +780,15 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         class; hours rounded to 6 decimals.
 
     Raises:
-        Invalid: ``group_by`` unknown, ``start`` not before ``end``, ``step`` not positive or giving
-            more than :data:`MAX_STEPS` buckets.
+        Invalid: ``group_by`` unknown, ``start`` not before ``end``, ``step`` under one microsecond (not
+            positive) or giving more than :data:`MAX_STEPS` buckets.
     """
     if group_by not in GROUP_BY:
         raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {shorten(repr(group_by))}")
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     if step is not None and step <= timedelta(0):
-        raise Invalid("step must be positive")
+        raise Invalid("step must be at least one microsecond (PT0.000001S)")
     if step is not None and (end - start) / step > MAX_STEPS:
         # The smallest step accepted, rounded up to the microsecond (a step is one): that step gives at most
         # MAX_STEPS buckets, and one microsecond less gives more.

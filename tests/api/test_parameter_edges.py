@@ -136,3 +136,36 @@ def test_seconds_in_another_form_than_ascii_decimals_are_a_422_naming_the_parame
 def test_seconds_in_ascii_decimals_and_iso_durations_are_taken(client: TestClient[Litestar], value: str) -> None:
     response = client.get(f"/v1/reports/idle-claims?minIdle={quote(value)}")
     assert response.status_code == 200, response.text
+
+
+SHORTEST_STEP_TEXT = "the shortest PT0.000001S (0.000001 seconds; durations are counted in whole microseconds)"
+"""How the range message of ``step`` names its lower bound."""
+
+
+@pytest.mark.parametrize("step", ["0.0000001", "PT0.0000001S", "0", "PT0S", "0.0000004"])
+def test_a_step_under_one_microsecond_is_refused_naming_the_shortest_step_accepted(
+        client: TestClient[Litestar], step: str) -> None:
+    detail = problem(client, f"/v1/usage?{WINDOW}&step={step}", 422)
+    assert detail == (f"step: {step!r} is out of range; the longest duration accepted is P36500D (100 years, "
+                      f"3153600000 seconds), {SHORTEST_STEP_TEXT}")
+
+
+def test_a_step_of_one_microsecond_is_in_range_and_refused_only_for_its_bucket_count(
+        client: TestClient[Litestar]) -> None:
+    detail = problem(client, f"/v1/usage?{WINDOW}&step=0.000001", 422)
+    assert detail.endswith("so the step must be at least 1.08 s here"), detail
+
+
+def test_a_min_idle_under_one_microsecond_is_zero_as_the_readme_says(client: TestClient[Litestar]) -> None:
+    response = client.get("/v1/reports/idle-claims?minIdle=0.0000001&at=2026-11-02T12:00:00Z")
+    assert response.status_code == 200, response.text
+    assert response.json() == client.get("/v1/reports/idle-claims?minIdle=0&at=2026-11-02T12:00:00Z").json()
+
+
+def test_the_cli_refuses_a_step_under_one_microsecond_with_the_same_words(seeded: LedgerHandle) -> None:
+    code, output = run_cli(seeded, "usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z",
+                           "--step", "0.0000001")
+
+    assert code == 2, output
+    assert "'0.0000001' is out of range; the longest duration accepted is P36500D" in output
+    assert SHORTEST_STEP_TEXT in output
