@@ -312,7 +312,9 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 
 @app.command()
 def simulate(
-    output_file: Annotated[Path, typer.Option("--output", help="History file to write (JSON Lines, DESIGN §9).")],
+    output_file: Annotated[Path, typer.Option(
+        "--output", help="History file to write (JSON Lines in the recorded format that replay reads: one "
+        "{observedAt, type, object} per line).")],
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes in the fleet.")] = 10,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="Whole GPUs per node.")] = 8,
     hours: Annotated[float, typer.Option("--hours", min=0.01, help="Simulated hours.")] = 24.0,

@@ -144,7 +144,8 @@ def register(app: typer.Typer) -> None:
                                                         "none).")] = None,
         clock_url: ClockOpt = None,
     ) -> None:
-        """Follow a cluster's five DRA-related kinds into the ledger (list, then watch; leader-elected).
+        """Follow a cluster's DRA-related kinds into the ledger (list, then watch; leader-elected): ResourceSlice,
+        ResourceClaim, DeviceClass, Pod, Namespace, and DeviceTaintRule where the server serves it.
 
         While leader it also keeps the read models caught up and runs the report jobs (--no-jobs
         when 'dra-ledger jobs' runs them in a process of its own).
@@ -206,7 +207,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def record(
-        output: Annotated[Path, typer.Option("--output", "-o", help="File to write (JSON Lines, DESIGN §9).")],
+        output: Annotated[Path, typer.Option(
+            "--output", "-o", help="File to write (JSON Lines in the recorded format that replay reads: one "
+            "{observedAt, type, object} per line).")],
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
         duration_s: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds "
@@ -234,7 +237,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("fake-apiserver")
     def fake_apiserver(
-        history: Annotated[Path, typer.Option("--history", help="Recorded history to serve (DESIGN §9).")],
+        history: Annotated[Path, typer.Option("--history", help="Recorded history to serve (the JSON Lines "
+                                                    "that record and simulate write).")],
         port: Annotated[int, typer.Option("--port", min=0, max=65535,
                                           help="Port on 127.0.0.1 (0: a free one).")] = 8080,
         host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
