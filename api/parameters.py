@@ -54,10 +54,12 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
     return frozenset(names)
 
 
-INTEGER = re.compile(r"-?[0-9]+")
+INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 """The form of an integer query parameter: ASCII decimal digits after an optional ``-``, so that a negative
 or huge value is refused by the parameter's range, naming the bound (Litestar reads any length). Not ``+``,
-an exponent (``1e3``), a fraction (``10.0``), ``_`` (``1_800``), spaces or other scripts' digits (``１０``)."""
+an exponent (``1e3``), a fraction (``10.0``), ``_`` (``1_800``), spaces or other scripts' digits (``１０``),
+nor a leading zero (``010``): Litestar's reader refuses that with its own words (``Expected `int`, got
+`str```), so it is refused here with the form expected, and no one wonders whether ``010`` is octal."""
 
 
 def _is_integer(annotation: object) -> bool:
@@ -116,7 +118,7 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
         raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
     for name in sorted(integer_names(handler, frozenset(connection.path_params)) & set(given)):
         if not INTEGER.fullmatch(value := given[name]):
-            raise Invalid(f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), "
+            raise Invalid(f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
                           f"got {shorten(repr(value))}")
 
 

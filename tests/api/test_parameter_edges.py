@@ -101,11 +101,14 @@ def test_the_cli_refuses_a_long_unknown_device_class_echoing_it_cut(seeded: Ledg
     ("/v1/occupancy", "limit", "１０"), ("/v1/occupancy", "limit", "+10"), ("/v1/occupancy", "limit", " 10"),
     ("/v1/occupancy", "limit", "0x10"), ("/v1/claims", "limit", "٣"), ("/v1/events", "afterPosition", "1e1"),
     ("/v1/events", "limit", "5.0"),
+    # A leading zero got Litestar's own words ("limit: Expected `int`, got `str`"), not the form.
+    ("/v1/occupancy", "limit", "010"), ("/v1/occupancy", "limit", "00"), ("/v1/events", "afterPosition", "-01"),
 ])
 def test_an_integer_in_another_form_than_ascii_digits_is_a_422_naming_the_parameter_and_the_form(
         client: TestClient[Litestar], path: str, name: str, value: str) -> None:
     detail = problem(client, f"{path}?{name}={quote(value)}", 422)
-    assert detail == f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), got {value!r}"
+    assert detail == (f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
+                      f"got {value!r}")
 
 
 @pytest.mark.parametrize(("query", "bound"), [("limit=0", ">= 1"), ("limit=-5", ">= 1"), ("limit=1001", "<= 1000"),
