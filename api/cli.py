@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
         host: Annotated[str, typer.Option(help="Address to bind; loopback unless told otherwise.")] = DEFAULT_HOST,
-        port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULT_PORT,
+        port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port (1-65535).")] = DEFAULT_PORT,
         allow_unauthenticated: Annotated[
             bool, typer.Option("--allow-unauthenticated", help="Serve without tokens on a non-loopback address.")
         ] = False,

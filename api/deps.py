@@ -11,10 +11,9 @@ from typing import Annotated, Any
 from litestar import Request
 from litestar.params import QueryParameter
 
-from api.parameters import shorten
 from ledger import recorded
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 from ledger.recorded import parse_time
 from ledger.store.database import LedgerDatabase
 
@@ -84,10 +83,12 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
     return parsed
 
 
-def parse_duration(value: str | None, name: str) -> timedelta | None:
+def parse_duration(value: str | None, name: str, *, shortest: timedelta = timedelta(0)) -> timedelta | None:
     """Parse an ISO 8601 duration (``PT30M``) or a number of seconds; ``None`` when absent.
+
+    ``shortest`` is the shortest accepted (0; :data:`ledger.recorded.SHORTEST_STEP` for ``step``).
 
     Raises:
         Invalid: see :func:`ledger.recorded.parse_duration`.
     """
-    return None if value is None else recorded.parse_duration(value, name)
+    return None if value is None else recorded.parse_duration(value, name, shortest=shortest)

@@ -23,7 +23,7 @@ from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
 from api.parameters import client_name
-from ledger.errors import Conflict, Invalid, LedgerError, NotFound, Unavailable
+from ledger.errors import MAX_ECHO_CHARS, Conflict, Invalid, LedgerError, NotFound, Unavailable, shorten
 
 _log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -87,6 +87,20 @@ def _choices(request: Request[Any, Any, Any], key: object) -> str:
     return f" (one of: {', '.join(values)})" if values else ""
 
 
+def _cut_echoes(request: Request[Any, Any, Any], key: object, message: object) -> str:
+    """Litestar's validation ``message`` about argument ``key``, with each value the client sent for it
+    passed through :func:`ledger.errors.shorten` where the message repeats it (msgspec's
+    ``Invalid enum value 'zzz…'`` repeated a 5,000-character ``state=`` whole)."""
+    text = str(message)
+    name = str(_client_name(request, key))
+    sent = [*request.query_params.getall(name, []), *([str(request.path_params[name])]
+                                                      if name in request.path_params else [])]
+    for value in sent:
+        if len(value) > MAX_ECHO_CHARS and value in text:
+            text = text.replace(value, shorten(value))
+    return text
+
+
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     detail = exc.detail
     extra = exc.extra
@@ -94,8 +108,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     if isinstance(extra, list) and extra:
         # Litestar's parameter validation: [{"message": ..., "key": ..., "source": ...}], one per value it
         # could not take; a 422 like every other unusable value (the module docstring gives the rule).
-        parts = [f"{_client_name(request, e.get('key'))}: {e.get('message')}{_choices(request, e.get('key'))}"
-                 for e in extra if isinstance(e, dict)]
+        parts = [f"{_client_name(request, e.get('key'))}: {_cut_echoes(request, e.get('key'), e.get('message'))}"
+                 f"{_choices(request, e.get('key'))}" for e in extra if isinstance(e, dict)]
         detail = "; ".join(parts) or detail
         status = 422
     elif isinstance(detail, str) and detail.startswith("Missing required "):

@@ -21,7 +21,7 @@ from litestar.exceptions import ValidationException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import ParameterKwarg
 
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 
 
 def client_name(field: Any, name: str) -> str:
@@ -54,10 +54,12 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
     return frozenset(names)
 
 
-INTEGER = re.compile(r"-?[0-9]+")
+INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 """The form of an integer query parameter: ASCII decimal digits after an optional ``-``, so that a negative
 or huge value is refused by the parameter's range, naming the bound (Litestar reads any length). Not ``+``,
-an exponent (``1e3``), a fraction (``10.0``), ``_`` (``1_800``), spaces or other scripts' digits (``１０``)."""
+an exponent (``1e3``), a fraction (``10.0``), ``_`` (``1_800``), spaces or other scripts' digits (``１０``),
+nor a leading zero (``010``): Litestar's reader refuses that with its own words (``Expected `int`, got
+`str```), so it is refused here with the form expected, and no one wonders whether ``010`` is octal."""
 
 
 def _is_integer(annotation: object) -> bool:
@@ -85,7 +87,7 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     will use, query included, and Litestar answers it from the route's methods, never reading the query.
 
     Every name taken from the request is echoed through :func:`echo_names` (each at most
-    :data:`MAX_ECHO_CHARS` characters, at most :data:`MAX_ECHO_NAMES` of them), so a problem body stays
+    :data:`ledger.errors.MAX_ECHO_CHARS` characters, at most :data:`MAX_ECHO_NAMES` of them), so a problem body stays
     small whatever the query string holds.
 
     Raises:
@@ -116,25 +118,12 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
         raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
     for name in sorted(integer_names(handler, frozenset(connection.path_params)) & set(given)):
         if not INTEGER.fullmatch(value := given[name]):
-            raise Invalid(f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), "
+            raise Invalid(f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
                           f"got {shorten(repr(value))}")
 
 
-MAX_ECHO_CHARS = 100
-"""Longest piece of client input (a parameter name or value) a problem body repeats, in characters; longer
-input is cut to this length, its last character an ellipsis (``…``). A name or value an endpoint takes is
-far shorter (a page token is under 200 bytes but is never echoed)."""
 MAX_ECHO_NAMES = 10
 """Most parameter names one problem body lists; the rest are counted (``... and 990 more``)."""
-
-
-def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
-    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and ``…`` (``limit`` in all).
-
-    For echoing client input in problem details: the caller sees which input was meant without the body
-    growing with the request (a 100 KiB parameter name answered with a 100 KiB detail).
-    """
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def echo_names(names: Sequence[str]) -> str:

@@ -32,7 +32,7 @@ from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
-from ledger.recorded import parse_duration, parse_time
+from ledger.recorded import SHORTEST_STEP, parse_duration, parse_time
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
@@ -62,27 +62,40 @@ DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DA
                                                  help="Embedded PostgreSQL data directory.")]
 UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                             help="Ledger database URL; unset = embedded PostgreSQL.")]
-WriteClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", envvar="LEDGER_CLUSTER", help="Cluster name (default: 'default').")]
+def refuse_empty_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[str | None], str | None]:
+    """A Typer callback for ``--cluster`` that refuses an empty name with exit code 2 (a usage error).
 
+    Args:
+        leaving_out: what leaving the option out means, ending the message ("to ask about every cluster").
+        envvar: the option also reads ``LEDGER_CLUSTER``: an empty variable is refused too, and the message
+            says to leave it unset.
 
-def _read_cluster(value: str | None) -> str | None:
-    """Refuse an empty cluster name (``--cluster ""`` or an empty ``LEDGER_CLUSTER``) with exit code 2.
+    Returns:
+        The callback: it passes a non-empty name (or ``None``) through unchanged.
 
-    Why: an empty name would filter on a cluster called "" and silently show nothing (or, from the
-    environment, silently mean every cluster); the REST API refuses
-    an empty ``cluster=`` with the same words (``api.deps.parse_cluster``).
+    Why: an empty name would key rows or filter on a cluster called "" (queries showed nothing, ``replay``
+    silently recorded under ``default``, ``watch`` under ""); the REST API refuses an empty ``cluster=``
+    with the same words (``api.deps.parse_cluster``).
     """
-    # Click takes an empty environment variable for an unset one: look at LEDGER_CLUSTER itself.
-    if value == "" or (value is None and os.environ.get("LEDGER_CLUSTER") == ""):
-        raise typer.BadParameter("empty; leave the option out (and LEDGER_CLUSTER unset) to ask about every "
-                                 "cluster", param_hint="--cluster")
-    return value
+    unset = " (and LEDGER_CLUSTER unset)" if envvar else ""
+
+    def read(value: str | None) -> str | None:
+        # Click takes an empty environment variable for an unset one: look at LEDGER_CLUSTER itself.
+        if value == "" or (envvar and value is None and os.environ.get("LEDGER_CLUSTER") == ""):
+            raise typer.BadParameter(f"empty; leave the option out{unset} {leaving_out}", param_hint="--cluster")
+        return value
+
+    return read
 
 
+WriteClusterOpt = Annotated[str | None, typer.Option(
+    "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_empty_cluster(leaving_out="to record as cluster 'default'"),
+    help="Cluster name (default: 'default'); an empty name is refused.")]
+"""``--cluster`` of the commands that record: the name every row they write is keyed by."""
 ClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", envvar="LEDGER_CLUSTER", callback=_read_cluster,
+    "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_empty_cluster(leaving_out="to ask about every cluster"),
     help="Cluster name (default: every cluster); an empty name is refused.")]
+"""``--cluster`` of the queries: answer for this cluster only."""
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
 
@@ -111,9 +124,9 @@ def _time(value: str | None, option: str) -> datetime:
         raise typer.BadParameter(str(e), param_hint=option) from e
 
 
-def _duration(value: str, option: str) -> timedelta:
+def _duration(value: str, option: str, *, shortest: timedelta = timedelta(0)) -> timedelta:
     try:
-        return parse_duration(value, option)
+        return parse_duration(value, option, shortest=shortest)
     except Invalid as e:
         raise typer.BadParameter(str(e).removeprefix(f"{option}: "), param_hint=option) from e
 
@@ -299,7 +312,9 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 
 @app.command()
 def simulate(
-    output_file: Annotated[Path, typer.Option("--output", help="History file to write (JSON Lines, DESIGN §9).")],
+    output_file: Annotated[Path, typer.Option(
+        "--output", help="History file to write (JSON Lines in the recorded format that replay reads: one "
+        "{observedAt, type, object} per line).")],
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Nodes in the fleet.")] = 10,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="Whole GPUs per node.")] = 8,
     hours: Annotated[float, typer.Option("--hours", min=0.01, help="Simulated hours.")] = 24.0,
@@ -489,7 +504,7 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")
     # The API's parser and, in services.usage, the API's bucket limits: the same answers and messages.
-    bucket = _duration(step, "--step") if step is not None else None
+    bucket = _duration(step, "--step", shortest=SHORTEST_STEP) if step is not None else None
     cfg = _config(config)
 
     def run(db: LedgerDatabase) -> JSONObject:

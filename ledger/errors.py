@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+MAX_ECHO_CHARS = 100
+"""Longest piece of client input (a parameter's name or value, an option's value, a name in a URL path) an
+error message repeats, in characters; longer input is cut to this length, its last character an ellipsis
+(``…``). A name or value the ledger takes is far shorter (Kubernetes names are at most 253 characters but
+a real one is rarely over 60; a page token is never echoed)."""
+
+
+def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and ``…`` (``limit`` in all).
+
+    The one helper for echoing client input in an error message (an API problem detail, a CLI error): the
+    caller sees which input was meant without the message growing with the input (a 100 KiB parameter
+    answered with a 100 KiB detail). Cut each piece of input on its own (``shorten(repr(value))`` for a
+    quoted value), never the whole message, so the ledger's own words stay whole.
+    """
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 class LedgerError(Exception):
     """Base of every error raised by the ledger."""

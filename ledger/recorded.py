@@ -35,7 +35,7 @@ import msgspec
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 from ledger.types import JSONObject, JSONValue
 
 __all__ = [
@@ -168,7 +168,21 @@ def _magnitude_s(match: re.Match[str]) -> float:
                for unit, number in match.groupdict().items() if number is not None)
 
 
-def parse_duration(value: str, name: str) -> timedelta:
+SHORTEST_STEP: Final = timedelta(microseconds=1)
+"""Shortest bucket of a stepped usage query (``step``, ``--step``): a ``timedelta`` counts whole microseconds,
+so one is the smallest positive duration, and a step must be positive."""
+
+
+def _spell_shortest(shortest: timedelta) -> str:
+    """The lower bound of a duration as the range message gives it: ``0``, or e.g. ``PT0.000001S (0.000001
+    seconds; durations are counted in whole microseconds)``."""
+    if not shortest:
+        return "0"
+    seconds = f"{shortest.total_seconds():.6f}".rstrip("0").rstrip(".")
+    return f"PT{seconds}S ({seconds} seconds; durations are counted in whole microseconds)"
+
+
+def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0)) -> timedelta:
     """Parse an ISO 8601 duration (``PT30M``, ``P1DT2H``) or a number of seconds (``1800``, ``0.5``).
 
     Both forms take ASCII digits only (:data:`_SECONDS`, :data:`_ISO_DURATION`): ``1e3``, ``1_800`` and
@@ -179,24 +193,28 @@ def parse_duration(value: str, name: str) -> timedelta:
     Args:
         value: the text given.
         name: the parameter or option it came from, for the error message.
+        shortest: the shortest duration accepted (0; :data:`SHORTEST_STEP` for a step). The value is read
+            to the microsecond first, so ``0.0000001`` (read as 0) is below a ``shortest`` of one microsecond.
 
     Returns:
-        A ``timedelta`` from 0 to :data:`MAX_DURATION` (100 years) inclusive.
+        A ``timedelta`` from ``shortest`` to :data:`MAX_DURATION` (100 years) inclusive, in whole microseconds
+        (pydantic rounds a finer fraction to the nearest).
 
     Raises:
         Invalid: neither form (``PT1H1H`` and ``1e3`` included, or a fraction before the last unit), years or
-            months (no fixed length), or out of range: negative or longer than 100 years (the message gives the
-            largest accepted, ``P36500D``).
+            months (no fixed length), or out of range: shorter than ``shortest`` (negative, or under one
+            microsecond for a step) or longer than 100 years (the message gives both bounds, ``P36500D``).
     """
     from pydantic import TypeAdapter, ValidationError
 
     if _CALENDAR_UNITS.match(value):
         raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), "
-                      f"got {_short_repr(value)}")
+                      f"got {shorten(repr(value))}")
     bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds in ASCII decimal digits (1800, 0.5), "
-                  f"got {_short_repr(value)}")
-    out_of_range = Invalid(f"{name}: {_short_repr(value)} is out of range; the longest duration accepted is P36500D "
-                           f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest 0")
+                  f"got {shorten(repr(value))}")
+    out_of_range = Invalid(f"{name}: {shorten(repr(value))} is out of range; the longest duration accepted is P36500D "
+                           f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest "
+                           f"{_spell_shortest(shortest)}")
     raw: object = value
     if _SECONDS.fullmatch(value):
         raw = seconds = float(value)
@@ -211,7 +229,7 @@ def parse_duration(value: str, name: str) -> timedelta:
         parsed = TypeAdapter(timedelta).validate_python(raw)
     except (ValidationError, OverflowError) as e:
         raise bad from e
-    if not timedelta(0) <= parsed <= MAX_DURATION:
+    if not shortest <= parsed <= MAX_DURATION:
         raise out_of_range
     return parsed
 
@@ -234,32 +252,27 @@ def parse_time(value: str) -> datetime:
     """
     match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)}")
+        raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))}")
     year, month, day, hour, minute, second, fraction, sign, off_h, off_m = match.groups()
     zone = UTC
     if sign is not None:
         if int(off_h) > 23 or int(off_m) > 59:
-            raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)} (bad offset)")
+            raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))} (bad offset)")
         offset = timedelta(hours=int(off_h), minutes=int(off_m))
         zone = timezone(-offset if sign == "-" else offset)
     micros = int((fraction or "")[:6].ljust(6, "0"))
     try:
         parsed = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=zone)
     except ValueError as e:
-        raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)} ({e})") from e
+        raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))} ({e})") from e
     try:
         return parsed.astimezone(UTC)
     except OverflowError as e:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
-        raise Invalid(f"time out of range (years 1-9999 in UTC): {_short_repr(value)}") from e
+        raise Invalid(f"time out of range (years 1-9999 in UTC): {shorten(repr(value))}") from e
 
 
 # Recorded files repeat the same receive time on every line of a burst (a relist, a resync).
 _parse_time_cached: Final = lru_cache(maxsize=1024)(parse_time)
-
-
-def _short_repr(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _as_utc(at: datetime | None) -> datetime | None:
@@ -477,7 +490,7 @@ def _watch_event(
         value = decoded["observedAt"]
         try:
             if not isinstance(value, str):
-                raise Invalid(f"not an RFC 3339 time with a zone: {_short_repr(value)}")
+                raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))}")
             observed_at = _parse_time_cached(value)
         except Invalid as e:
             return _broken(source, line, f"observedAt: {e}", raw)
@@ -510,7 +523,7 @@ def envelope_problem(decoded: object) -> str | None:
         message = obj.get("message") if isinstance(obj, dict) else None
         return f"type: ERROR events cannot be replayed (message: {message!r})"
     if not isinstance(event_type, str) or event_type not in WATCH_TYPES:
-        return f"type: {_short_repr(event_type)} is not ADDED, MODIFIED, DELETED or BOOKMARK"
+        return f"type: {shorten(repr(event_type))} is not ADDED, MODIFIED, DELETED or BOOKMARK"
     if "object" not in decoded:
         return "missing field 'object'"
     if not isinstance(obj, dict):

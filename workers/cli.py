@@ -18,7 +18,7 @@ from kubernetes_asyncio import config as k8s_config
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from ledger import services
+from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
 from ledger.recorded import read_history
@@ -125,8 +125,10 @@ def register(app: typer.Typer) -> None:
     def watch(
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
-        cluster: Annotated[str | None, typer.Option("--cluster", envvar="LEDGER_CLUSTER",
-                                                    help="Name the cluster's rows carry.")] = None,
+        cluster: Annotated[str | None, typer.Option(
+            "--cluster", envvar="LEDGER_CLUSTER",
+            callback=cli.refuse_empty_cluster(leaving_out="to record as cluster 'default'"),
+            help="Name the cluster's rows carry (default: 'default'); an empty name is refused.")] = None,
         database_url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                                          help="Ledger database URL; unset = embedded.")] = None,
         identity: Annotated[str | None, typer.Option("--identity", help="Lease holder identity "
@@ -136,11 +138,14 @@ def register(app: typer.Typer) -> None:
         = True,
         config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
                                                     help="Configuration file (TOML or YAML) for the jobs.")] = None,
-        health_port: Annotated[int | None, typer.Option("--health-port", help="Port of /healthz /readyz "
-                                                        "/metrics (default LEDGER_WATCH_HEALTH_PORT, 8081).")] = None,
+        health_port: Annotated[int | None, typer.Option("--health-port", min=-1, max=65535,
+                                                        help="Port of /healthz /readyz /metrics (default "
+                                                        "LEDGER_WATCH_HEALTH_PORT, 8081; 0: a free one, -1: "
+                                                        "none).")] = None,
         clock_url: ClockOpt = None,
     ) -> None:
-        """Follow a cluster's five DRA-related kinds into the ledger (list, then watch; leader-elected).
+        """Follow a cluster's DRA-related kinds into the ledger (list, then watch; leader-elected): ResourceSlice,
+        ResourceClaim, DeviceClass, Pod, Namespace, and DeviceTaintRule where the server serves it.
 
         While leader it also keeps the read models caught up and runs the report jobs (--no-jobs
         when 'dra-ledger jobs' runs them in a process of its own).
@@ -202,7 +207,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def record(
-        output: Annotated[Path, typer.Option("--output", "-o", help="File to write (JSON Lines, DESIGN §9).")],
+        output: Annotated[Path, typer.Option(
+            "--output", "-o", help="File to write (JSON Lines in the recorded format that replay reads: one "
+            "{observedAt, type, object} per line).")],
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
         duration_s: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds "
@@ -230,8 +237,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("fake-apiserver")
     def fake_apiserver(
-        history: Annotated[Path, typer.Option("--history", help="Recorded history to serve (DESIGN §9).")],
-        port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: a free one).")] = 8080,
+        history: Annotated[Path, typer.Option("--history", help="Recorded history to serve (the JSON Lines "
+                                                    "that record and simulate write).")],
+        port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                          help="Port on 127.0.0.1 (0: a free one).")] = 8080,
         host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
         speed: Annotated[float, typer.Option("--speed", help="Play the history this many times faster "
                                              "than recorded; 0: all of it at once.")] = 0.0,

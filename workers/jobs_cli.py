@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from ledger import services
+from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
 from ledger.recorded import parse_time
@@ -58,7 +58,10 @@ def register(app: typer.Typer) -> None:
         once: Annotated[bool, typer.Option("--once", help="Run each job once and exit (for cron).")] = False,
         config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
                                                     help="Configuration file (TOML or YAML).")] = None,
-        cluster: Annotated[str | None, typer.Option("--cluster", help="Only this cluster (default: all).")] = None,
+        cluster: Annotated[str | None, typer.Option(
+            "--cluster", callback=cli.refuse_empty_cluster(leaving_out="to run the jobs for every cluster",
+                                                           envvar=False),
+            help="Only this cluster (default: all); an empty name is refused.")] = None,
         rollup_from: Annotated[str | None, typer.Option(
             "--rollup-from", help="With --once: recompute the hourly rollups from this instant (RFC 3339), e.g. "
             "after `dra-ledger rebuild`.")] = None,

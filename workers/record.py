@@ -1,4 +1,5 @@
-"""``dra-ledger record``: write a cluster's live list/watch streams as a recorded history (DESIGN §9).
+"""``dra-ledger record``: write a cluster's live list/watch streams as a recorded history (the format
+:mod:`ledger.recorded` reads: one ``{observedAt, type, object}`` JSON line per list item, event or bookmark).
 
 The same list/watch loop as the ledger worker, with a file as the sink: every list item becomes an
 ADDED line (MODIFIED when already seen), every watch event (BOOKMARKs included) one line

@@ -50,8 +50,8 @@ class WatchSettings(BaseSettings):
     catch-up, DESIGN §8); 0 = never (queries, ``dra-ledger rebuild`` or another process do it)."""
     health_host: str = "0.0.0.0"
     """Address of the /healthz, /readyz and /metrics server."""
-    health_port: int = 8081
-    """Port of the health server; 0 = pick a free one, -1 = no health server."""
+    health_port: int = Field(default=8081, ge=-1, le=65535)
+    """Port of the health server (-1 to 65535: a TCP port); 0 = pick a free one, -1 = no health server."""
 
 
 def backoff_delay_s(settings: WatchSettings, failures: int, *, retry_after_s: float | None = None,

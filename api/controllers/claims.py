@@ -17,7 +17,7 @@ from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
 from api.schemas import ClaimHistory, Claims, to_struct
 from ledger import services
-from ledger.errors import UnknownClaim
+from ledger.errors import UnknownClaim, shorten
 
 
 class ClaimsController(Controller):
@@ -115,7 +115,7 @@ class ClaimsController(Controller):
             )
             mine = {c["uid"] for c in listed["claims"] if c["name"] == name and access.sees(c["team"])}
             if not mine:
-                raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")
+                raise UnknownClaim(f"no ResourceClaim {shorten(namespace)}/{shorten(name)} was ever recorded")
             streams = {f"claim:{uid}" for uid in mine}
             body = {**body, "uids": [u for u in body["uids"] if u in mine],
                     "events": [e for e in body["events"] if e["stream"] in streams]}

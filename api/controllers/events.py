@@ -14,10 +14,9 @@ from api.controllers.occupancy import TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.methods import read
-from api.parameters import shorten
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 from ledger.events import EVENT_TYPES
 
 

@@ -21,6 +21,7 @@ from api.methods import read
 from api.schemas import Usage, to_struct
 from ledger import services
 from ledger.errors import Invalid
+from ledger.recorded import SHORTEST_STEP
 
 CSV_COLUMNS = ("group", "deviceClass", "driver", "start", "end", "deviceHours", "cost", "currency")
 """Columns of the CSV export: ``group`` holds the value of the ``groupBy`` key."""
@@ -158,7 +159,7 @@ class UsageController(Controller):
         t0, t1 = parse_instant(start, "from"), parse_instant(end, "to")
         if not t0 < t1:
             raise Invalid("from must be before to")
-        bucket = parse_duration(step, "step")
+        bucket = parse_duration(step, "step", shortest=SHORTEST_STEP)
         query = pagination.fingerprint(
             "/v1/usage",
             {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}

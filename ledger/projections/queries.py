@@ -20,7 +20,7 @@ from typing import Literal, TypeVar
 
 from sqlalchemy import Connection, text
 
-from ledger.errors import Invalid, UnknownDeviceClass
+from ledger.errors import Invalid, UnknownDeviceClass, shorten
 from ledger.projections import counts
 from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
@@ -583,8 +583,8 @@ def device_class_members(conn: Connection, *, at: datetime, scope: OccupancyScop
         spec = _json(r.spec)
         specs[r.cluster] = expressions_of(spec.get("selectors") if isinstance(spec, dict) else None)
     if not specs:
-        where = f" in cluster {scope.cluster!r}" if scope.cluster is not None else ""
-        raise UnknownDeviceClass(f"DeviceClass {device_class!r} is not defined at {rfc3339(at)}{where}")
+        where = f" in cluster {shorten(repr(scope.cluster))}" if scope.cluster is not None else ""
+        raise UnknownDeviceClass(f"DeviceClass {shorten(repr(device_class))} is not defined at {rfc3339(at)}{where}")
     params["class_clusters"] = sorted(specs)
     members: set[DeviceSortKey] = set()
     # One inventory row per device at T is the projection's invariant; should two overlap, the newest
@@ -780,15 +780,15 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         class; hours rounded to 6 decimals.
 
     Raises:
-        Invalid: ``group_by`` unknown, ``start`` not before ``end``, ``step`` not positive or giving
-            more than :data:`MAX_STEPS` buckets.
+        Invalid: ``group_by`` unknown, ``start`` not before ``end``, ``step`` under one microsecond (not
+            positive) or giving more than :data:`MAX_STEPS` buckets.
     """
     if group_by not in GROUP_BY:
-        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {shorten(repr(group_by))}")
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     if step is not None and step <= timedelta(0):
-        raise Invalid("step must be positive")
+        raise Invalid("step must be at least one microsecond (PT0.000001S)")
     if step is not None and (end - start) / step > MAX_STEPS:
         # The smallest step accepted, rounded up to the microsecond (a step is one): that step gives at most
         # MAX_STEPS buckets, and one microsecond less gives more.
@@ -965,7 +965,7 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
         Invalid: unknown ``state``.
     """
     if state not in ("pending", "allocated", "deleted", "all"):
-        raise Invalid(f"state must be pending, allocated, deleted or all, got {state!r}")
+        raise Invalid(f"state must be pending, allocated, deleted or all, got {shorten(repr(state))}")
     params: dict[str, object] = {"at": at, "cluster": cluster, "namespace": namespace}
     extra = _cluster_filter(cluster, "c") + (" AND c.namespace = :namespace" if namespace is not None else "")
     rows = conn.execute(text(
@@ -1110,7 +1110,7 @@ def device_timeline(conn: Connection, *, driver: str, pool: str, device: str, st
     known = conn.execute(text(f"SELECT EXISTS (SELECT 1 FROM device_inventory WHERE {key}) "
                               f"OR EXISTS (SELECT 1 FROM device_allocations WHERE {key})"), params).scalar()
     if not known:
-        raise UnknownDevice(f"no device {driver}/{pool}/{device} was ever recorded")
+        raise UnknownDevice(f"no device {shorten(driver)}/{shorten(pool)}/{shorten(device)} was ever recorded")
     window = " AND NOT isempty(valid) AND valid && tstzrange(:start, :end, '[)')"
     inventory = conn.execute(text(
         f"SELECT cluster, lower(valid) AS s, upper(valid) AS e, node, slice_name FROM device_inventory "
@@ -1145,5 +1145,5 @@ def claim_uids(conn: Connection, *, namespace: str, name: str, cluster: str | No
                              + _cluster_filter(cluster) + " ORDER BY created_at, uid"),
                         {"ns": namespace, "n": name, "cluster": cluster}).all()
     if not rows:
-        raise UnknownClaim(f"no ResourceClaim {namespace}/{name} was ever recorded")
+        raise UnknownClaim(f"no ResourceClaim {shorten(namespace)}/{shorten(name)} was ever recorded")
     return [(str(r.cluster), str(r.uid)) for r in rows]

@@ -8,6 +8,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from ledger.testing.handle import LedgerHandle
+from tests.api.test_cli_bodies import run_cli
+
 MAX_ECHO_CHARS = 100
 """The documented cut of echoed input (:data:`api.parameters.MAX_ECHO_CHARS`), spelled out so the tests state it."""
 
@@ -50,16 +53,62 @@ def test_a_time_too_far_in_the_future_with_a_long_fraction_is_echoed_cut(client:
     assert detail == f"at: {repr(at)[:MAX_ECHO_CHARS - 1]}… is too far in the future"
 
 
+LONG = "z" * 5000
+"""A value far longer than any name or value the API takes."""
+CUT = "z" * (MAX_ECHO_CHARS - 1) + "…"
+"""``LONG`` as a problem body repeats it."""
+WINDOW = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z"
+
+
+@pytest.mark.parametrize(("url", "status", "detail"), [
+    (f"/v1/occupancy?deviceClass={LONG}", 404, f"DeviceClass '{CUT[:-2]}… is not defined at "),
+    (f"/v1/claims/{LONG}/x/history", 404, f"no ResourceClaim {CUT}/x was ever recorded"),
+    (f"/v1/claims/x/{LONG}/history", 404, f"no ResourceClaim x/{CUT} was ever recorded"),
+    (f"/v1/devices/{LONG}/p/d/timeline", 404, f"no device {CUT}/p/d was ever recorded"),
+    (f"/v1/devices/d/p/{LONG}/timeline", 404, f"no device d/p/{CUT} was ever recorded"),
+    (f"/v1/usage?{WINDOW}&groupBy={LONG}", 422,
+     f"groupBy: Invalid enum value '{CUT}' (one of: team, namespace, deviceClass, model, node)"),
+    (f"/v1/claims?state={LONG}", 422, f"state: Invalid enum value '{CUT}' (one of: pending, allocated, deleted, all)"),
+    (f"/v1/claims?origin={LONG}", 422, f"origin: Invalid enum value '{CUT}' (one of: manual, template, extended)"),
+    (f"/v1/occupancy?at={LONG}", 422, f"at: not an RFC 3339 time with a zone: '{CUT[:-2]}…"),
+    (f"/v1/usage?from={LONG}&to=2026-11-02T12:00:00Z", 422, f"from: not an RFC 3339 time with a zone: '{CUT[:-2]}…"),
+    (f"/v1/usage?{WINDOW}&step=P{'9' * 5000}D", 422, f"step: 'P{'9' * 97}… is out of range; "),
+])
+def test_every_problem_repeats_client_input_cut_to_100_characters_ending_in_an_ellipsis(
+        client: TestClient[Litestar], url: str, status: int, detail: str) -> None:
+    got = problem(client, url, status)
+    assert got.startswith(detail), got[:300]
+    assert "z" * MAX_ECHO_CHARS not in got and "9" * MAX_ECHO_CHARS not in got and "..." not in got
+    assert len(got) < 400
+
+
+def test_an_unknown_device_class_in_a_long_cluster_cuts_both(client: TestClient[Litestar]) -> None:
+    got = problem(client, f"/v1/occupancy?deviceClass={LONG}&cluster={'c' * 5000}", 404)
+    assert got.startswith(f"DeviceClass '{CUT[:-2]}… is not defined at "), got[:300]
+    assert got.endswith(f" in cluster '{'c' * (MAX_ECHO_CHARS - 2)}…"), got[-300:]
+
+
+def test_the_cli_refuses_a_long_unknown_device_class_echoing_it_cut(seeded: LedgerHandle) -> None:
+    code, output = run_cli(seeded, "occupancy", "--at", "2026-11-02T09:30:00Z", "--device-class", LONG)
+
+    assert code == 2, output
+    assert f"DeviceClass '{CUT[:-2]}… is not defined at 2026-11-02T09:30:00Z" in output
+    assert "z" * MAX_ECHO_CHARS not in output
+
+
 @pytest.mark.parametrize(("path", "name", "value"), [
     ("/v1/occupancy", "limit", "1e3"), ("/v1/occupancy", "limit", "10.0"), ("/v1/occupancy", "limit", "1_0"),
     ("/v1/occupancy", "limit", "１０"), ("/v1/occupancy", "limit", "+10"), ("/v1/occupancy", "limit", " 10"),
     ("/v1/occupancy", "limit", "0x10"), ("/v1/claims", "limit", "٣"), ("/v1/events", "afterPosition", "1e1"),
     ("/v1/events", "limit", "5.0"),
+    # A leading zero got Litestar's own words ("limit: Expected `int`, got `str`"), not the form.
+    ("/v1/occupancy", "limit", "010"), ("/v1/occupancy", "limit", "00"), ("/v1/events", "afterPosition", "-01"),
 ])
 def test_an_integer_in_another_form_than_ascii_digits_is_a_422_naming_the_parameter_and_the_form(
         client: TestClient[Litestar], path: str, name: str, value: str) -> None:
     detail = problem(client, f"{path}?{name}={quote(value)}", 422)
-    assert detail == f"{name}: expected a whole number in ASCII decimal digits (e.g. 100), got {value!r}"
+    assert detail == (f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
+                      f"got {value!r}")
 
 
 @pytest.mark.parametrize(("query", "bound"), [("limit=0", ">= 1"), ("limit=-5", ">= 1"), ("limit=1001", "<= 1000"),
@@ -90,3 +139,36 @@ def test_seconds_in_another_form_than_ascii_decimals_are_a_422_naming_the_parame
 def test_seconds_in_ascii_decimals_and_iso_durations_are_taken(client: TestClient[Litestar], value: str) -> None:
     response = client.get(f"/v1/reports/idle-claims?minIdle={quote(value)}")
     assert response.status_code == 200, response.text
+
+
+SHORTEST_STEP_TEXT = "the shortest PT0.000001S (0.000001 seconds; durations are counted in whole microseconds)"
+"""How the range message of ``step`` names its lower bound."""
+
+
+@pytest.mark.parametrize("step", ["0.0000001", "PT0.0000001S", "0", "PT0S", "0.0000004"])
+def test_a_step_under_one_microsecond_is_refused_naming_the_shortest_step_accepted(
+        client: TestClient[Litestar], step: str) -> None:
+    detail = problem(client, f"/v1/usage?{WINDOW}&step={step}", 422)
+    assert detail == (f"step: {step!r} is out of range; the longest duration accepted is P36500D (100 years, "
+                      f"3153600000 seconds), {SHORTEST_STEP_TEXT}")
+
+
+def test_a_step_of_one_microsecond_is_in_range_and_refused_only_for_its_bucket_count(
+        client: TestClient[Litestar]) -> None:
+    detail = problem(client, f"/v1/usage?{WINDOW}&step=0.000001", 422)
+    assert detail.endswith("so the step must be at least 1.08 s here"), detail
+
+
+def test_a_min_idle_under_one_microsecond_is_zero_as_the_readme_says(client: TestClient[Litestar]) -> None:
+    response = client.get("/v1/reports/idle-claims?minIdle=0.0000001&at=2026-11-02T12:00:00Z")
+    assert response.status_code == 200, response.text
+    assert response.json() == client.get("/v1/reports/idle-claims?minIdle=0&at=2026-11-02T12:00:00Z").json()
+
+
+def test_the_cli_refuses_a_step_under_one_microsecond_with_the_same_words(seeded: LedgerHandle) -> None:
+    code, output = run_cli(seeded, "usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z",
+                           "--step", "0.0000001")
+
+    assert code == 2, output
+    assert "'0.0000001' is out of range; the longest duration accepted is P36500D" in output
+    assert SHORTEST_STEP_TEXT in output

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.testing import CliRunner
 
 from ledger import cli
 from tests.factories import plugin_commands
@@ -90,3 +91,35 @@ def test_every_command_and_the_version_option_have_a_row() -> None:
     covered = {name for usage in ROWS for name in resolve(ROOT_CLI, usage)[1]}
     assert set(leaves(ROOT_CLI)) - covered == set()
     assert any(usage.strip() == "--version" for usage in ROWS)
+
+
+def help_texts() -> Iterator[tuple[str, str]]:
+    """``(command, --help output)`` of ``dra-ledger`` itself and of every command, as a terminal shows it."""
+    wide = {"COLUMNS": "300"}
+    yield "dra-ledger", CliRunner().invoke(cli.app, ["--help"], env=wide).output
+    with plugin_commands() as plugins:
+        for command in leaves(the_whole_cli()):
+            for app in (cli.app, plugins):  # the command is on one of them
+                result = CliRunner().invoke(app, [*command.split(), "--help"], env=wide)
+                if result.exit_code == 0:
+                    yield command, result.output
+                    break
+            else:
+                raise AssertionError(f"no --help for {command}")
+
+
+def test_no_help_text_and_no_readme_line_points_at_a_document_the_repository_lacks() -> None:
+    # DESIGN.md is not in the repository: a reader of --help or the README could not follow "DESIGN §9".
+    assert not (ROOT / "DESIGN.md").exists()
+    for command, text in help_texts():
+        assert "DESIGN" not in text, command
+    readme = (ROOT / "README.md").read_text()
+    assert "DESIGN" not in readme
+    assert "(to come)" not in readme  # api/ and workers/ exist
+
+
+def test_watch_help_names_the_six_kinds_it_follows() -> None:
+    text = dict(help_texts())["watch"]
+    assert "five" not in text
+    for kind in ("ResourceSlice", "ResourceClaim", "DeviceClass", "Pod", "Namespace", "DeviceTaintRule"):
+        assert kind in text, kind

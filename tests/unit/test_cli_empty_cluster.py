@@ -1,0 +1,64 @@
+"""An empty cluster name is refused by every command that takes ``--cluster`` (exit code 2), whether it came
+from the option or from ``LEDGER_CLUSTER``, before any database is opened: the recording commands used to
+key their rows by ``default`` (``replay``) or by ``""`` (``watch``) without a word."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.factories import plugin_commands
+
+NOWHERE = "postgresql://nobody@127.0.0.1:1/none"
+"""A database URL that leads nowhere: the refusal must come before the database is touched."""
+WIDE = {"COLUMNS": "300"}
+"""A terminal wide enough that Typer's error box keeps each message on one line."""
+
+
+@pytest.mark.parametrize("source", ["option", "environment"])
+def test_replay_refuses_an_empty_cluster_instead_of_recording_under_default(tmp_path: Path, source: str) -> None:
+    from ledger.cli import app
+
+    history = tmp_path / "h.jsonl"
+    history.write_text("")
+    args = ["replay", str(history), "--database-url", NOWHERE]
+    if source == "option":
+        result = CliRunner().invoke(app, [*args, "--cluster", ""], env=WIDE)
+    else:
+        result = CliRunner().invoke(app, args, env={**WIDE, "LEDGER_CLUSTER": ""})
+
+    assert result.exit_code == 2, result.output
+    assert ("Invalid value for --cluster: empty; leave the option out (and LEDGER_CLUSTER unset) to record as "
+            "cluster 'default'") in result.output
+
+
+@pytest.mark.parametrize("source", ["option", "environment"])
+def test_watch_refuses_an_empty_cluster(source: str) -> None:
+    args = ["watch", "--database-url", NOWHERE, "--kubeconfig", "/nonexistent"]
+    with plugin_commands() as app:
+        if source == "option":
+            result = CliRunner().invoke(app, [*args, "--cluster", ""], env=WIDE)
+        else:
+            result = CliRunner().invoke(app, args, env={**WIDE, "LEDGER_CLUSTER": ""})
+
+    assert result.exit_code == 2, result.output
+    assert ("Invalid value for --cluster: empty; leave the option out (and LEDGER_CLUSTER unset) to record as "
+            "cluster 'default'") in result.output
+
+
+def test_jobs_refuses_an_empty_cluster() -> None:
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["jobs", "--once", "--cluster", "", "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --cluster: empty; leave the option out to run the jobs for every cluster" in result.output
+
+
+def test_serve_refuses_an_empty_cluster() -> None:
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["serve", "--cluster", "", "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "--cluster is empty; leave it out to serve every cluster" in result.output
