@@ -28,7 +28,7 @@ not depend on batch boundaries, and live catch-up and ``rebuild`` stay row-for-r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -41,7 +41,7 @@ from ledger.projections.base import opt_str_of, str_of
 from ledger.projections.models import ALLOCATION_EVENTS, TAINT_RULE_EVENTS, counter_set_of, model_of, taint_rule_row
 from ledger.store import tables as t
 from ledger.store.postgres import copy_rows
-from ledger.types import JSONValue
+from ledger.types import JSONObject, JSONValue
 
 Key = tuple[str, ...]
 
@@ -219,19 +219,28 @@ def apply_device_inventory(conn: Connection, events: Sequence[RecordedEvent]) ->
     iv.flush()
 
 
-def apply_device_classes(conn: Connection, events: Sequence[RecordedEvent]) -> None:
-    """Batch form of :class:`ledger.projections.models.DeviceClasses`."""
-    mine = _mine(events, ("DeviceClassDefined", "DeviceClassChanged", "DeviceClassDeleted"))
+def _apply_named_specs(conn: Connection, events: Sequence[RecordedEvent], table: Table, types: tuple[str, ...],
+                       deleted: str, row: Callable[[JSONObject], dict[str, object]]) -> None:
+    """Intervals of a cluster-scoped object's spec keyed by (cluster, ``name``): each event closes the name's
+    open interval, and every event but ``deleted`` opens the next one with ``row(payload)``."""
+    mine = _mine(events, types)
     if not mine:
         return
-    iv = _Intervals(conn, t.device_classes, ("cluster", "name"))
+    iv = _Intervals(conn, table, ("cluster", "name"))
     iv.load((e.cluster, str_of(e.payload, "name")) for e in mine)
     for e in mine:
         key = (e.cluster, str_of(e.payload, "name"))
         iv.close(key, e.occurred_at)
-        if e.type != "DeviceClassDeleted":
-            iv.open({"cluster": key[0], "name": key[1], "spec": _j(e.payload["spec"])}, e.occurred_at)
+        if e.type != deleted:
+            iv.open({"cluster": key[0], "name": key[1], **row(e.payload)}, e.occurred_at)
     iv.flush()
+
+
+def apply_device_classes(conn: Connection, events: Sequence[RecordedEvent]) -> None:
+    """Batch form of :class:`ledger.projections.models.DeviceClasses`."""
+    _apply_named_specs(conn, events, t.device_classes,
+                       ("DeviceClassDefined", "DeviceClassChanged", "DeviceClassDeleted"), "DeviceClassDeleted",
+                       lambda payload: {"spec": _j(payload["spec"])})
 
 
 def apply_device_taint_rules(conn: Connection, events: Sequence[RecordedEvent]) -> None:
@@ -241,17 +250,8 @@ def apply_device_taint_rules(conn: Connection, events: Sequence[RecordedEvent]) 
         AssertionError / ledger.errors.Invalid: a payload lacks ``taint`` or ``taint.effect`` (see
             :func:`ledger.projections.models.taint_rule_row`).
     """
-    mine = _mine(events, TAINT_RULE_EVENTS)
-    if not mine:
-        return
-    iv = _Intervals(conn, t.device_taint_rules, ("cluster", "name"))
-    iv.load((e.cluster, str_of(e.payload, "name")) for e in mine)
-    for e in mine:
-        key = (e.cluster, str_of(e.payload, "name"))
-        iv.close(key, e.occurred_at)
-        if e.type != "DeviceTaintRuleDeleted":
-            iv.open({"cluster": key[0], "name": key[1], **taint_rule_row(e.payload)}, e.occurred_at)
-    iv.flush()
+    _apply_named_specs(conn, events, t.device_taint_rules, TAINT_RULE_EVENTS, "DeviceTaintRuleDeleted",
+                       taint_rule_row)
 
 
 def apply_pod_phases(conn: Connection, events: Sequence[RecordedEvent]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from tests.factories import plugin_commands
@@ -17,35 +18,31 @@ WIDE = {"COLUMNS": "300"}
 """A terminal wide enough that Typer's error box keeps each message on one line."""
 
 
+def _assert_refused_to_record(app: typer.Typer, args: list[str], source: str) -> None:
+    """Run ``args`` with an empty cluster from ``source`` (``option`` or ``environment``); assert exit code 2
+    and the recording commands' message."""
+    if source == "option":
+        result = CliRunner().invoke(app, [*args, "--cluster", ""], env=WIDE)
+    else:
+        result = CliRunner().invoke(app, args, env={**WIDE, "LEDGER_CLUSTER": ""})
+    assert result.exit_code == 2, result.output
+    assert ("Invalid value for --cluster: empty; leave the option out (and LEDGER_CLUSTER unset) to record as "
+            "cluster 'default'") in result.output
+
+
 @pytest.mark.parametrize("source", ["option", "environment"])
 def test_replay_refuses_an_empty_cluster_instead_of_recording_under_default(tmp_path: Path, source: str) -> None:
     from ledger.cli import app
 
     history = tmp_path / "h.jsonl"
     history.write_text("")
-    args = ["replay", str(history), "--database-url", NOWHERE]
-    if source == "option":
-        result = CliRunner().invoke(app, [*args, "--cluster", ""], env=WIDE)
-    else:
-        result = CliRunner().invoke(app, args, env={**WIDE, "LEDGER_CLUSTER": ""})
-
-    assert result.exit_code == 2, result.output
-    assert ("Invalid value for --cluster: empty; leave the option out (and LEDGER_CLUSTER unset) to record as "
-            "cluster 'default'") in result.output
+    _assert_refused_to_record(app, ["replay", str(history), "--database-url", NOWHERE], source)
 
 
 @pytest.mark.parametrize("source", ["option", "environment"])
 def test_watch_refuses_an_empty_cluster(source: str) -> None:
-    args = ["watch", "--database-url", NOWHERE, "--kubeconfig", "/nonexistent"]
     with plugin_commands() as app:
-        if source == "option":
-            result = CliRunner().invoke(app, [*args, "--cluster", ""], env=WIDE)
-        else:
-            result = CliRunner().invoke(app, args, env={**WIDE, "LEDGER_CLUSTER": ""})
-
-    assert result.exit_code == 2, result.output
-    assert ("Invalid value for --cluster: empty; leave the option out (and LEDGER_CLUSTER unset) to record as "
-            "cluster 'default'") in result.output
+        _assert_refused_to_record(app, ["watch", "--database-url", NOWHERE, "--kubeconfig", "/nonexistent"], source)
 
 
 def test_jobs_refuses_an_empty_cluster() -> None:
