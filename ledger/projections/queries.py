@@ -130,7 +130,7 @@ class OccupancyScope:
 
     def params(self) -> dict[str, object]:
         """Bind parameters of the filters (``teams`` as a sorted list; see :meth:`team_filter`; the
-        DeviceClass members as four parallel arrays ``:m_cluster`` .. ``:m_device``, see :meth:`where`)."""
+        DeviceClass members as one text a key, ``:members``, see :meth:`member_filter`)."""
         granted = [ns for ns, team in self.overrides if self.teams is not None and team in self.teams]
         return {"cluster": self.cluster, "node": self.node, "driver": self.driver, "pool": self.pool,
                 "teams": sorted(self.teams) if self.teams is not None else None,
@@ -266,22 +266,13 @@ LOOK_UP: Literal["look up"] = "look up"
 """Passed as ``counted``: the function reads the occupancy counts itself."""
 
 
-def page_counts(conn: Connection, at: datetime, scope: OccupancyScope, counted: Counted) -> Counted:
-    """What a page's device walk may read of the occupancy counts: ``counted`` (:func:`cluster_counts`), or,
-    for a DeviceClass scope without node or team filter, the cluster's counts all the same. The walk only
-    asks whether the cluster holds any off-slice device at T (:func:`_pick_devices`); a class narrows the
-    cluster's devices, so none stays none, and the walk for them is skipped at most instants. Never for
-    totals: the class's totals are not the cluster's."""
-    if scope.members is None or scope.node is not None or scope.teams is not None:
-        return counted
-    return counts.totals_at(conn, at, scope.cluster)
-
-
 def cluster_counts(conn: Connection, at: datetime, scope: OccupancyScope) -> Counted:
     """The occupancy counts of ``scope.cluster`` (all clusters when ``None``) at ``at``, or ``None`` when they
-    do not cover ``at`` or ``scope`` has a node, team or DeviceClass filter (those list devices the cluster's
-    counts do not describe). One lookup serves a page and its totals (:func:`occupancy`)."""
-    if scope.node is not None or scope.teams is not None or scope.members is not None:
+    do not cover ``at`` or ``scope`` has a node or team filter (those list devices the cluster's counts do
+    not describe). One lookup serves a page and its totals (:func:`occupancy`). Driver, pool and DeviceClass
+    filters only narrow the cluster's devices: their pages still read whether any is off-slice, and their
+    totals are aggregated (:func:`occupancy_totals`)."""
+    if scope.node is not None or scope.teams is not None:
         return None
     return counts.totals_at(conn, at, scope.cluster)
 
@@ -307,7 +298,7 @@ def occupancy_totals(conn: Connection, *, at: datetime, scope: OccupancyScope = 
     """
     if counted == LOOK_UP:
         counted = cluster_counts(conn, at, scope)
-    if isinstance(counted, Mapping) and scope.driver is None and scope.pool is None:
+    if isinstance(counted, Mapping) and scope.driver is None and scope.pool is None and scope.members is None:
         # Whole clusters: one row of the occupancy counts when they cover ``at`` (equal to the aggregate,
         # tested at every change instant of recorded histories), instead of a visit of every device.
         return {"devices": counted["devices"], "allocated": counted["allocated"],
@@ -454,7 +445,8 @@ def _pick_devices(conn: Connection, *, at: datetime, scope: OccupancyScope, afte
     # (all of them after ``after`` when the inventory ran out before ``n`` rows). When the occupancy counts
     # cover T and say the cluster has none (as at most instants), the walk for them is skipped: about half
     # of a page's time on the 10 M-event ledger. Driver and pool filters only narrow the cluster's set, so
-    # none stays none; with a node filter there are no counts (:func:`cluster_counts`), so it looks.
+    # none stays none (so do DeviceClass filters); with a node filter there are no counts (:func:`cluster_counts`),
+    # so it looks.
     if counted is None or counted["off_slice"] > 0:
         _, off_sql = occupancy_page_statements(scope, after=after, upper=upper)
         off = conn.execute(text(off_sql), {**params, **_key_params("a_", after), **_key_params("u_", upper)}).all()
@@ -686,8 +678,7 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     scope = occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
                             device_class=device_class, teams=teams, overrides=overrides, members=class_members)
     counted = cluster_counts(conn, at, scope)  # once for the page and its totals
-    devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit,
-                                            counted=page_counts(conn, at, scope, counted))
+    devices, next_after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=limit, counted=counted)
     totals = occupancy_totals(conn, at=at, scope=scope, counted=counted)
     return OccupancyPage(body={"at": rfc3339(at), "totals": totals, "devices": devices}, next_after=next_after)
 
@@ -708,12 +699,11 @@ def occupancy_all(conn: Connection, *, at: datetime, cluster: str | None = None,
     scope = occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
                             device_class=device_class, teams=teams, overrides=overrides)
     counted = cluster_counts(conn, at, scope)  # once for every page and the totals
-    walk = page_counts(conn, at, scope, counted)
     devices: list[JSONValue] = []
     after: DeviceSortKey | None = None
     while True:
         page, after = occupancy_devices(conn, at=at, scope=scope, after=after, limit=OCCUPANCY_MAX_LIMIT,
-                                        counted=walk)
+                                        counted=counted)
         devices.extend(page)
         if after is None:
             break
