@@ -165,7 +165,7 @@ def read_bytes(group: Path) -> int:
 
 
 def release(group: Path) -> None:
-    """Remove the cgroup made by :func:`confine` (its processes must have ended)."""
+    """Remove the cgroup made by :func:`new_group` (its processes must have ended)."""
     for _ in range(50):
         try:
             group.rmdir()

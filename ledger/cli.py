@@ -75,7 +75,7 @@ def refuse_empty_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[
 
     Why: an empty name would key rows or filter on a cluster called "" (queries showed nothing, ``replay``
     silently recorded under ``default``, ``watch`` under ""); the REST API refuses an empty ``cluster=``
-    with the same words (``api.deps.parse_cluster``).
+    too (``api.parameters``, its guard for every empty query parameter).
     """
     unset = " (and LEDGER_CLUSTER unset)" if envvar else ""
 

@@ -703,9 +703,9 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
             members_key: _MembersKey = (db.url, version.checkpoints, at, cluster, node, driver, pool, device_class)
             members = _MEMBERS_CACHE.get(members_key)
             if members is None:
-                members = queries.occupancy_scope(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
-                                                  device_class=device_class).members
-                assert members is not None  # a scope with a class always has its members
+                members = queries.device_class_members(
+                    conn, at=at, device_class=device_class,
+                    scope=queries.OccupancyScope(cluster=cluster, node=node, driver=driver, pool=pool))
                 if len(_MEMBERS_CACHE) >= OCCUPANCY_MEMBERS_ENTRIES:
                     _MEMBERS_CACHE.pop(next(iter(_MEMBERS_CACHE)))
                 _MEMBERS_CACHE[members_key] = members

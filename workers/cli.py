@@ -125,10 +125,7 @@ def register(app: typer.Typer) -> None:
     def watch(
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
-        cluster: Annotated[str | None, typer.Option(
-            "--cluster", envvar="LEDGER_CLUSTER",
-            callback=cli.refuse_empty_cluster(leaving_out="to record as cluster 'default'"),
-            help="Name the cluster's rows carry (default: 'default'); an empty name is refused.")] = None,
+        cluster: cli.WriteClusterOpt = None,
         database_url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                                          help="Ledger database URL; unset = embedded.")] = None,
         identity: Annotated[str | None, typer.Option("--identity", help="Lease holder identity "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, Response
@@ -21,6 +20,7 @@ from api.methods import read
 from api.schemas import Usage, to_struct
 from ledger import services
 from ledger.errors import Invalid
+from ledger.projections.queries import rfc3339
 from ledger.recorded import SHORTEST_STEP
 
 CSV_COLUMNS = ("group", "deviceClass", "driver", "start", "end", "deviceHours", "cost", "currency")
@@ -183,6 +183,6 @@ class UsageController(Controller):
             return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
         rows = body["rows"]
         assert isinstance(rows, list)
-        at = now.astimezone(UTC).isoformat()  # to the microsecond: page 2 must cut the very same result
+        at = rfc3339(now)  # to the microsecond: page 2 must cut the very same result
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=at, query=query)
         return Response(to_struct({**body, "rows": chunk, "nextPageToken": token}, Usage))
