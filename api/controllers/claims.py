@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from litestar import Controller
+from litestar import Controller, Request
 from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
@@ -34,6 +34,7 @@ class ClaimsController(Controller):
     )
     def list_claims(
         self,
+        request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         claim_state: Annotated[
@@ -60,7 +61,7 @@ class ClaimsController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
-            "/v1/claims",
+            request.url.path,
             {
                 "state": claim_state,
                 "namespace": namespace,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Annotated, Any
 
-from litestar import Controller
+from litestar import Controller, Request
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -66,7 +66,8 @@ class DemandController(Controller):
 
     @read("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas", sync_to_thread=True,
          summary="Kueue-style counted usage vs quota per team and resource name")
-    def quotas(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
+    def quotas(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState], access: NamedDependency[Access],
+               at: AtParam = None,
                cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Quotas:
         """Counted usage at T from allocated claims (tables ``claims``, ``device_allocations``), following
         Kueue's ``deviceClassMappings`` in the configuration: ``ExactCount`` requests count ``count``,
@@ -74,7 +75,7 @@ class DemandController(Controller):
         counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint("/v1/quotas", {"cluster": scope, "at": at})
+        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
@@ -98,14 +99,15 @@ class DemandController(Controller):
 
     @read("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
          summary="Pending demand vs free devices per DeviceClass")
-    def pending(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
+    def pending(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState], access: NamedDependency[Access],
+                at: AtParam = None,
                 cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Pending:
         """Claims without an allocation at T, with devices requested per request, and per DeviceClass the
         claims waiting, devices requested and devices free at T (selected by the class's CEL selectors,
         unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint("/v1/pending", {"cluster": scope, "at": at})
+        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller
+from litestar import Controller, Request
 from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
@@ -34,6 +34,7 @@ class EventsController(Controller):
     )
     def events(
         self,
+        request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         after_position: Annotated[
@@ -59,7 +60,7 @@ class EventsController(Controller):
             raise Invalid(f"type: no event type {shorten(repr(event_type))}; the types are {known}")
         if page_token is not None and after_position:
             raise Invalid("give afterPosition or pageToken, not both (the token already says where to go on)")
-        query = pagination.fingerprint("/v1/events", {"type": event_type, "stream": stream})
+        query = pagination.fingerprint(request.url.path, {"type": event_type, "stream": stream})
         page = pagination.decode(page_token, query=query)
         after = page.offset if page_token is not None else after_position
         rows = services.events(

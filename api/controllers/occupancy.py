@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from litestar import Controller
+from litestar import Controller, Request
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -41,6 +41,7 @@ class OccupancyController(Controller):
     )
     def occupancy(
         self,
+        request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
@@ -78,7 +79,7 @@ class OccupancyController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(
-            "/v1/occupancy",
+            request.url.path,
             {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": at, "deviceClass": device_class}
         )
         page = pagination.decode(page_token, query=query)

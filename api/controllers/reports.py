@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller
+from litestar import Controller, Request
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 
@@ -33,6 +33,7 @@ class ReportsController(Controller):
     )
     def idle_claims(
         self,
+        request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         min_idle: Annotated[
@@ -55,7 +56,7 @@ class ReportsController(Controller):
         that team: the body is the one of ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint("/v1/reports/idle-claims", {"minIdle": min_idle, "cluster": scope, "at": at})
+        query = pagination.fingerprint(request.url.path, {"minIdle": min_idle, "cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
         when = parse_instant(page.at or at, "at")
         body: Any = services.idle_report(

@@ -161,7 +161,7 @@ class UsageController(Controller):
             raise Invalid("from must be before to")
         bucket = parse_duration(step, "step", shortest=SHORTEST_STEP)
         query = pagination.fingerprint(
-            "/v1/usage",
+            request.url.path,
             {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
         )
         page = pagination.decode(page_token, query=query)
