@@ -170,12 +170,14 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
-def _json_media(content_type: str | None) -> bool:
-    """Whether a response's Content-Type is JSON (``application/json``, ``application/*+json``, parameters
-    such as ``;stream=watch`` ignored). No header at all counts as JSON: the lines are judged one by one."""
-    if content_type is None:
+def _json_media(resp: aiohttp.ClientResponse) -> bool:
+    """Whether ``resp`` is JSON (``application/json``, ``application/*+json``; parameters such as
+    ``;stream=watch`` ignored: aiohttp's ``content_type`` is the lower-cased media type alone). No
+    Content-Type at all counts as JSON (aiohttp would report ``application/octet-stream``): the lines are
+    judged one by one."""
+    if "Content-Type" not in resp.headers:
         return True
-    media = content_type.split(";", 1)[0].strip().lower()
+    media = resp.content_type
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
@@ -394,7 +396,7 @@ class KubeSource:
             async with resp:
                 if not 200 <= resp.status <= 299:
                     raise _status_error(resp.status, await resp.read(), resp.headers, what)
-                if not _json_media(resp.headers.get("Content-Type")):
+                if not _json_media(resp):
                     # A 2xx that is not JSON is no watch stream: a proxy's login or error page, say. Read as
                     # a stream, each of its lines would be stored as a rejected observation and, as such a
                     # page ends at once, the loop would watch again and store them again, with no pause.
