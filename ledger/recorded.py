@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
@@ -100,6 +100,11 @@ class WatchLine:
     It depends on content only: the same event read from any file, in any format or formatting,
     has the same digest; any change of type, instant or object changes it.
     """
+    object_json: bytes
+    """``object`` as JSON text (UTF-8, keys sorted): the object's part of the digest input, cut out of it.
+
+    The ledger stores it as the observation's ``body`` (``jsonb``, which orders keys its own way), so an
+    ingest encodes each object once, for the digest, instead of twice."""
     holds_nul: bool = False
     """Whether a key or string of ``object`` holds U+0000, which ``jsonb`` and ``text`` columns refuse.
 
@@ -871,35 +876,45 @@ accept ``NaN`` / ``Infinity`` (JSON) and ``.nan`` / ``.inf`` (YAML), which Postg
 
 
 def _watch_line(
-    source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject, raw: str,
-    *, fast: bool = False
+    source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject,
+    raw: str | Callable[[], str], *, fast: bool = False
 ) -> ReadResult:
-    """Build a WatchLine; ``raw`` is only used if the object cannot be stored.
+    """Build a WatchLine; ``raw`` (the line's text, or what makes it) is only used if the object cannot be stored.
 
     ``fast``: ``obj`` came from :data:`_FAST_DECODER` (no floats, lone surrogates or NaN), so
     :data:`_FAST_CANONICAL` gives the digest input, byte for byte what :data:`_CANONICAL` gives.
     """
-    envelope = [event_type, observed_at.isoformat() if observed_at else "", obj]
+    instant = observed_at.isoformat() if observed_at else ""
+    envelope = [event_type, instant, obj]
     if fast:
         encoded = _FAST_CANONICAL.encode(envelope)
     else:
         try:
             canonical = _CANONICAL.encode(envelope)
         except RecursionError:
-            return _broken(source, line, "object nested too deeply", raw)
+            return _broken(source, line, "object nested too deeply", _text(raw))
         except ValueError:  # NaN or Infinity: not JSON, and the database could not store the line
-            return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", raw)
+            return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", _text(raw))
         try:
             encoded = canonical.encode("utf-8")
         except UnicodeEncodeError as e:  # "\ud800" decodes to a lone surrogate: not Unicode text, not storable
             return _broken(source, line, f"object holds a lone UTF-16 surrogate {canonical[e.start]!r}, "
-                           "which is not a Unicode character", raw)
+                           "which is not a Unicode character", _text(raw))
     # Each level needs a '{' or '[', so few brackets in all prove the depth is fine without a walk.
     if encoded.count(b"{") + encoded.count(b"[") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
         return _broken(source, line, f"object: nested too deeply (more than {MAX_DEPTH} levels of objects "
-                       "and arrays)", raw)
+                       "and arrays)", _text(raw))
+    # The digest input is ``[type, time, object]`` with no spaces; type and time are ASCII and need no escape,
+    # so the object's text starts after the two quoted strings, the brackets and the commas.
+    start = len(event_type) + len(instant) + 7
     return WatchLine(source=source, line=line, observed_at=observed_at, type=event_type, object=obj,
-                     digest=hashlib.sha256(encoded).hexdigest(), holds_nul=b"\\u0000" in encoded)
+                     digest=hashlib.sha256(encoded).hexdigest(), object_json=encoded[start:-1],
+                     holds_nul=b"\\u0000" in encoded)
+
+
+def _text(raw: str | Callable[[], str]) -> str:
+    """The text of a line that :func:`_watch_line` refuses: ``raw`` itself, or what ``raw`` makes."""
+    return raw if isinstance(raw, str) else raw()
 
 
 def _deeper_than(obj: JSONObject, limit: int) -> bool:
@@ -985,7 +1000,8 @@ def watch_line(
         Invalid: ``observed_at`` is naive.
     """
     at = _as_utc(observed_at)
-    return _watch_line(source, line, event_type, at, obj, _dump(obj))
+    # The object's text is made only for a line that is refused: a live watch's lines are rarely broken.
+    return _watch_line(source, line, event_type, at, obj, lambda: _dump(obj))
 
 
 def broken_watch_line(*, source: str, line: int, reason: str, observed_at: datetime, text: str) -> BrokenLine:

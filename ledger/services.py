@@ -31,7 +31,14 @@ from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watc
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
-from ledger.store.postgres import EVICTED_PREFIXES, ObservationKey, ObservationRow, WatchCheckpointRow, dirty_rows
+from ledger.store.postgres import (
+    EVICTED_PREFIXES,
+    ObservationKey,
+    ObservationRow,
+    WatchCheckpointRow,
+    dirty_rows,
+    json_bytes,
+)
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
@@ -85,18 +92,18 @@ def _chunks(items: Iterable[WatchLine | BrokenLine], size: int) -> Iterator[list
 def _row_for(line: WatchLine, *, recorded_at: datetime, origin: str, error: str | None) -> ObservationRow:
     obj = line.object
     meta = obj.get("metadata")
-
-    def meta_str(key: str) -> str | None:
-        value = meta.get(key) if isinstance(meta, dict) else None
-        return value if isinstance(value, str) else None
-
+    if not isinstance(meta, dict):
+        meta = {}
     kind, api = obj.get("kind"), obj.get("apiVersion")
+    namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+    version = meta.get("resourceVersion")
     return ObservationRow(
         digest=line.digest, status="rejected" if error else "recorded",
         kind=kind if isinstance(kind, str) else None, api_version=api if isinstance(api, str) else None,
-        namespace=meta_str("namespace"), name=meta_str("name"), uid=meta_str("uid"),
-        resource_version=meta_str("resourceVersion"), watch_type=line.type, observed_at=line.observed_at,
-        recorded_at=recorded_at, origin=origin, error=error, body=obj)
+        namespace=namespace if isinstance(namespace, str) else None, name=name if isinstance(name, str) else None,
+        uid=uid if isinstance(uid, str) else None, resource_version=version if isinstance(version, str) else None,
+        watch_type=line.type, observed_at=line.observed_at, recorded_at=recorded_at, origin=origin, error=error,
+        body=line.object_json)
 
 
 def ingest(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine], *, cluster: str,
@@ -415,7 +422,8 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
             observations.append(ObservationRow(
                 digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
                 name=None, uid=None, resource_version=None, watch_type=None, observed_at=item.observed_at,
-                recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason), body=_no_nul(item.text)))
+                recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason),
+                body=json_bytes(_no_nul(item.text))))
             chunk_report.rejected.append(Rejection(origin=origin, reason=_no_nul(item.reason)))
             continue
         if item.holds_nul:
@@ -425,7 +433,7 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
                 digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
                 name=None, uid=None, resource_version=None, watch_type=item.type,
                 observed_at=item.observed_at, recorded_at=recorded_at, origin=origin, error=reason,
-                body=json.dumps(item.object)))  # as text: the escape stays six characters, never a NUL
+                body=json_bytes(json.dumps(item.object))))  # as a JSON string: the escape stays six characters
             chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
             continue
         observed = item.observed_at or at or recorded_at

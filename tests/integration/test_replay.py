@@ -159,6 +159,37 @@ def _t(value: str) -> Any:
     return parse_time(value)
 
 
+def test_observation_and_event_rows_hold_each_line_and_event_as_json_objects(ledger: LedgerHandle,
+                                                                           tmp_path: Path) -> None:
+    # The append writes these tables with a binary COPY of JSON text encoded once: what is stored must be the
+    # object itself (not a JSON string holding its text), with every column where a text COPY put it.
+    lines = _lines(SEED)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([lines[0], lines[1][:50], lines[2]]) + "\n")
+    ledger.replay(bad)
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(text("SELECT origin, status, kind, name, uid, resource_version, watch_type, observed_at, "
+                                 "body, jsonb_typeof(body) AS shape FROM observations ORDER BY origin")).all()
+        event = conn.execute(text("SELECT stream, stream_position, type, schema_version, payload, source, "
+                                  "jsonb_typeof(payload) AS shape FROM events ORDER BY global_position LIMIT 1")).one()
+    first, broken, third = rows
+    sent = json.loads(lines[0])
+    assert (first.status, first.kind, first.watch_type, first.shape) == ("recorded", sent["object"]["kind"],
+                                                                         sent["type"], "object")
+    assert first.body == sent["object"]
+    assert (first.name, first.uid, first.resource_version) == (
+        sent["object"]["metadata"]["name"], sent["object"]["metadata"].get("uid"),
+        sent["object"]["metadata"].get("resourceVersion"))
+    assert first.observed_at == _t(sent["observedAt"])
+    assert third.body == json.loads(lines[2])["object"]
+    # A broken line keeps its text, as a JSON string.
+    assert (broken.status, broken.shape, broken.body, broken.kind) == ("rejected", "string", lines[1][:50], None)
+    # The first event: the first line's, on its stream at position 1, with an object payload and its source.
+    assert (event.stream_position, event.schema_version, event.shape) == (1, 1, "object")
+    assert event.source["watchType"] == sent["type"] and event.source["kind"] == sent["object"]["kind"]
+    assert event.source["digest"].startswith(f"{ledger.cluster}/")
+
+
 def test_kubectl_watch_output_and_yaml_lists_replay_like_recorded_lines(ledger: LedgerHandle,
                                                                         tmp_path: Path) -> None:
     # `kubectl get resourceclaims -o json --watch --output-watch-events`: pretty-printed events back to back.
@@ -330,7 +361,7 @@ def test_the_duplicate_check_finds_every_stored_digest_whatever_its_characters(l
     rows = [ObservationRow(digest=d, status="rejected", kind=None, api_version=None, namespace=None, name=None,
                            uid=None, resource_version=None, watch_type=None, observed_at=t,
                            recorded_at=_t("2026-11-02T09:00:00Z"), origin=f"test:{i}", error=f"reason {i}",
-                           body="x") for i, (d, t) in enumerate(zip(digests, times, strict=True))]
+                           body=b"\"x\"") for i, (d, t) in enumerate(zip(digests, times, strict=True))]
     with ledger.engine.begin() as conn:
         pg.insert_observations(conn, ledger.cluster, rows)
     keys = list(zip(times, digests, strict=True))

@@ -54,6 +54,7 @@ def test_any_object_reads_to_the_same_object_and_reference_digest(body: JSONObje
 
     assert read.object == obj
     assert read.digest == reference_digest("MODIFIED", AT, obj)
+    assert json.loads(read.object_json) == obj  # the stored body, cut out of the digest input
     assert read.holds_nul == ("\\u0000" in json.dumps(obj))  # as the WatchLine.holds_nul docstring says
 
 
@@ -75,5 +76,18 @@ def test_every_recorded_line_has_the_digest_a_live_watch_event_gets(tmp_path: Pa
                               obj=json.loads(text)["object"])
             assert isinstance(live, WatchLine)
             assert (read.digest, read.object) == (live.digest, live.object), f"{path.name}:{number}"
+            assert read.object_json == live.object_json, f"{path.name}:{number}"
+            assert json.loads(read.object_json) == read.object, f"{path.name}:{number}"
             checked += 1
     assert checked > 300
+
+
+def test_an_object_read_without_a_receive_time_keeps_its_whole_text_for_the_body() -> None:
+    # kubectl output carries no observedAt: the digest input's time is "" and the object starts earlier.
+    obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "labels": {"team": "é"}}}
+    results = list(read_text(json.dumps(obj, indent=2), source="test"))
+    assert len(results) == 1 and isinstance(results[0], WatchLine)
+    read = results[0]
+    assert read.observed_at is None
+    assert json.loads(read.object_json) == obj
+    assert read.object_json == json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
