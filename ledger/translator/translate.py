@@ -454,6 +454,16 @@ def _check_counts(requests: list[JSONObject]) -> None:
     Raises:
         InvalidObject: at ``spec.devices.requests[i].exactly.count`` or ``...firstAvailable[j].count``.
     """
+    # Every claim line passes here: look at the counts directly first, and name paths only once one is wrong.
+    for req in requests:
+        exactly = req.get("exactly")
+        subs = req.get("firstAvailable")
+        if not _count_ok(exactly.get("count") if isinstance(exactly, dict) else None):
+            break
+        if isinstance(subs, list) and not all(_count_ok(sub.get("count")) for sub in subs if isinstance(sub, dict)):
+            break
+    else:
+        return
     for i, req in enumerate(requests):
         exactly = req.get("exactly")
         subs = req.get("firstAvailable")
@@ -467,6 +477,11 @@ def _check_counts(requests: list[JSONObject]) -> None:
             if count is not None and not 1 <= count <= MAX_REQUEST_COUNT:
                 raise InvalidObject(f"{path}.count", f"expected a device count from 1 to {MAX_REQUEST_COUNT}, "
                                                      f"got {count}")
+
+
+def _count_ok(count: object) -> bool:
+    """Whether a request ``count`` (``None``: absent) passes :func:`_check_counts`."""
+    return count is None or (type(count) is int and 1 <= count <= MAX_REQUEST_COUNT)
 
 
 def _request_classes(requests: list[JSONObject]) -> tuple[dict[str, str | None], dict[str, bool]]:
