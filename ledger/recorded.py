@@ -893,8 +893,9 @@ def _watch_line(
             canonical = _CANONICAL.encode(envelope)
         except RecursionError:
             return _broken(source, line, "object nested too deeply", _text(raw))
-        except ValueError:  # NaN or Infinity: not JSON, and the database could not store the line
-            return _broken(source, line, "object holds NaN or Infinity, which JSON does not allow", _text(raw))
+        except ValueError:  # NaN or Infinity (also what 1e309 reads as): the database could not store the line
+            return _broken(source, line, "object holds NaN or Infinity (a number past ±1.8e308 reads as Infinity), "
+                           "which the ledger cannot store", _text(raw))
         try:
             encoded = canonical.encode("utf-8")
         except UnicodeEncodeError as e:  # "\ud800" decodes to a lone surrogate: not Unicode text, not storable

@@ -209,6 +209,8 @@ CORPUS: dict[str, Case] = {
                              {0: "NaN or Infinity"}),
     "infinity_in_an_object": Case(lambda s: [line("ADDED", _claim(s), 5).replace('"count": 1', '"count": -Infinity')],
                                   {0: "NaN or Infinity"}),
+    "number_past_the_float_range": Case(lambda s: [line("ADDED", _claim(s), 5).replace('"count": 1', '"count": 1e309')],
+                                        {0: "a number past ±1.8e308 reads as Infinity"}),
     "lone_surrogate_in_a_name": Case(lambda s: [line("ADDED", _claim(s, name="x\ud800y"), 5)],
                                      {0: "lone UTF-16 surrogate"}),
     "nul_in_a_name": Case(lambda s: [line("ADDED", _claim(s, name="x\x00y"), 5)], {0: "NUL character"}),
