@@ -9,13 +9,14 @@ it back. The envelope (stream, stream position, global position, times, source) 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar, TypeAlias
+
+import msgspec
 
 from ledger.types import GlobalPosition, JSONObject, JSONValue, StreamId, StreamPosition
 
@@ -32,8 +33,7 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
+class Event(msgspec.Struct, frozen=True, kw_only=True):
     """Base of all domain events; ``TYPE`` is the stored ``events.type``."""
 
     TYPE: ClassVar[str] = ""
@@ -42,8 +42,7 @@ class Event:
 # --- devices and pools (source: ResourceSlice) -------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DevicePublished(Event):
+class DevicePublished(Event, frozen=True, kw_only=True):
     """A device appeared in the counting generation of its pool.
 
     Source: ``ResourceSlice.spec.devices[]`` of a slice at the highest ``spec.pool.generation``.
@@ -64,15 +63,13 @@ class DevicePublished(Event):
     taints: list[JSONValue]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceUpdated(DevicePublished):
+class DeviceUpdated(DevicePublished, frozen=True, kw_only=True):
     """A published device changed attributes, capacity, counters, taints, node or slice."""
 
     TYPE: ClassVar[str] = "DeviceUpdated"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceWithdrawn(Event):
+class DeviceWithdrawn(Event, frozen=True, kw_only=True):
     """A device left the counting generation of its pool (slice deleted, device removed, or a newer
     pool generation without it). Allocations that still name it stay held off-slice (DESIGN §11.4)."""
 
@@ -82,8 +79,7 @@ class DeviceWithdrawn(Event):
     device: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolGenerationObserved(Event):
+class PoolGenerationObserved(Event, frozen=True, kw_only=True):
     """The counting generation of a pool, or its completeness, changed.
 
     Source: ``ResourceSlice.spec.pool`` {name, generation, resourceSliceCount}; ``slices`` is the
@@ -103,8 +99,7 @@ class PoolGenerationObserved(Event):
 # --- claims (source: ResourceClaim) ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimCreated(Event):
+class ClaimCreated(Event, frozen=True, kw_only=True):
     """A ResourceClaim was first seen.
 
     ``origin`` is ``manual``, ``template`` or ``extended``; ``requests`` is
@@ -121,8 +116,7 @@ class ClaimCreated(Event):
     requests: list[JSONValue]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimAllocated(Event):
+class ClaimAllocated(Event, frozen=True, kw_only=True):
     """Devices were allocated to the claim: ``status.allocation.devices.results[]``.
 
     Each result keeps ``request``, ``driver``, ``pool``, ``device``, ``adminAccess``, ``shareID``,
@@ -139,8 +133,7 @@ class ClaimAllocated(Event):
     allocation_timestamp: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimReserved(Event):
+class ClaimReserved(Event, frozen=True, kw_only=True):
     """A consumer entered ``status.reservedFor[]`` ({resource, name, uid, apiGroup})."""
 
     TYPE: ClassVar[str] = "ClaimReserved"
@@ -148,8 +141,7 @@ class ClaimReserved(Event):
     consumer: JSONObject
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimUnreserved(Event):
+class ClaimUnreserved(Event, frozen=True, kw_only=True):
     """A consumer left ``status.reservedFor[]`` (or the claim was deleted while it was there)."""
 
     TYPE: ClassVar[str] = "ClaimUnreserved"
@@ -157,8 +149,7 @@ class ClaimUnreserved(Event):
     consumer: JSONObject
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimDeletionRequested(Event):
+class ClaimDeletionRequested(Event, frozen=True, kw_only=True):
     """``metadata.deletionTimestamp`` was set. Not a release: the devices stay held (DESIGN §11.1)."""
 
     TYPE: ClassVar[str] = "ClaimDeletionRequested"
@@ -166,8 +157,7 @@ class ClaimDeletionRequested(Event):
     deletion_timestamp: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimDeallocated(Event):
+class ClaimDeallocated(Event, frozen=True, kw_only=True):
     """The allocation left ``status.allocation`` (or the claim was deleted while allocated): a release,
     dated when it was observed."""
 
@@ -175,8 +165,7 @@ class ClaimDeallocated(Event):
     uid: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimDeleted(Event):
+class ClaimDeleted(Event, frozen=True, kw_only=True):
     """The ResourceClaim was DELETED from the API server."""
 
     TYPE: ClassVar[str] = "ClaimDeleted"
@@ -186,8 +175,7 @@ class ClaimDeleted(Event):
 # --- device classes, namespaces, pods ----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceClassDefined(Event):
+class DeviceClassDefined(Event, frozen=True, kw_only=True):
     """A DeviceClass was first seen; ``spec`` is its v1 spec (selectors, config, extendedResourceName)."""
 
     TYPE: ClassVar[str] = "DeviceClassDefined"
@@ -195,15 +183,13 @@ class DeviceClassDefined(Event):
     spec: JSONObject
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceClassChanged(DeviceClassDefined):
+class DeviceClassChanged(DeviceClassDefined, frozen=True, kw_only=True):
     """The spec of a DeviceClass changed."""
 
     TYPE: ClassVar[str] = "DeviceClassChanged"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceClassDeleted(Event):
+class DeviceClassDeleted(Event, frozen=True, kw_only=True):
     """A DeviceClass was deleted."""
 
     TYPE: ClassVar[str] = "DeviceClassDeleted"
@@ -213,8 +199,7 @@ class DeviceClassDeleted(Event):
 # --- device taint rules (source: DeviceTaintRule) -----------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceTaintRuleDefined(Event):
+class DeviceTaintRuleDefined(Event, frozen=True, kw_only=True):
     """A DeviceTaintRule was first seen (or seen again after its deletion).
 
     Source: ``DeviceTaintRule.spec`` (any served version, normalised). ``device_selector`` is
@@ -231,23 +216,20 @@ class DeviceTaintRuleDefined(Event):
     taint: JSONObject
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceTaintRuleChanged(DeviceTaintRuleDefined):
+class DeviceTaintRuleChanged(DeviceTaintRuleDefined, frozen=True, kw_only=True):
     """The ``spec.deviceSelector`` or ``spec.taint`` of a DeviceTaintRule changed; the payload is the new spec."""
 
     TYPE: ClassVar[str] = "DeviceTaintRuleChanged"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceTaintRuleDeleted(Event):
+class DeviceTaintRuleDeleted(Event, frozen=True, kw_only=True):
     """A DeviceTaintRule was deleted: its taint no longer applies, from the time the deletion was observed."""
 
     TYPE: ClassVar[str] = "DeviceTaintRuleDeleted"
     name: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TeamAssigned(Event):
+class TeamAssigned(Event, frozen=True, kw_only=True):
     """The team billed for a namespace was set or changed: the value of the team label, or the namespace
     name when the label is absent. ``label`` is the label key read, ``None`` when the name was used."""
 
@@ -257,8 +239,7 @@ class TeamAssigned(Event):
     label: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PodPhaseChanged(Event):
+class PodPhaseChanged(Event, frozen=True, kw_only=True):
     """A pod was first seen or changed ``status.phase`` or its claim links.
 
     ``claims`` are the claim names it references: ``spec.resourceClaims[].resourceClaimName``,
@@ -275,8 +256,7 @@ class PodPhaseChanged(Event):
     claims: list[JSONValue]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PodDeleted(Event):
+class PodDeleted(Event, frozen=True, kw_only=True):
     """A pod was DELETED: any ``reservedFor`` entry naming it is stale from now on."""
 
     TYPE: ClassVar[str] = "PodDeleted"
@@ -300,7 +280,7 @@ EVENT_TYPES: Mapping[str, EventClass] = {
 
 
 _PAYLOAD_KEYS: dict[type[Event], tuple[tuple[str, str], ...]] = {}
-"""(attribute, payload key) per event class, computed once: ``dataclasses.fields`` and the camel-casing
+"""(attribute, payload key) per event class, computed once: the field names and the camel-casing
 cost more than the rest of :func:`to_payload` on every event of a large ingest."""
 
 
@@ -308,7 +288,7 @@ def to_payload(event: Event) -> JSONObject:
     """Return the stored payload of ``event``: its fields with Kubernetes key spelling."""
     keys = _PAYLOAD_KEYS.get(type(event))
     if keys is None:
-        keys = _PAYLOAD_KEYS[type(event)] = tuple((f.name, _camel(f.name)) for f in dataclasses.fields(event))
+        keys = _PAYLOAD_KEYS[type(event)] = tuple((name, _camel(name)) for name in event.__struct_fields__)
     return {key: getattr(event, name) for name, key in keys}
 
 
@@ -319,11 +299,10 @@ def from_payload(type_: str, payload: Mapping[str, JSONValue]) -> Event:
         KeyError: ``type_`` is not in :data:`EVENT_TYPES` or the payload lacks a field.
     """
     cls = EVENT_TYPES[type_]
-    return cls(**{f.name: payload[_camel(f.name)] for f in dataclasses.fields(cls)})
+    return cls(**{name: payload[_camel(name)] for name in cls.__struct_fields__})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EventSource:
+class EventSource(msgspec.Struct, frozen=True, kw_only=True):
     """The observation an event came from: kind, uid, ``resourceVersion``, watch event type, and the
     ``observations.digest`` of the line."""
 
@@ -339,8 +318,7 @@ class EventSource:
                 "watchType": self.watch_type, "digest": self.digest}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewEvent:
+class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
     """An event about to be appended: the domain event plus its envelope minus the global position.
 
     ``event_id`` is deterministic (the observation's receive time, then a hash of its digest and the event's

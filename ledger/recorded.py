@@ -24,7 +24,6 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
 from itertools import chain
@@ -77,8 +76,7 @@ _YAML_NODE_BUDGET: Final = 2_000_000
 """Most values one YAML document may expand to: stops alias bombs ("billion laughs")."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WatchLine:
+class WatchLine(msgspec.Struct, frozen=True, kw_only=True):
     """One watch event read from a file, in file order.
 
     Source: one recorded line, one ``kubectl --output-watch-events`` document, or one object /
@@ -113,8 +111,7 @@ class WatchLine:
     """
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BrokenLine:
+class BrokenLine(msgspec.Struct, frozen=True, kw_only=True):
     """A line or document that could not be read; reading went on after it."""
 
     source: str
@@ -1029,4 +1026,4 @@ def broken_watch_line(*, source: str, line: int, reason: str, observed_at: datet
     Raises:
         Invalid: ``observed_at`` is naive.
     """
-    return replace(_broken(source, line, reason, text), observed_at=_as_utc(observed_at))
+    return msgspec.structs.replace(_broken(source, line, reason, text), observed_at=_as_utc(observed_at))

@@ -67,8 +67,7 @@ def lock_appends(conn: Connection) -> None:
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": APPEND_LOCK_KEY})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ObservationRow:
+class ObservationRow(msgspec.Struct, frozen=True, kw_only=True):
     """One row of table ``observations``: a watch event as received, recorded or rejected."""
 
     digest: str

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+import msgspec
+
 from ledger import events as ev
 from ledger.errors import InvalidObject, UnsupportedObject
 from ledger.events import EventSource, NewEvent, event_id_for
@@ -86,8 +88,7 @@ class TranslatorState:
         self.dirty.add(key)
 
 
-@dataclass(slots=True)
-class _Scratch:
+class _Scratch(msgspec.Struct):
     """A copy-on-write view of a :class:`TranslatorState` for one :func:`translate` call.
 
     Reads fall through to ``base`` until a key is written (``put``, or a private copy stored in
@@ -96,10 +97,10 @@ class _Scratch:
     """
 
     base: TranslatorState
-    entries: dict[str, JSONObject] = field(default_factory=dict)
-    dirty: set[str] = field(default_factory=set)
-    deleted: set[str] = field(default_factory=set)
-    read: dict[str, JSONObject] = field(default_factory=dict)
+    entries: dict[str, JSONObject] = msgspec.field(default_factory=dict)
+    dirty: set[str] = msgspec.field(default_factory=set)
+    deleted: set[str] = msgspec.field(default_factory=set)
+    read: dict[str, JSONObject] = msgspec.field(default_factory=dict)
     """``base`` entries decoded in this call (each a new copy), so a line that reads an entry and then
     takes it decodes it once: ``base`` keeps entries packed, and a claim line does both."""
 
@@ -144,8 +145,7 @@ class _Scratch:
         self.dirty.add(key)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Observation:
+class Observation(msgspec.Struct, frozen=True, kw_only=True):
     """One watch event as received, already parsed.
 
     ``observed_at`` is the receive time (``observedAt`` of a recorded line, or the time given to
@@ -167,12 +167,11 @@ class TranslatorSettings:
     """Namespace label whose value names the team billed for the namespace (DESIGN §2)."""
 
 
-@dataclass(slots=True)
-class _Emitter:
+class _Emitter(msgspec.Struct):
     state: _Scratch
     obs: Observation
     source: EventSource
-    out: list[NewEvent] = field(default_factory=list)
+    out: list[NewEvent] = msgspec.field(default_factory=list)
 
     def emit(self, key: str, stream: StreamId, event: ev.Event, at: datetime, *, pos_holder: JSONObject,
              pos_field: str = "pos") -> None:
