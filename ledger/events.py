@@ -1,6 +1,7 @@
 """Domain events: what the ledger records, in the past tense, with Kubernetes field names.
 
-Every event is a frozen dataclass registered in :data:`EVENT_TYPES`. The stored payload (column
+Every event is a frozen ``msgspec.Struct`` (the ingest builds one per event, and a Struct sets its
+fields in C) registered in :data:`EVENT_TYPES`. The stored payload (column
 ``events.payload``) is the event's fields with Kubernetes spelling (``shareID``,
 ``consumedCapacity``, ``reservedFor`` ...) produced by :func:`to_payload`; :func:`from_payload` reads
 it back. The envelope (stream, stream position, global position, times, source) is
