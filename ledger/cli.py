@@ -12,6 +12,7 @@ import enum
 import importlib.metadata
 import importlib.resources
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -810,20 +811,39 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
         render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
                                     group_by="team", cluster=c))
         render_idle(services.idle_report(db, at=end, config=DEFAULT_CONFIG, cluster=c))
-    where = ("the embedded server keeps running for the next command (stop it with `dra-ledger db stop`)"
-             if not settings.database_url else "it is in the database of LEDGER_DATABASE_URL")
+    me = command_name(sys.argv[0], shutil.which("dra-ledger"))
     # The hints name the ledger the demo used: without them a query would start (or ask) another one.
     same = f" --data-dir {data_dir}" if data_dir else ""
+    where = (f"the embedded server keeps running for the next command (stop it with `{me} db stop{same}`)"
+             if not settings.database_url else "it is in the database of LEDGER_DATABASE_URL")
     if url:
         same += " --database-url ...  (the same URL)"  # not printed: it may carry a password
     out.print(f"The seed-lab history stays in the ledger as cluster 'seed-lab'; {where}. Try:\n"
-              f"  dra-ledger occupancy --at 2026-11-02T10:40:00Z --output json{same}\n"
-              f"  dra-ledger usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team{same}",
+              f"  {me} occupancy --at 2026-11-02T10:40:00Z --output json{same}\n"
+              f"  {me} usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team{same}",
               soft_wrap=True)  # commands to copy: never broken across lines
     if serve:
         with _errors():
             for followup in DEMO_FOLLOWUPS:
                 followup(settings, port)
+
+
+def command_name(invoked: str, on_path: str | None) -> str:
+    """How the demo's hints spell this command so that they run when pasted: ``dra-ledger`` when that name on
+    ``PATH`` is the program running, else the path it was started by (e.g. ``.venv/bin/dra-ledger`` in a venv
+    that is not activated).
+
+    Args:
+        invoked: ``sys.argv[0]`` of this process.
+        on_path: ``shutil.which("dra-ledger")`` (``None``: not on ``PATH``).
+    """
+    if on_path is not None and Path(invoked).name == "dra-ledger":
+        try:
+            if Path(on_path).resolve() == Path(invoked).resolve():
+                return "dra-ledger"
+        except OSError:
+            pass  # an unreadable path: spell it as it was started
+    return invoked if Path(invoked).name == "dra-ledger" else "dra-ledger"
 
 
 COMMAND_GROUP = "dra_ledger.commands"
