@@ -497,17 +497,15 @@ def as_json(value: object) -> str:
     which ``jsonb`` stores identically. Values it cannot encode fall back to ``json.dumps``.
     Non-finite floats never get here (the readers reject them: ``jsonb`` has no NaN).
     """
-    try:
-        return _ENCODER.encode(value).decode("utf-8")
-    except (TypeError, UnicodeEncodeError, OverflowError):
-        return json.dumps(value)
+    return json_bytes(value).decode("utf-8")
 
 
 def json_bytes(value: object) -> bytes:
-    """:func:`as_json` as UTF-8 bytes, the form the ``jsonb`` columns of :func:`copy_binary_rows` take.
+    """Encode a decoded JSON value as UTF-8 JSON text, the form the ``jsonb`` columns of :func:`copy_binary_rows`
+    take (:func:`as_json` is the same text as ``str``).
 
-    The same text as :func:`as_json` (msgspec; ``json.dumps`` with ASCII escapes for what msgspec cannot
-    encode, such as a lone surrogate), never decoded to ``str`` and encoded again.
+    msgspec's encoder; what it cannot encode (a lone surrogate, say) goes through ``json.dumps`` with ASCII
+    escapes. The bytes are never decoded to ``str`` and encoded again on the append path.
     """
     try:
         return _ENCODER.encode(value)
