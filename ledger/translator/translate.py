@@ -473,7 +473,7 @@ def _check_counts(requests: list[JSONObject]) -> None:
         for path, spec in specs:
             with _Located(path):
                 count = opt_int(spec, "count")
-            if count is not None and not 1 <= count <= MAX_REQUEST_COUNT:
+            if not _count_ok(count):
                 raise InvalidObject(f"{path}.count", f"expected a device count from 1 to {MAX_REQUEST_COUNT}, "
                                                      f"got {count}")
 
