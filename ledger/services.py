@@ -433,7 +433,7 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
                 digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
                 name=None, uid=None, resource_version=None, watch_type=item.type,
                 observed_at=item.observed_at, recorded_at=recorded_at, origin=origin, error=reason,
-                body=json_bytes(json.dumps(item.object))))  # as a JSON string: the escape stays six characters
+                body=json_bytes(item.object_json.decode())))  # as a JSON string: the escape stays six characters
             chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
             continue
         observed = item.observed_at or at or recorded_at
