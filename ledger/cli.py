@@ -837,13 +837,10 @@ def command_name(invoked: str, on_path: str | None) -> str:
         invoked: ``sys.argv[0]`` of this process.
         on_path: ``shutil.which("dra-ledger")`` (``None``: not on ``PATH``).
     """
-    if on_path is not None and Path(invoked).name == "dra-ledger":
-        try:
-            if Path(on_path).resolve() == Path(invoked).resolve():
-                return "dra-ledger"
-        except OSError:
-            pass  # an unreadable path: spell it as it was started
-    return invoked if Path(invoked).name == "dra-ledger" else "dra-ledger"
+    if Path(invoked).name != "dra-ledger" or (on_path is not None
+                                              and Path(on_path).resolve() == Path(invoked).resolve()):
+        return "dra-ledger"
+    return invoked
 
 
 COMMAND_GROUP = "dra_ledger.commands"
