@@ -215,8 +215,8 @@ def copy_binary_rows(conn: Connection, table: str, columns: Sequence[tuple[str, 
 
     Why binary: the text format makes psycopg escape every string byte by byte and the server parse every
     time, uuid and integer back from text; the binary format sends strings as they are and the others in
-    their stored form. On the ingest of a recorded file it took the client's share of the append from ~30
-    to ~17 µs a watch event and the server's by about a tenth (``bench/results-ingest-binary.json``).
+    their stored form. With the body encoded once (``WatchLine.object_json``) it took ~12 % off an ingest's
+    Python CPU a watch event and ~10 % off the server's (``bench/results-ingest-binary.json``).
 
     Raises:
         sqlalchemy.exc.DBAPIError: the server refused a row (its subclass says why).
