@@ -148,6 +148,8 @@ class Claims(msgspec.Struct, kw_only=True):
 class IdleClaim(msgspec.Struct, kw_only=True):
     """A row of the idle-claim report."""
 
+    cluster: str
+    """The ledger cluster the claim was recorded in (``--cluster`` of the replay or watch)."""
     namespace: str
     name: str
     team: str

@@ -1172,8 +1172,8 @@ def idle_report(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, min_i
                 cluster: str | None = None) -> JSONObject:
     """The idle-claim report at ``at`` with the configured thresholds and team overrides.
 
-    Body (``GET /v1/reports/idle-claims``): ``{"at", "claims": [{"namespace", "name", "team", "category",
-    "idleSince", "devices", "wastedDeviceHours"}]}`` (see :func:`ledger.projections.queries.idle_claims`);
+    Body (``GET /v1/reports/idle-claims``): ``{"at", "claims": [{"cluster", "namespace", "name", "team",
+    "category", "idleSince", "devices", "wastedDeviceHours"}]}`` (see :func:`ledger.projections.queries.idle_claims`);
     ``min_idle`` overrides every category's threshold.
     """
     with db.reading() as conn:
@@ -1212,7 +1212,7 @@ def csv_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     return buffer.getvalue()
 
 
-IDLE_CSV_COLUMNS = ("namespace", "name", "team", "category", "idleSince", "devices", "wastedDeviceHours")
+IDLE_CSV_COLUMNS = ("cluster", "namespace", "name", "team", "category", "idleSince", "devices", "wastedDeviceHours")
 """Columns of :func:`idle_report_csv`, in order (the JSON field names)."""
 
 

@@ -178,8 +178,8 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
     """Claims pending at ``at`` and, per DeviceClass, devices requested versus devices free.
 
     Returns:
-        ``{"at", "classes": [{"deviceClass", "claims", "requested", "free"}], "claims": [{"namespace",
-        "name", "team", "origin", "pendingSince", "ageSeconds", "requests": [{"request", "deviceClass",
+        ``{"at", "classes": [{"deviceClass", "claims", "requested", "free"}], "claims": [{"cluster",
+        "namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests": [{"request", "deviceClass",
         "allocationMode", "count", "free"}]}]}``; classes sorted by name, claims by namespace, name.
         ``count`` is the devices a request asks for (``ExactCount``: ``count``, default 1; ``All``: every
         device the class and request select; ``adminAccess``: 0); a ``firstAvailable`` request is shown
@@ -225,7 +225,7 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
             class_requested[cls] += count
             out_requests.append({"request": name, "deviceClass": cls, "allocationMode": str(mode), "count": count,
                                  "free": len(selected & free)})
-        claims.append({"namespace": r.namespace, "name": r.name,
+        claims.append({"cluster": r.cluster, "namespace": r.namespace, "name": r.name,
                        "team": overrides.get(r.namespace) or r.team or r.namespace, "origin": r.origin,
                        "pendingSince": rfc3339(r.since), "ageSeconds": (at - r.since).total_seconds(),
                        "requests": out_requests})

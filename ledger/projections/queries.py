@@ -1021,8 +1021,9 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
     ``team`` is the namespace's ``overrides`` entry when it has one (``[teams] overrides``).
 
     Returns:
-        ``{"at", "claims": [{"namespace", "name", "team", "category", "idleSince", "devices",
-        "wastedDeviceHours"}]}`` sorted by namespace, name.
+        ``{"at", "claims": [{"cluster", "namespace", "name", "team", "category", "idleSince", "devices",
+        "wastedDeviceHours"}]}`` sorted by namespace, name (``cluster``: the ledger cluster the claim was
+        recorded in, so that a report over every cluster tells same-named claims apart).
     """
     params: dict[str, object] = {"at": at, "cluster": cluster}
     rows = conn.execute(text(
@@ -1063,7 +1064,7 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
             "SELECT driver, pool, device FROM device_allocations WHERE cluster = :c AND claim_uid = :u "
             "AND valid @> :at AND NOT admin_access ORDER BY driver, pool, device"),
             {"c": r.cluster, "u": r.uid, "at": at}).all()
-        out.append({"namespace": r.namespace, "name": r.name,
+        out.append({"cluster": r.cluster, "namespace": r.namespace, "name": r.name,
                     "team": team_at(conn, r.cluster, r.namespace, at, overrides),
                     "category": category, "idleSince": rfc3339(since),
                     "devices": [f"{d.driver}/{d.pool}/{d.device}" for d in devices],

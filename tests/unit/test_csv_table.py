@@ -33,10 +33,10 @@ def test_a_carriage_return_inside_a_cell_does_not_split_the_row() -> None:
 
 def test_the_idle_claim_report_writes_a_formula_like_team_as_text() -> None:
     body: JSONObject = {"at": "2026-11-02T12:00:00Z", "claims": [
-        {"namespace": "ml", "name": "c", "team": "=cmd|' /C calc'!A0", "category": "unreserved",
+        {"cluster": "lab", "namespace": "ml", "name": "c", "team": "=cmd|' /C calc'!A0", "category": "unreserved",
          "idleSince": "2026-11-02T11:00:00Z", "devices": ["gpu.example.com/p/gpu-0", "gpu.example.com/p/gpu-1"],
          "wastedDeviceHours": 2.0}]}
 
     assert read(idle_report_csv(body))[1] == [
-        "ml", "c", "'=cmd|' /C calc'!A0", "unreserved", "2026-11-02T11:00:00Z",
+        "lab", "ml", "c", "'=cmd|' /C calc'!A0", "unreserved", "2026-11-02T11:00:00Z",
         "gpu.example.com/p/gpu-0 gpu.example.com/p/gpu-1", "2.0"]
