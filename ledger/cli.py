@@ -766,7 +766,7 @@ DEMO_PORT = 8472
 
 
 @app.command()
-def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
+def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
          serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Serve the REST API afterwards "
                                              "(when the API is installed).")] = True,
          port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port of the API the demo serves "
@@ -812,11 +812,16 @@ def demo(data_dir: DataDirOpt = None, url: UrlOpt = None,
                                     group_by="team", cluster=c))
         render_idle(services.idle_report(db, at=end, config=DEFAULT_CONFIG, cluster=c))
     me = command_name(sys.argv[0], shutil.which("dra-ledger"))
-    # The hints name the ledger the demo used: without them a query would start (or ask) another one.
+    # The hints name the ledger the demo used: without them a query would start (or ask) another one. A URL
+    # from LEDGER_DATABASE_URL needs no flag: the next command reads the same variable.
     same = f" --data-dir {data_dir}" if data_dir else ""
+    # By the member's name: Typer releases differ in whose ParameterSource enum they use (click's or their own).
+    source = ctx.get_parameter_source("url")
+    from_env = source is not None and source.name == "ENVIRONMENT"
     where = (f"the embedded server keeps running for the next command (stop it with `{me} db stop{same}`)"
-             if not settings.database_url else "it is in the database of LEDGER_DATABASE_URL")
-    if url:
+             if not settings.database_url
+             else f"it is in the database {'LEDGER_DATABASE_URL' if from_env else '--database-url'} names")
+    if url and not from_env:
         same += " --database-url ...  (the same URL)"  # not printed: it may carry a password
     out.print(f"The seed-lab history stays in the ledger as cluster 'seed-lab'; {where}. Try:\n"
               f"  {me} occupancy --at 2026-11-02T10:40:00Z --output json{same}\n"

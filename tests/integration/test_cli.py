@@ -27,9 +27,13 @@ def test_the_demo_replays_the_bundled_history_and_prints_its_tables(ledger_engin
     assert "ml-train/big" in result.output
     # The hints point at this ledger (a bare command would open the default embedded one), never print the URL.
     assert "--output json --database-url ...  (the same URL)" in result.output
+    assert "it is in the database --database-url names" in result.output
     assert _url(ledger_engine) not in result.output
-    again = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine)])
+    # Again, the ledger named by the environment this time: nothing new, and the hint says where it is.
+    again = CliRunner().invoke(app, ["demo"], env={"LEDGER_DATABASE_URL": _url(ledger_engine)})
     assert "39 lines: 0 recorded, 39 already recorded" in again.output
+    assert "it is in the database LEDGER_DATABASE_URL names" in again.output
+    assert "--group-by team\n" in again.output and "(the same URL)" not in again.output
 
 
 def test_bad_parameters_are_reported_not_crashed(ledger_engine: Engine) -> None:
