@@ -69,8 +69,10 @@ MAX_DEPTH: Final = 100
 Deeper objects are rejected as broken lines: the ledger reads stored JSON back with recursive decoders,
 and an object nested near Python's recursion limit would be stored fine and then break every reader."""
 
-_PROBE_LINES: Final = 3
-"""Non-blank lines looked at to recognise JSON Lines; more than one so a damaged first line is survived."""
+_PROBE_LINES: Final = 10
+"""Non-blank lines looked at to recognise JSON Lines: a file is JSON Lines when one of them alone is a watch
+event. More than one so that damaged first lines (text pasted above the events, a line cut short, bytes that
+are not UTF-8) are reported as broken lines instead of turning the whole file into one bad YAML document."""
 
 _YAML_NODE_BUDGET: Final = 2_000_000
 """Most values one YAML document may expand to: stops alias bombs ("billion laughs")."""
@@ -368,7 +370,7 @@ def _read_binary(handle: BinaryIO, *, source: str, at: datetime | None) -> Itera
         head.append(raw)
         if raw.strip():
             probe.append(raw.decode("utf-8", "replace"))
-            if len(probe) == _PROBE_LINES or not probe[0].lstrip().startswith("{"):
+            if len(probe) == _PROBE_LINES:
                 break
     if _is_json_lines(probe):
         yield from _read_json_lines(enumerate(chain(head, handle), 1), source=source, at=at)
@@ -401,10 +403,14 @@ def _read_text(text: str, *, source: str, at: datetime | None) -> Iterator[ReadR
 
 
 def _is_json_lines(probe: list[str]) -> bool:
-    """True if the text starts with ``{`` and a probed line alone is a watch-event JSON object."""
-    if not probe or not probe[0].lstrip().startswith("{"):
-        return False
+    """True if a probed line alone is a watch-event JSON object (whatever the lines before it hold).
+
+    YAML and pretty-printed JSON (kubectl output) never hold a whole watch event on one line, so they are
+    not taken for JSON Lines; a line of JSON Lines that is damaged is then a broken line of its own.
+    """
     for raw in probe:
+        if not raw.lstrip().startswith("{"):
+            continue
         try:
             decoded: object = json.loads(raw)
         except (ValueError, RecursionError):

@@ -272,6 +272,31 @@ def test_a_damaged_first_line_does_not_hide_that_the_file_is_json_lines() -> Non
     assert all(r.observed_at is not None for r in results if isinstance(r, WatchLine))
 
 
+@pytest.mark.parametrize("first", [b"garbage", b"# copied from the cluster on Monday", b"\xff\xfe not text",
+                                   b"- a: 1"])
+def test_a_first_line_that_is_not_json_is_one_broken_line_not_the_whole_file(tmp_path: Path, first: bytes) -> None:
+    # Read as YAML, text above the events once made the whole file a single bad document (nothing recorded).
+    lines = seed_lines()
+    path = tmp_path / "pasted.jsonl"
+    path.write_bytes(first + b"\n" + "\n".join(lines).encode() + b"\n")
+
+    results = list(read_history(path))
+
+    assert [type(r) for r in results] == [BrokenLine] + [WatchLine] * len(lines)
+    assert results[0].line == 1
+    assert [r.line for r in results[1:]] == list(range(2, len(lines) + 2))
+
+
+def test_several_damaged_lines_before_the_first_event_are_each_broken() -> None:
+    lines = seed_lines()
+    text = "\n".join(["oops", lines[0][:30], "", "not json either", *lines[:3]])
+
+    results = list(read_text(text, source="h.jsonl"))
+
+    assert [(type(r), r.line) for r in results] == [(BrokenLine, 1), (BrokenLine, 2), (BrokenLine, 4),
+                                                    (WatchLine, 5), (WatchLine, 6), (WatchLine, 7)]
+
+
 def test_lines_that_are_not_utf8_are_broken_and_the_rest_of_the_file_reads(tmp_path: Path) -> None:
     first, second = seed_lines()[:2]
     path = tmp_path / "latin1.jsonl"
