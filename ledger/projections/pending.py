@@ -31,7 +31,7 @@ from sqlalchemy import Connection, text
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.base import request_count
-from ledger.projections.queries import NO_OVERRIDES, rfc3339
+from ledger.projections.queries import NO_OVERRIDES, rfc3339, until_now
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of, selects
 from ledger.projections.shared import counter_amounts, shared_counters
@@ -174,7 +174,7 @@ def _request_specs(requests: list[JSONValue]) -> list[tuple[str, JSONObject]]:
 
 
 def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
-            overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+            overrides: Mapping[str, str] = NO_OVERRIDES, now: datetime | None = None) -> JSONObject:
     """Claims pending at ``at`` and, per DeviceClass, devices requested versus devices free.
 
     Returns:
@@ -185,9 +185,12 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
         device the class and request select; ``adminAccess``: 0); a ``firstAvailable`` request is shown
         with its first alternative. ``free`` (class) counts free devices the class selects; ``free``
         (request) those the request's own selectors select too. ``claims`` counts claims with a request
-        of that class; ``ageSeconds`` = at - pendingSince (float seconds). ``team`` is the namespace's
+        of that class; ``ageSeconds`` = at - pendingSince (float seconds), ``at`` no later than ``now`` (aware;
+        default the database's ``now()``: an age never counts time that has not happened,
+        ``queries.until_now``). ``team`` is the namespace's
         entry in ``overrides`` (``[teams] overrides``) when it has one.
     """
+    until = until_now(conn, at, now)
     params = {"at": at, "cluster": cluster}
     rows = conn.execute(text(
         "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.requests, lower(s.valid) AS since, "
@@ -227,7 +230,7 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
                                  "free": len(selected & free)})
         claims.append({"cluster": r.cluster, "namespace": r.namespace, "name": r.name,
                        "team": overrides.get(r.namespace) or r.team or r.namespace, "origin": r.origin,
-                       "pendingSince": rfc3339(r.since), "ageSeconds": (at - r.since).total_seconds(),
+                       "pendingSince": rfc3339(r.since), "ageSeconds": max((until - r.since).total_seconds(), 0.0),
                        "requests": out_requests})
     classes: list[JSONValue] = [
         {"deviceClass": cls, "claims": len(class_claims[cls]), "requested": class_requested[cls],

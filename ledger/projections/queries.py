@@ -739,6 +739,22 @@ def present(column: str) -> str:
     return f"least(coalesce(upper({column}), {cap}), {cap}, :end)"
 
 
+def until_now(conn: Connection, at: datetime, now: datetime | None = None) -> datetime:
+    """``at``, or the present if ``at`` is later: where a duration measured "up to ``at``" stops.
+
+    An answer for an instant after the present (an idle claim's ``wastedDeviceHours``, a pending claim's
+    ``ageSeconds``) may not count time that has not happened, as usage does not (:func:`present`).
+
+    Args:
+        at: the instant asked for (aware).
+        now: the present (aware); ``None``: the database's ``now()`` (one query).
+    """
+    if now is None:
+        now = conn.execute(text("SELECT now()")).scalar_one()
+        assert isinstance(now, datetime)
+    return min(at, now)
+
+
 MAX_STEPS = 10_000
 """Most time buckets one usage query may return (``(to - from) / step``)."""
 
@@ -1010,14 +1026,16 @@ class IdleThresholds:
 
 def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = None,
                 thresholds: IdleThresholds = IdleThresholds(), cluster: str | None = None,
-                overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+                overrides: Mapping[str, str] = NO_OVERRIDES, now: datetime | None = None) -> JSONObject:
     """The idle-claim report at ``at``: one row per claim, first matching category wins (DESIGN §11.7).
 
     Categories: ``unreserved`` (allocated, ``reservedFor`` empty), ``inactive-consumers`` (reserved
     only by pods not Running: Pending, Succeeded, Failed or deleted), ``unreferenced`` (manual claims
     no existing pod references by name, listed with 0 wasted hours when unallocated). ``idleSince`` is
     when the claim became idle; the threshold (or ``min_idle``) only decides whether it is listed.
-    ``wastedDeviceHours`` = hours since ``idleSince`` x devices held (``adminAccess`` excluded).
+    ``wastedDeviceHours`` = hours since ``idleSince`` x devices held (``adminAccess`` excluded), counted up to
+    ``at`` or ``now`` (aware; default the database's ``now()``), whichever is earlier: for an ``at`` in the
+    future the claims are those idle now, and no hour that has not happened is counted (:func:`until_now`).
     ``team`` is the namespace's ``overrides`` entry when it has one (``[teams] overrides``).
 
     Returns:
@@ -1025,6 +1043,7 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
         "wastedDeviceHours"}]}`` sorted by namespace, name (``cluster``: the ledger cluster the claim was
         recorded in, so that a report over every cluster tells same-named claims apart).
     """
+    until = until_now(conn, at, now)
     params: dict[str, object] = {"at": at, "cluster": cluster}
     rows = conn.execute(text(
         "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.created_at, s.state, lower(s.valid) AS since "
@@ -1057,7 +1076,7 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
         if category is None:
             continue
         limit = min_idle.total_seconds() if min_idle is not None else thresholds.for_category(category)
-        idle_s = (at - since).total_seconds()
+        idle_s = max((until - since).total_seconds(), 0.0)
         if idle_s < limit:
             continue
         devices = conn.execute(text(
