@@ -132,6 +132,29 @@ def _duration(value: str, option: str, *, shortest: timedelta = timedelta(0)) ->
         raise typer.BadParameter(str(e).removeprefix(f"{option}: "), param_hint=option) from e
 
 
+def require_embedded_ledger(data_dir: Path | None) -> None:
+    """Refuse a query of an embedded ledger that was never made: a mistyped ``--data-dir`` must not start a new,
+    empty server there and answer with zeros.
+
+    Args:
+        data_dir: ``--data-dir`` / ``LEDGER_DATA_DIR``; ``None``: the default one (``embedded.default_data_dir``).
+
+    Raises:
+        typer.Exit: (code 2) the directory holds no PostgreSQL cluster (no ``PG_VERSION``: initdb never ran
+            there, or never finished); the message names it and the commands that record a ledger.
+    """
+    from ledger.embedded import default_data_dir
+
+    where = data_dir or default_data_dir()
+    if (where / "PG_VERSION").is_file():
+        return
+    me = command_name(sys.argv[0], shutil.which("dra-ledger"))
+    hint = " (a mistyped --data-dir?)" if data_dir else ""
+    typer.echo(f"error: no ledger in {where}: nothing was recorded there{hint}. Record one with `{me} demo` or "
+               f"`{me} replay FILE --cluster NAME`, or name one with --data-dir or --database-url.", err=True)
+    raise typer.Exit(2)
+
+
 def settings_from(url: str | None, data_dir: Path | None) -> Settings:
     """Settings from the environment, overridden by the ``--database-url`` / ``--data-dir`` options.
 
@@ -449,6 +472,8 @@ def _whole_page(body: JSONObject) -> JSONObject:
 
 
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
+    if not settings.database_url:
+        require_embedded_ledger(settings.data_dir)
     with _errors():
         db = services.open_ledger(settings)
         services.catch_up(db)

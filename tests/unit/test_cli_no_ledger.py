@@ -1,0 +1,37 @@
+"""A query of an embedded ledger that was never recorded is refused: a mistyped ``--data-dir`` must not start a
+new, empty PostgreSQL there and answer with zeros."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger.cli import app
+
+WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": ""}
+
+
+@pytest.mark.parametrize("args", [
+    ["occupancy"], ["usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z"], ["claims"],
+    ["idle-claims"], ["quotas"], ["pending"], ["report", "idle-claims", "-f", "csv"],
+])
+def test_a_query_of_a_data_dir_with_no_ledger_is_refused_and_creates_nothing(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "ledgr"  # the user meant another directory
+
+    result = CliRunner().invoke(app, [*args, "--data-dir", str(missing)], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert f"error: no ledger in {missing}: nothing was recorded there (a mistyped --data-dir?)" in result.output
+    assert "demo" in result.output and "replay FILE --cluster NAME" in result.output
+    assert not missing.exists()
+    assert list(tmp_path.iterdir()) == []  # no lock or port file beside it either
+
+
+def test_an_empty_directory_is_no_ledger_either(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["occupancy", "--data-dir", str(tmp_path)], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert f"no ledger in {tmp_path}" in result.output
+    assert list(tmp_path.iterdir()) == []
