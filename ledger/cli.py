@@ -668,6 +668,20 @@ def render_pending(body: JSONObject) -> None:
     _table("Pending claims", ["claim", "team", "pending since", "requested"], rows)
 
 
+def _instant_or_window(at: str | None, start: str | None, end: str | None) -> None:
+    """Check the ``--at`` or ``--from``/``--to`` choice of ``quotas`` and ``shared``.
+
+    Raises:
+        typer.BadParameter: (exit code 2) only one of ``--from`` / ``--to``, or ``--at`` with them (one of
+            the two would be ignored).
+    """
+    if (start is None) != (end is None):
+        raise typer.BadParameter("give both --from and --to, or neither", param_hint="--from")
+    if at is not None and start is not None:
+        raise typer.BadParameter("answers either for one instant (--at) or over a window (--from/--to), "
+                                 "not both", param_hint="--at")
+
+
 @app.command()
 def quotas(at: AtOpt = None,
            start: Annotated[str | None, typer.Option("--from", help="With --to: usage over time instead.")] = None,
@@ -676,8 +690,7 @@ def quotas(at: AtOpt = None,
            url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Kueue-style counted usage per team and resource name versus quota (deviceClassMappings, quotas)."""
     cfg = _config(config)
-    if (start is None) != (end is None):
-        raise typer.BadParameter("give both --from and --to, or neither", param_hint="--from")
+    _instant_or_window(at, start, end)
 
     def run(db: LedgerDatabase) -> JSONObject:
         if start is not None and end is not None:
@@ -706,8 +719,7 @@ def shared(at: AtOpt = None,
            config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
            url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Shared devices (shareID, consumable capacity), partitions of counter sets, multi-consumer claims at T."""
-    if (start is None) != (end is None):
-        raise typer.BadParameter("give both --from and --to, or neither", param_hint="--from")
+    _instant_or_window(at, start, end)
     cfg = _config(config)
     if start is not None and end is not None:
         t0, t1 = _time(start, "--from"), _time(end, "--to")
@@ -888,6 +900,14 @@ def _load_plugins() -> None:
 
 
 def main() -> None:
-    """Console-script entry point of ``dra-ledger``: load command plugins, then run."""
-    _load_plugins()
+    """Console-script entry point of ``dra-ledger``: load command plugins, then run.
+
+    Ctrl-C while the plugins load (their imports take a second or two) ends the process with exit code 130
+    and one line, as Ctrl-C inside a command does, instead of a traceback of whatever module was importing.
+    """
+    try:
+        _load_plugins()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise SystemExit(130) from None
     app()

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ledger.errors import Invalid
 from ledger.quantities import parse_quantity
+from ledger.recorded import MAX_DURATION
 
 QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -144,12 +145,20 @@ class Price(_Model):
         return self
 
 
-class IdleConfig(_Model):
-    """Idle-claim thresholds per category, in seconds (DESIGN §5: 30 minutes each by default)."""
+_LONGEST_IDLE_S = MAX_DURATION.total_seconds()
+"""Longest idle threshold, in seconds: 100 years, the bound ``--min-idle`` and ``minIdle`` have (a threshold
+beyond it is a typo, and ``1e400`` reads as infinity)."""
 
-    unreserved_seconds: float = Field(default=1800, alias="unreservedSeconds", ge=0)
-    inactive_consumers_seconds: float = Field(default=1800, alias="inactiveConsumersSeconds", ge=0)
-    unreferenced_seconds: float = Field(default=1800, alias="unreferencedSeconds", ge=0)
+
+class IdleConfig(_Model):
+    """Idle-claim thresholds per category, in seconds from 0 to 100 years (DESIGN §5: 30 minutes each by default)."""
+
+    unreserved_seconds: float = Field(default=1800, alias="unreservedSeconds", ge=0, le=_LONGEST_IDLE_S,
+                                      allow_inf_nan=False)
+    inactive_consumers_seconds: float = Field(default=1800, alias="inactiveConsumersSeconds", ge=0,
+                                              le=_LONGEST_IDLE_S, allow_inf_nan=False)
+    unreferenced_seconds: float = Field(default=1800, alias="unreferencedSeconds", ge=0, le=_LONGEST_IDLE_S,
+                                        allow_inf_nan=False)
 
 
 class ApiToken(_Model):

@@ -1,0 +1,71 @@
+"""Options and settings that would be ignored or absurd are refused with exit code 2 (or a named config error)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger.cli import app
+from ledger.config import load_config
+from ledger.errors import Invalid
+
+WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": ""}
+
+
+@pytest.mark.parametrize("command", ["quotas", "shared"])
+def test_at_with_a_window_is_refused_instead_of_one_being_ignored(command: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [command, "--at", "2026-11-02T10:00:00Z", "--from", "2026-11-02T09:00:00Z",
+                                      "--to", "2026-11-02T12:00:00Z", "--data-dir", str(tmp_path / "x")], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "either for one instant (--at) or over a window (--from/--to), not both" in result.output
+
+
+@pytest.mark.parametrize("command", ["quotas", "shared"])
+def test_half_a_window_is_still_refused(command: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [command, "--from", "2026-11-02T09:00:00Z", "--data-dir", str(tmp_path)],
+                                env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "give both --from and --to, or neither" in result.output
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("1e400", "Input should be a finite number"),  # TOML reads it as infinity
+    ("1e20", "less than or equal to 3153600000"),  # past 100 years, the bound of --min-idle
+    ("-1", "greater than or equal to 0"),
+])
+def test_an_idle_threshold_past_100_years_or_infinite_is_a_named_config_error(tmp_path: Path, value: str,
+                                                                            problem: str) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(f"[idle]\nunreferencedSeconds = {value}\n", encoding="utf-8")
+
+    with pytest.raises(Invalid, match=r"idle\.unreferencedSeconds") as caught:
+        load_config(path)
+
+    assert problem in str(caught.value)
+
+
+def test_an_idle_threshold_of_exactly_100_years_is_taken(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text("[idle]\nunreservedSeconds = 3153600000\n", encoding="utf-8")
+
+    assert load_config(path).idle.unreserved_seconds == 36_500 * 86_400
+
+
+def test_ctrl_c_while_the_plugins_load_is_one_line_and_exit_code_130(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from ledger import cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt  # what SIGINT raises in the middle of an import
+
+    monkeypatch.setattr(cli, "_load_plugins", interrupted)
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "interrupted\n"
