@@ -14,10 +14,10 @@ from litestar.params import QueryParameter
 from ledger import recorded
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid, shorten
-from ledger.recorded import parse_time
+from ledger.recorded import TIME_LIMIT, TIME_LIMIT_TEXT, parse_time
 from ledger.store.database import LedgerDatabase
 
-MAX_TIME = datetime(9999, 1, 1, tzinfo=UTC)
+MAX_TIME = TIME_LIMIT
 
 ClusterParam = Annotated[
     str | None, QueryParameter(description="Only this cluster; leave the parameter out for every cluster.")
@@ -79,7 +79,7 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
             hint = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
         raise Invalid(f"{name}: {e}{hint}") from e
     if parsed >= MAX_TIME:
-        raise Invalid(f"{name}: {shorten(repr(value))} is too far in the future")
+        raise Invalid(f"{name}: {shorten(repr(value))} is too far in the future; {TIME_LIMIT_TEXT}")
     return parsed
 
 

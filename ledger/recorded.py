@@ -238,6 +238,14 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
     return parsed
 
 
+TIME_LIMIT: Final = datetime(9999, 1, 1, tzinfo=UTC)
+"""First instant past the times the API and CLI accept (exclusive): year 9999 is refused, so that a window or a
+page token built on an accepted time never passes ``datetime.max``."""
+
+TIME_LIMIT_TEXT: Final = "the latest time accepted is 9998-12-31T23:59:59.999999Z"
+"""What the refusal of a time at or past :data:`TIME_LIMIT` adds, so the bound is known without guessing."""
+
+
 def parse_time(value: str) -> datetime:
     """Parse an RFC 3339 timestamp that carries a zone.
 

@@ -69,3 +69,16 @@ def test_ctrl_c_while_the_plugins_load_is_one_line_and_exit_code_130(monkeypatch
 
     assert stopped.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize(("value", "taken"), [("9998-12-31T23:59:59.999999Z", True),
+                                               ("9999-01-01T00:00:00Z", False),
+                                               ("9999-12-31T23:59:59.999999Z", False)])
+def test_the_cli_takes_the_times_the_api_takes(value: str, taken: bool, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["occupancy", "--at", value, "--data-dir", str(tmp_path)], env=WIDE)
+
+    # A time taken gets as far as the ledger (none here: exit 2, "no ledger in"); one refused never does.
+    assert result.exit_code == 2, result.output
+    assert ("no ledger in" in result.output) is taken
+    assert ("too far in the future; the latest time accepted is 9998-12-31T23:59:59.999999Z" in result.output) \
+        is not taken
