@@ -18,6 +18,7 @@ from api.schemas import Events, Timeline, to_struct
 from ledger import services
 from ledger.errors import Invalid, shorten
 from ledger.events import EVENT_TYPES
+from ledger.projections.queries import rfc3339
 
 
 class EventsController(Controller):
@@ -114,7 +115,8 @@ class DevicesController(Controller):
         t1 = parse_instant(end, "to")
         if not t0 < t1:
             given = "from" if start is not None else "from (by default 1970-01-01T00:00:00Z)"
-            raise Invalid(f"{given} must be before to")
+            until = "to" if end is not None else f"to (by default now, {rfc3339(t1)})"
+            raise Invalid(f"{given} must be before {until}")
         body: Any = services.device_timeline(
             ctx.db, driver=driver, pool=pool, device=device, start=t0, end=t1, cluster=scope, config=ctx.config
         )

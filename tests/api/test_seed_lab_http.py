@@ -7,7 +7,7 @@ import io
 import json
 import re
 from collections import Counter, defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -143,6 +143,13 @@ def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestC
     early = client.get("/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", params={"to": "1960-01-01T00:00:00Z"})
     assert early.status_code == 422
     assert early.json()["detail"] == "from (by default 1970-01-01T00:00:00Z) must be before to"
+    before = datetime.now(UTC).replace(microsecond=0)
+    late = client.get("/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", params={"from": "2999-01-01T00:00:00Z"})
+    after = datetime.now(UTC)
+    assert late.status_code == 422
+    said = re.fullmatch(r"from must be before to \(by default now, (\S+)\)", late.json()["detail"])
+    assert said is not None, late.json()["detail"]
+    assert before <= parse_time(said.group(1)) <= after  # the default it used, so the user sees why
 
 
 def test_a_device_of_one_name_in_two_clusters_has_entries_that_name_their_cluster(
