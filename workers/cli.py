@@ -21,13 +21,14 @@ from pydantic_settings import SettingsError
 from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
-from ledger.recorded import read_history
+from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.settings import Settings
 from ledger.translator.translate import TranslatorSettings
 from workers.fake_apiserver import FakeApiServer, HttpClock
 from workers.health import HealthServer, WorkerMetrics
 from workers.jobs import build_scheduler
 from workers.k8s.client import ApiError, Clock
+from workers.k8s.kinds import DEVICE_TAINT_RULE_VERSIONS, DRA_VERSIONS
 from workers.logs import configure_logging
 from workers.main import run_worker, system_clock
 from workers.record import RecordSink
@@ -116,6 +117,35 @@ async def _clock(clock_url: str | None) -> AsyncIterator[Clock]:
         yield clock
     finally:
         await clock.close()
+
+
+def served_versions(serve: str) -> list[str]:
+    """The ``--serve`` list as versions of ``resource.k8s.io``.
+
+    Raises:
+        typer.BadParameter: (exit code 2) empty, or a version the fake API server cannot serve.
+    """
+    versions = [v.strip() for v in serve.split(",") if v.strip()]
+    known = [*DRA_VERSIONS, *(v for v in DEVICE_TAINT_RULE_VERSIONS if v not in DRA_VERSIONS)]
+    unknown = [v for v in versions if v not in known]
+    if unknown or not versions:
+        raise typer.BadParameter(f"{', '.join(unknown) or 'nothing'} cannot be served; give one or more of "
+                                 f"{', '.join(known)}, comma-separated", param_hint="--serve")
+    return versions
+
+
+def report_broken(lines: list[WatchLine | BrokenLine], *, shown: int = 3) -> None:
+    """Say on stderr how many lines of a history cannot be read (and are not served), naming the first
+    ``shown`` with their reasons (``BrokenLine.reason``), as ``dra-ledger replay`` names rejected lines."""
+    broken = [x for x in lines if isinstance(x, BrokenLine)]
+    if not broken:
+        return
+    typer.echo(f"skipped {len(broken)} line{'s' if len(broken) != 1 else ''} that cannot be read "
+               "(not served):", err=True)
+    for x in broken[:shown]:
+        typer.echo(f"  {x.source}:{x.line}: {x.reason}", err=True)
+    if len(broken) > shown:
+        typer.echo(f"  ... and {len(broken) - shown} more", err=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -239,18 +269,31 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option("--port", min=0, max=65535,
                                           help="Port on 127.0.0.1 (0: a free one).")] = 8080,
         host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-        speed: Annotated[float, typer.Option("--speed", help="Play the history this many times faster "
+        speed: Annotated[float, typer.Option("--speed", min=0.0, help="Play the history this many times faster "
                                              "than recorded; 0: all of it at once.")] = 0.0,
         paused: Annotated[bool, typer.Option("--paused", help="Play only on POST /fake/advance.")] = False,
         serve: Annotated[str, typer.Option("--serve", help="resource.k8s.io versions served, comma-separated.")]
         = "v1,v1beta2,v1beta1",
     ) -> None:
-        """Serve list/watch of a recorded history like a Kubernetes API server (tests and demos)."""
+        """Serve list/watch of a recorded history like a Kubernetes API server (tests and demos).
+
+        Exit code 2 for an unknown ``--serve`` version or a history that is not a readable file; lines of the
+        history that cannot be read are counted and the first few named on stderr (they are not served).
+        """
+        versions = served_versions(serve)
+        if not history.is_file():
+            typer.echo(f"error: no such file: {history}", err=True)
+            raise typer.Exit(2)
         configure_logging()
+        try:
+            lines = list(read_history(history))
+        except OSError as e:
+            typer.echo(f"error: cannot read {history}: {e.strerror or e}", err=True)
+            raise typer.Exit(2) from e
+        report_broken(lines)
 
         async def main() -> None:
-            server = FakeApiServer(read_history(history),
-                                   served={"resource.k8s.io": [v for v in serve.split(",") if v]})
+            server = FakeApiServer(lines, served={"resource.k8s.io": versions})
             url = await server.start(host, port)
             typer.echo(f"fake API server at {url} ({server.remaining} lines; GET /fake/clock, "
                        "POST /fake/advance?count=N|until=T|all=1, /fake/expire, /fake/faults)", err=True)
