@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import random
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from pathlib import Path
 
 from ledger.types import JSONObject, JSONValue
@@ -47,6 +50,22 @@ MIG_PARTITIONS = 4
 """MIG partitions a GPU of a MIG node offers (each consumes a quarter of its memory counter)."""
 NIC_BANDWIDTH_G = 100
 """Bandwidth of one NIC in Gbit/s; a share takes 10 or 25."""
+
+# Bounds of the knobs. Past them a run is a typo (``--gpus-per-node 99999999`` once ran for minutes before
+# writing a line), not a fleet: they are set well beyond the 5,000-node x 8-GPU fleet of DESIGN §10.
+MAX_NODES = 100_000
+"""Most nodes: twenty times the largest fleet the ledger is sized for."""
+MAX_GPUS_PER_NODE = 24
+"""Most GPUs a node: a MIG node's slice then holds 24 x (1 + 4 partitions) = 120 devices, within the 128 a
+ResourceSlice may list (``spec.devices``); real nodes have 8 or 16."""
+MAX_HOURS = 8_784.0
+"""Most simulated hours: a leap year."""
+MAX_TEAMS = 1_000
+"""Most teams (two namespaces each by default)."""
+MAX_JOB_MINUTES = 43_200.0
+"""Longest mean hold time: 30 days."""
+PROGRESS_LINES = 100_000
+""":func:`write_history` reports progress every this many lines."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -623,11 +642,17 @@ def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Itera
         summary: filled in while the lines are generated (complete once the generator is exhausted).
 
     Raises:
-        ValueError: a knob is out of range (no nodes, no GPUs, negative hours).
+        ValueError: a knob is out of range (no nodes, no GPUs, negative hours, or past a ``MAX_*`` bound).
     """
     if spec.nodes < 1 or spec.gpus_per_node < 1 or spec.hours <= 0 or spec.teams < 1 \
             or spec.namespaces_per_team < 1:
         raise ValueError("nodes, gpus_per_node, hours, teams and namespaces_per_team must be positive")
+    for knob, value, bound in (("nodes", spec.nodes, MAX_NODES), ("gpus_per_node", spec.gpus_per_node,
+                                                                   MAX_GPUS_PER_NODE),
+                               ("hours", spec.hours, MAX_HOURS), ("teams", spec.teams, MAX_TEAMS),
+                               ("job_minutes", spec.job_minutes, MAX_JOB_MINUTES)):
+        if value > bound:
+            raise ValueError(f"{knob} is {value}; at most {bound} is simulated")
     sim = _Simulation(spec)
     if summary is not None:
         sim.summary = summary
@@ -641,19 +666,42 @@ def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Itera
     yield from sim.flush(None)
 
 
-def write_history(spec: FleetSpec, path: Path) -> SimulationSummary:
+def write_history(spec: FleetSpec, path: Path, *,
+                  progress: Callable[[int], None] | None = None) -> SimulationSummary:
     """Write the history of ``spec`` to ``path`` (JSON Lines, UTF-8, ``\\n`` line ends).
+
+    The lines go to a temporary file beside ``path`` (``.<name>.*.tmp``, same directory, so the rename is
+    atomic) that replaces ``path`` only once the history is complete: a bad knob, a full disk or Ctrl-C
+    leaves an earlier file of that name as it was, and no partial history behind.
+
+    Args:
+        progress: called with the lines written so far every :data:`PROGRESS_LINES` lines.
 
     Returns:
         What was generated (see :class:`SimulationSummary`).
 
     Raises:
         OSError: the file cannot be written.
-        ValueError: see :func:`simulate`.
+        ValueError: see :func:`simulate` (raised before any file is made).
     """
     summary = SimulationSummary()
-    with path.open("w", encoding="utf-8", newline="\n") as f:
-        for line in simulate(spec, summary):
-            f.write(line)
-            f.write("\n")
+    lines = simulate(spec, summary)
+    first = next(lines, None)  # the knobs are checked when the generator starts
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temporary = Path(name)
+    try:
+        # mkstemp makes the file 0600; give it the mode a plain open() would (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            for n, line in enumerate(chain([first] if first is not None else [], lines), 1):
+                f.write(line)
+                f.write("\n")
+                if progress is not None and n % PROGRESS_LINES == 0:
+                    progress(n)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return summary

@@ -1,0 +1,83 @@
+"""``dra-ledger simulate`` refuses absurd knobs before any work and never leaves a partial history."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger import simulate as simulation
+from ledger.cli import app
+from ledger.simulate import FleetSpec, write_history
+
+WIDE = {"COLUMNS": "300"}
+
+
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--gpus-per-node", "99999999", "less than or equal to 24"),
+    ("--nodes", "100001", "less than or equal to 100000"),
+    ("--hours", "9000", "less than or equal to 8784"),
+    ("--teams", "5000", "less than or equal to 1000"),
+    ("--job-minutes", "1e9", "less than or equal to 43200"),
+])
+def test_a_knob_past_its_bound_is_refused_and_the_old_file_is_kept(tmp_path: Path, option: str, value: str,
+                                                                   said: str) -> None:
+    out = tmp_path / "sim.jsonl"
+    out.write_text("an earlier history\n", encoding="utf-8")
+
+    result = CliRunner().invoke(app, ["simulate", "--output", str(out), "--nodes", "1", "--hours", "1",
+                                      option, value], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': Input should be {said}" in result.output
+    assert out.read_text(encoding="utf-8") == "an earlier history\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
+
+
+def test_the_simulators_own_check_names_the_knob_and_makes_no_file(tmp_path: Path) -> None:
+    out = tmp_path / "sim.jsonl"
+
+    with pytest.raises(ValueError, match="gpus_per_node is 25; at most 24 is simulated"):
+        write_history(FleetSpec(nodes=1, gpus_per_node=25, hours=1), out)
+
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_half_way_keeps_the_earlier_file_and_removes_the_partial_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "sim.jsonl"
+    out.write_text("an earlier history\n", encoding="utf-8")
+    seen: list[int] = []
+
+    def interrupted(n: int) -> None:
+        seen.append(n)
+        raise KeyboardInterrupt  # Ctrl-C after the first progress report
+
+    monkeypatch.setattr(simulation, "PROGRESS_LINES", 50)
+    with pytest.raises(KeyboardInterrupt):
+        write_history(FleetSpec(nodes=4, hours=2), out, progress=interrupted)
+
+    assert seen == [50]
+    assert out.read_text(encoding="utf-8") == "an earlier history\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
+
+
+def test_a_complete_run_replaces_the_file_with_the_history_and_reports_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "sim.jsonl"
+    out.write_text("an earlier history\n", encoding="utf-8")
+    seen: list[int] = []
+    monkeypatch.setattr(simulation, "PROGRESS_LINES", 50)
+    umask = os.umask(0o022)
+    try:
+        summary = write_history(FleetSpec(nodes=4, hours=2), out, progress=seen.append)
+    finally:
+        os.umask(umask)
+
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == summary.lines > 100 and lines[0].startswith("{")
+    assert seen == list(range(50, summary.lines + 1, 50))
+    assert out.stat().st_mode & 0o777 == 0o644  # as open() makes it under umask 022, not mkstemp's 0600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
