@@ -375,7 +375,7 @@ def simulate(
     except OSError as e:
         typer.echo(f"error: cannot write {output_file}: {e.strerror or e}", err=True)
         raise typer.Exit(2) from e
-    except ValueError as e:  # a knob the options do not bound (none today): the simulator's own check
+    except ValueError as e:  # what the options cannot bound alone: GPUs a node with MIG partitions
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     err.print(f"wrote {summary.lines} lines to {output_file}: {summary.devices} devices, {summary.claims} claims, "

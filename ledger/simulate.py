@@ -55,9 +55,11 @@ NIC_BANDWIDTH_G = 100
 # writing a line), not a fleet: they are set well beyond the 5,000-node x 8-GPU fleet of DESIGN §10.
 MAX_NODES = 100_000
 """Most nodes: twenty times the largest fleet the ledger is sized for."""
-MAX_GPUS_PER_NODE = 24
-"""Most GPUs a node: a MIG node's slice then holds 24 x (1 + 4 partitions) = 120 devices, within the 128 a
-ResourceSlice may list (``spec.devices``); real nodes have 8 or 16."""
+MAX_GPUS_PER_NODE = 128
+"""Most GPUs a node: a ResourceSlice lists at most 128 devices (``spec.devices``); real nodes have 8 or 16."""
+MAX_GPUS_PER_MIG_NODE = 12
+"""Most GPUs a node while any node has MIG partitions (``mig_node_fraction`` > 0): a slice whose devices
+consume counters lists at most 64, and a MIG node's lists 12 x (1 + 4 partitions) = 60."""
 MAX_HOURS = 8_784.0
 """Most simulated hours: a leap year."""
 MAX_TEAMS = 1_000
@@ -653,6 +655,10 @@ def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Itera
                                ("job_minutes", spec.job_minutes, MAX_JOB_MINUTES)):
         if value > bound:
             raise ValueError(f"{knob} is {value}; at most {bound} is simulated")
+    if spec.mig_node_fraction > 0 and spec.gpus_per_node > MAX_GPUS_PER_MIG_NODE:
+        raise ValueError(f"gpus_per_node is {spec.gpus_per_node}; at most {MAX_GPUS_PER_MIG_NODE} is simulated "
+                         "while nodes have MIG partitions (their ResourceSlice may list 64 devices that consume "
+                         "counters); a mig_node_fraction of 0 allows 128")
     sim = _Simulation(spec)
     if summary is not None:
         sim.summary = summary

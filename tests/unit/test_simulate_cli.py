@@ -16,7 +16,7 @@ WIDE = {"COLUMNS": "300"}
 
 
 @pytest.mark.parametrize(("option", "value", "said"), [
-    ("--gpus-per-node", "99999999", "less than or equal to 24"),
+    ("--gpus-per-node", "99999999", "less than or equal to 128"),
     ("--nodes", "100001", "less than or equal to 100000"),
     ("--hours", "9000", "less than or equal to 8784"),
     ("--teams", "5000", "less than or equal to 1000"),
@@ -39,10 +39,23 @@ def test_a_knob_past_its_bound_is_refused_and_the_old_file_is_kept(tmp_path: Pat
 def test_the_simulators_own_check_names_the_knob_and_makes_no_file(tmp_path: Path) -> None:
     out = tmp_path / "sim.jsonl"
 
-    with pytest.raises(ValueError, match="gpus_per_node is 25; at most 24 is simulated"):
-        write_history(FleetSpec(nodes=1, gpus_per_node=25, hours=1), out)
+    with pytest.raises(ValueError, match="gpus_per_node is 129; at most 128 is simulated"):
+        write_history(FleetSpec(nodes=1, gpus_per_node=129, hours=1, mig_node_fraction=0), out)
 
     assert list(tmp_path.iterdir()) == []
+
+
+def test_more_than_12_gpus_a_node_needs_nodes_without_mig_partitions(tmp_path: Path) -> None:
+    out = tmp_path / "sim.jsonl"
+    args = ["simulate", "--output", str(out), "--nodes", "1", "--hours", "0.5", "--gpus-per-node", "13"]
+
+    refused = CliRunner().invoke(app, args, env=WIDE)
+    taken = CliRunner().invoke(app, [*args, "--mig-node-fraction", "0"], env=WIDE)
+
+    assert refused.exit_code == 2, refused.output
+    assert "error: gpus_per_node is 13; at most 12 is simulated while nodes have MIG partitions" in refused.output
+    assert taken.exit_code == 0, taken.output
+    assert '"devices": 14' in taken.output  # 13 GPUs and the node's NIC
 
 
 def test_a_failure_half_way_keeps_the_earlier_file_and_removes_the_partial_one(
