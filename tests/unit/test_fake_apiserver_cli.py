@@ -16,6 +16,20 @@ WIDE = {"COLUMNS": "300"}
 SEED_LAB = HISTORIES / "seed-lab.jsonl"
 
 
+class _NoServer:
+    """Stands in for ``FakeApiServer``: a command that gets as far as serving fails at once instead of
+    serving until interrupted (so a refusal that is missing fails the test rather than hanging it)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("the command went on to serve")
+
+
+@pytest.fixture(autouse=True)
+def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing here may start serving."""
+    monkeypatch.setattr("workers.cli.FakeApiServer", _NoServer)
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--speed", "-1"], "Invalid value for '--speed': Input should be greater than or equal to 0"),
     (["--serve", "v9"], "Invalid value for --serve: v9 cannot be served; give one or more of v1, v1beta2, "
