@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,4 +94,22 @@ def test_a_complete_run_replaces_the_file_with_the_history_and_reports_progress(
     assert len(lines) == summary.lines > 100 and lines[0].startswith("{")
     assert seen == list(range(50, summary.lines + 1, 50))
     assert out.stat().st_mode & 0o777 == 0o644  # as open() makes it under umask 022, not mkstemp's 0600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
+
+
+def test_ctrl_c_exits_130_and_says_the_earlier_file_is_left_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "sim.jsonl"
+    out.write_text("an earlier history\n", encoding="utf-8")
+
+    def interrupted(spec: FleetSpec, summary: simulation.SimulationSummary | None = None) -> Iterator[str]:
+        yield from ['{"observedAt": "2026-11-01T00:00:00Z"}'] * 10
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulation, "simulate", interrupted)
+    result = CliRunner().invoke(app, ["simulate", "--output", str(out), "--nodes", "1", "--hours", "1"], env=WIDE)
+
+    assert result.exit_code == 130, result.output
+    assert f"interrupted: {out} left as it was" in result.output
+    assert out.read_text(encoding="utf-8") == "an earlier history\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
