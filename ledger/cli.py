@@ -154,8 +154,10 @@ def require_embedded_ledger(data_dir: Path | None) -> None:
         return
     me = command_name(sys.argv[0], shutil.which("dra-ledger"))
     hint = " (a mistyped --data-dir?)" if data_dir else ""
-    typer.echo(f"error: no ledger in {where}: nothing was recorded there{hint}. Record one with `{me} demo` or "
-               f"`{me} replay FILE --cluster NAME`, or name one with --data-dir or --database-url.", err=True)
+    same = f" --data-dir {data_dir}" if data_dir else ""  # the commands record into the directory asked for
+    typer.echo(f"error: no ledger in {where}: nothing was recorded there{hint}. Record one with `{me} demo{same}` "
+               f"or `{me} replay FILE --cluster NAME{same}`, or name one with --data-dir or --database-url.",
+               err=True)
     raise typer.Exit(2)
 
 

@@ -656,9 +656,10 @@ def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Itera
         if value > bound:
             raise ValueError(f"{knob} is {value}; at most {bound} is simulated")
     if spec.mig_node_fraction > 0 and spec.gpus_per_node > MAX_GPUS_PER_MIG_NODE:
-        raise ValueError(f"gpus_per_node is {spec.gpus_per_node}; at most {MAX_GPUS_PER_MIG_NODE} is simulated "
-                         "while nodes have MIG partitions (their ResourceSlice may list 64 devices that consume "
-                         "counters); a mig_node_fraction of 0 allows 128")
+        raise ValueError(f"gpus_per_node (--gpus-per-node) is {spec.gpus_per_node}; at most "
+                         f"{MAX_GPUS_PER_MIG_NODE} is simulated while nodes have MIG partitions (their ResourceSlice "
+                         "may list 64 devices that consume counters); a mig_node_fraction (--mig-node-fraction) "
+                         "of 0 allows 128")
     sim = _Simulation(spec)
     if summary is not None:
         sim.summary = summary

@@ -24,7 +24,9 @@ def test_a_query_of_a_data_dir_with_no_ledger_is_refused_and_creates_nothing(tmp
 
     assert result.exit_code == 2, result.output
     assert f"error: no ledger in {missing}: nothing was recorded there (a mistyped --data-dir?)" in result.output
-    assert "demo" in result.output and "replay FILE --cluster NAME" in result.output
+    # The commands it suggests record into the directory asked for, not the default one.
+    assert f"demo --data-dir {missing}`" in result.output
+    assert f"replay FILE --cluster NAME --data-dir {missing}`" in result.output
     assert not missing.exists()
     assert list(tmp_path.iterdir()) == []  # no lock or port file beside it either
 

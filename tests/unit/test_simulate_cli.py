@@ -54,7 +54,9 @@ def test_more_than_12_gpus_a_node_needs_nodes_without_mig_partitions(tmp_path: P
     taken = CliRunner().invoke(app, [*args, "--mig-node-fraction", "0"], env=WIDE)
 
     assert refused.exit_code == 2, refused.output
-    assert "error: gpus_per_node is 13; at most 12 is simulated while nodes have MIG partitions" in refused.output
+    assert ("error: gpus_per_node (--gpus-per-node) is 13; at most 12 is simulated while nodes have MIG "
+            "partitions") in refused.output
+    assert "a mig_node_fraction (--mig-node-fraction) of 0 allows 128" in refused.output
     assert taken.exit_code == 0, taken.output
     assert '"devices": 14' in taken.output  # 13 GPUs and the node's NIC
 
