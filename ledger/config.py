@@ -147,18 +147,18 @@ class Price(_Model):
 
 _LONGEST_IDLE_S = MAX_DURATION.total_seconds()
 """Longest idle threshold, in seconds: 100 years, the bound ``--min-idle`` and ``minIdle`` have (a threshold
-beyond it is a typo, and ``1e400`` reads as infinity)."""
+beyond it is a typo, and ``1e400`` reads as infinity). The fields are strict: ``true`` is not 1 second."""
 
 
 class IdleConfig(_Model):
     """Idle-claim thresholds per category, in seconds from 0 to 100 years (DESIGN §5: 30 minutes each by default)."""
 
     unreserved_seconds: float = Field(default=1800, alias="unreservedSeconds", ge=0, le=_LONGEST_IDLE_S,
-                                      allow_inf_nan=False)
+                                      allow_inf_nan=False, strict=True)
     inactive_consumers_seconds: float = Field(default=1800, alias="inactiveConsumersSeconds", ge=0,
-                                              le=_LONGEST_IDLE_S, allow_inf_nan=False)
+                                              le=_LONGEST_IDLE_S, allow_inf_nan=False, strict=True)
     unreferenced_seconds: float = Field(default=1800, alias="unreferencedSeconds", ge=0, le=_LONGEST_IDLE_S,
-                                        allow_inf_nan=False)
+                                        allow_inf_nan=False, strict=True)
 
 
 class ApiToken(_Model):

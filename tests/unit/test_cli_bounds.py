@@ -36,6 +36,7 @@ def test_half_a_window_is_still_refused(command: str, tmp_path: Path) -> None:
     ("1e400", "Input should be a finite number"),  # TOML reads it as infinity
     ("1e20", "less than or equal to 3153600000"),  # past 100 years, the bound of --min-idle
     ("-1", "greater than or equal to 0"),
+    ("true", "Input should be a valid number"),  # a boolean is no number of seconds
 ])
 def test_an_idle_threshold_past_100_years_or_infinite_is_a_named_config_error(tmp_path: Path, value: str,
                                                                             problem: str) -> None:
