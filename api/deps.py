@@ -13,11 +13,9 @@ from litestar.params import QueryParameter
 
 from ledger import recorded
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid, shorten
-from ledger.recorded import TIME_LIMIT, TIME_LIMIT_TEXT, parse_time
+from ledger.errors import Invalid
+from ledger.recorded import parse_query_time
 from ledger.store.database import LedgerDatabase
-
-MAX_TIME = TIME_LIMIT
 
 ClusterParam = Annotated[
     str | None, QueryParameter(description="Only this cluster; leave the parameter out for every cluster.")
@@ -72,15 +70,12 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
     if value is None:
         return default or datetime.now(UTC)
     try:
-        parsed = parse_time(value)
+        return parse_query_time(value)
     except (Invalid, OverflowError, ValueError) as e:
         hint = ""
         if _SPACE_FOR_SIGN.search(value):
             hint = "; a '+' in a URL query means a space: send the offset's '+' as %2B"
         raise Invalid(f"{name}: {e}{hint}") from e
-    if parsed >= MAX_TIME:
-        raise Invalid(f"{name}: {shorten(repr(value))} is too far in the future; {TIME_LIMIT_TEXT}")
-    return parsed
 
 
 def parse_duration(value: str | None, name: str, *, shortest: timedelta = timedelta(0)) -> timedelta | None:

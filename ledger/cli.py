@@ -34,7 +34,7 @@ from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
-from ledger.recorded import SHORTEST_STEP, TIME_LIMIT, TIME_LIMIT_TEXT, parse_duration, parse_time
+from ledger.recorded import SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
@@ -121,12 +121,9 @@ def _time(value: str | None, option: str) -> datetime:
     if value is None:
         return datetime.now(UTC)
     try:
-        parsed = parse_time(value)
+        return parse_query_time(value)
     except Invalid as e:
         raise typer.BadParameter(str(e), param_hint=option) from e
-    if parsed >= TIME_LIMIT:  # as the API refuses it
-        raise typer.BadParameter(f"{value} is too far in the future; {TIME_LIMIT_TEXT}", param_hint=option)
-    return parsed
 
 
 def _duration(value: str, option: str, *, shortest: timedelta = timedelta(0)) -> timedelta:

@@ -239,11 +239,25 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
 
 
 TIME_LIMIT: Final = datetime(9999, 1, 1, tzinfo=UTC)
-"""First instant past the times the API and CLI accept (exclusive): year 9999 is refused, so that a window or a
-page token built on an accepted time never passes ``datetime.max``."""
+"""First instant past the times a query accepts (exclusive): year 9999 is refused, so that a window or a page
+token built on an accepted time never passes ``datetime.max``."""
 
-TIME_LIMIT_TEXT: Final = "the latest time accepted is 9998-12-31T23:59:59.999999Z"
-"""What the refusal of a time at or past :data:`TIME_LIMIT` adds, so the bound is known without guessing."""
+
+def parse_query_time(value: str) -> datetime:
+    """Parse a time a query gives (``--at``, ``?at=``, window ends): :func:`parse_time`, before :data:`TIME_LIMIT`.
+
+    The one parser of query times for the CLI and the API, so both take the same times. Times read from
+    recorded histories (``observedAt``) use :func:`parse_time` alone.
+
+    Raises:
+        Invalid: as :func:`parse_time`; or the time is at or past :data:`TIME_LIMIT` (the message names the
+            latest time accepted, and echoes the value at most 100 characters long).
+    """
+    parsed = parse_time(value)
+    if parsed >= TIME_LIMIT:
+        raise Invalid(f"{shorten(repr(value))} is too far in the future; the latest time accepted is "
+                      f"{(TIME_LIMIT - timedelta(microseconds=1)).isoformat().replace('+00:00', 'Z')}")
+    return parsed
 
 
 def parse_time(value: str) -> datetime:
