@@ -363,16 +363,14 @@ def simulate(
     The file appears only once complete (written beside it, then renamed): an earlier file of that name
     survives a failure or Ctrl-C (exit code 130). Progress goes to stderr every 100,000 lines.
     """
-    from ledger.simulate import FleetSpec, write_history
-
-    spec = FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, hours=hours, seed=seed, utilisation=utilisation,
-                     job_minutes=job_minutes, mig_node_fraction=mig_node_fraction, teams=teams,
-                     start=_time(start, "--start"))
+    spec = simulation.FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, hours=hours, seed=seed,
+                                utilisation=utilisation, job_minutes=job_minutes,
+                                mig_node_fraction=mig_node_fraction, teams=teams, start=_time(start, "--start"))
     typer.echo(f"simulating {nodes:,} nodes x {gpus_per_node} GPUs for {hours:g} h into {output_file} ...",
                err=True)
     try:
-        summary = write_history(spec, output_file,
-                                progress=lambda n: err.print(f"... {n:,} lines", highlight=False))
+        summary = simulation.write_history(spec, output_file,
+                                           progress=lambda n: err.print(f"... {n:,} lines", highlight=False))
     except KeyboardInterrupt:
         # write_history has removed its temporary file by now; the earlier FILE was never touched.
         typer.echo(f"interrupted: {output_file} left as it was", err=True)

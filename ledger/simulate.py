@@ -35,7 +35,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from itertools import chain
 from pathlib import Path
 
 from ledger.types import JSONObject, JSONValue
@@ -633,18 +632,12 @@ def hash_int(text: str) -> int:
     return int(uuid.UUID(text))
 
 
-def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Iterator[str]:
-    """Yield the history of the fleet ``spec`` describes, one JSON line (no newline) at a time.
-
-    Lines are in ``observedAt`` order (ties in the order they were scheduled). Pure: the output is a
-    function of ``spec`` alone.
-
-    Args:
-        spec: the fleet and its seed.
-        summary: filled in while the lines are generated (complete once the generator is exhausted).
+def check_spec(spec: FleetSpec) -> None:
+    """Refuse knobs out of range before anything is simulated or written.
 
     Raises:
-        ValueError: a knob is out of range (no nodes, no GPUs, negative hours, or past a ``MAX_*`` bound).
+        ValueError: no nodes, no GPUs, no hours or teams; a knob past its ``MAX_*`` bound; or more than
+            :data:`MAX_GPUS_PER_MIG_NODE` GPUs a node while nodes have MIG partitions. The message names the knob.
     """
     if spec.nodes < 1 or spec.gpus_per_node < 1 or spec.hours <= 0 or spec.teams < 1 \
             or spec.namespaces_per_team < 1:
@@ -660,6 +653,22 @@ def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Itera
                          f"{MAX_GPUS_PER_MIG_NODE} is simulated while nodes have MIG partitions (their ResourceSlice "
                          "may list 64 devices that consume counters); a mig_node_fraction (--mig-node-fraction) "
                          "of 0 allows 128")
+
+
+def simulate(spec: FleetSpec, summary: SimulationSummary | None = None) -> Iterator[str]:
+    """Yield the history of the fleet ``spec`` describes, one JSON line (no newline) at a time.
+
+    Lines are in ``observedAt`` order (ties in the order they were scheduled). Pure: the output is a
+    function of ``spec`` alone.
+
+    Args:
+        spec: the fleet and its seed.
+        summary: filled in while the lines are generated (complete once the generator is exhausted).
+
+    Raises:
+        ValueError: see :func:`check_spec` (raised when the generator starts).
+    """
+    check_spec(spec)
     sim = _Simulation(spec)
     if summary is not None:
         sim.summary = summary
@@ -689,11 +698,10 @@ def write_history(spec: FleetSpec, path: Path, *,
 
     Raises:
         OSError: the file cannot be written.
-        ValueError: see :func:`simulate` (raised before any file is made).
+        ValueError: see :func:`check_spec` (raised before any file is made).
     """
+    check_spec(spec)  # before the temporary file exists
     summary = SimulationSummary()
-    lines = simulate(spec, summary)
-    first = next(lines, None)  # the knobs are checked when the generator starts
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     temporary = Path(name)
     try:
@@ -702,7 +710,7 @@ def write_history(spec: FleetSpec, path: Path, *,
         os.umask(umask)
         os.chmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for n, line in enumerate(chain([first] if first is not None else [], lines), 1):
+            for n, line in enumerate(simulate(spec, summary), 1):
                 f.write(line)
                 f.write("\n")
                 if progress is not None and n % PROGRESS_LINES == 0:
