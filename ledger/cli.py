@@ -144,10 +144,10 @@ def require_embedded_ledger(data_dir: Path | None) -> None:
         typer.Exit: (code 2) the directory holds no PostgreSQL cluster (no ``PG_VERSION``: initdb never ran
             there, or never finished); the message names it and the commands that record a ledger.
     """
-    from ledger.embedded import default_data_dir
+    from ledger.embedded import default_data_dir, initialised
 
     where = data_dir or default_data_dir()
-    if (where / "PG_VERSION").is_file():
+    if initialised(where):
         return
     me = command_name(sys.argv[0], shutil.which("dra-ledger"))
     hint = " (a mistyped --data-dir?)" if data_dir else ""

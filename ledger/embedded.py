@@ -119,6 +119,13 @@ def default_data_dir() -> Path:
     return platformdirs.user_data_path("dra-ledger", appauthor=False) / "postgres"
 
 
+def initialised(data_dir: Path) -> bool:
+    """Whether ``initdb`` ever finished a cluster at ``data_dir`` (it holds ``PG_VERSION``), without starting
+    anything; ``False`` for a missing or empty directory. A half-made cluster an older release left counts
+    as one here; :meth:`EmbeddedPostgres.start` rebuilds or refuses it."""
+    return (data_dir / "PG_VERSION").is_file()
+
+
 def server_account() -> ServerAccount | None:
     """The account PostgreSQL runs as, if it is not the caller.
 
@@ -369,7 +376,7 @@ class EmbeddedPostgres:
         """
         data = self._data_dir
         try:
-            if (data / "PG_VERSION").is_file():
+            if initialised(data):
                 version = (data / "PG_VERSION").read_text(encoding="utf-8", errors="replace").strip()
                 if not version.isdigit() or int(version) < 15:
                     return True  # not of our making (other OIDs then): pg_ctl says what is wrong
