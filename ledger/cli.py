@@ -29,7 +29,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 import ledger
 from ledger import services
-from ledger import simulate as simulation
+from ledger import simulate_bounds as bounds
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
@@ -342,19 +342,19 @@ def simulate(
     output_file: Annotated[Path, typer.Option(
         "--output", help="History file to write (JSON Lines in the recorded format that replay reads: one "
         "{observedAt, type, object} per line).")],
-    nodes: Annotated[int, typer.Option("--nodes", min=1, max=simulation.MAX_NODES, help="Nodes in the fleet.")] = 10,
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=simulation.MAX_GPUS_PER_NODE,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, max=bounds.MAX_NODES, help="Nodes in the fleet.")] = 10,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=bounds.MAX_GPUS_PER_NODE,
                                                help="Whole GPUs per node.")] = 8,
-    hours: Annotated[float, typer.Option("--hours", min=0.01, max=simulation.MAX_HOURS,
+    hours: Annotated[float, typer.Option("--hours", min=0.01, max=bounds.MAX_HOURS,
                                          help="Simulated hours.")] = 24.0,
     seed: Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same file.")] = 0,
     utilisation: Annotated[float, typer.Option("--utilisation", min=0.0, max=1.0,
                                                help="Target fraction of GPUs held.")] = 0.7,
-    job_minutes: Annotated[float, typer.Option("--job-minutes", min=1.0, max=simulation.MAX_JOB_MINUTES,
+    job_minutes: Annotated[float, typer.Option("--job-minutes", min=1.0, max=bounds.MAX_JOB_MINUTES,
                                                help="Mean hold time (min).")] = 60.0,
     mig_node_fraction: Annotated[float, typer.Option("--mig-node-fraction", min=0.0, max=1.0,
                                                      help="Nodes whose GPUs also offer MIG partitions.")] = 0.1,
-    teams: Annotated[int, typer.Option("--teams", min=1, max=simulation.MAX_TEAMS,
+    teams: Annotated[int, typer.Option("--teams", min=1, max=bounds.MAX_TEAMS,
                                        help="Teams (2 namespaces each).")] = 6,
     start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339).")] = "2026-11-01T00:00:00Z",
 ) -> None:
@@ -363,6 +363,8 @@ def simulate(
     The file appears only once complete (written beside it, then renamed): an earlier file of that name
     survives a failure or Ctrl-C (exit code 130). Progress goes to stderr every 100,000 lines.
     """
+    from ledger import simulate as simulation
+
     spec = simulation.FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, hours=hours, seed=seed,
                                 utilisation=utilisation, job_minutes=job_minutes,
                                 mig_node_fraction=mig_node_fraction, teams=teams, start=_time(start, "--start"))

@@ -37,6 +37,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from ledger.simulate_bounds import (
+    MAX_GPUS_PER_MIG_NODE,
+    MAX_GPUS_PER_NODE,
+    MAX_HOURS,
+    MAX_JOB_MINUTES,
+    MAX_NODES,
+    MAX_TEAMS,
+)
 from ledger.types import JSONObject, JSONValue
 
 GPU_DRIVER = "gpu.example.com"
@@ -50,21 +58,6 @@ MIG_PARTITIONS = 4
 NIC_BANDWIDTH_G = 100
 """Bandwidth of one NIC in Gbit/s; a share takes 10 or 25."""
 
-# Bounds of the knobs. Past them a run is a typo (``--gpus-per-node 99999999`` once ran for minutes before
-# writing a line), not a fleet: they are set well beyond the 5,000-node x 8-GPU fleet of DESIGN §10.
-MAX_NODES = 100_000
-"""Most nodes: twenty times the largest fleet the ledger is sized for."""
-MAX_GPUS_PER_NODE = 128
-"""Most GPUs a node: a ResourceSlice lists at most 128 devices (``spec.devices``); real nodes have 8 or 16."""
-MAX_GPUS_PER_MIG_NODE = 12
-"""Most GPUs a node while any node has MIG partitions (``mig_node_fraction`` > 0): a slice whose devices
-consume counters lists at most 64, and a MIG node's lists 12 x (1 + 4 partitions) = 60."""
-MAX_HOURS = 8_784.0
-"""Most simulated hours: a leap year."""
-MAX_TEAMS = 1_000
-"""Most teams (two namespaces each by default)."""
-MAX_JOB_MINUTES = 43_200.0
-"""Longest mean hold time: 30 days."""
 PROGRESS_LINES = 100_000
 """:func:`write_history` reports progress every this many lines."""
 
