@@ -45,6 +45,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -145,20 +146,17 @@ class Price(_Model):
         return self
 
 
-_LONGEST_IDLE_S = MAX_DURATION.total_seconds()
-"""Longest idle threshold, in seconds: 100 years, the bound ``--min-idle`` and ``minIdle`` have (a threshold
-beyond it is a typo, and ``1e400`` reads as infinity). The fields are strict: ``true`` is not 1 second."""
+IdleSeconds = Annotated[float, Field(ge=0, le=MAX_DURATION.total_seconds(), allow_inf_nan=False, strict=True)]
+"""An idle threshold in seconds, from 0 to 100 years: the bound ``--min-idle`` and ``minIdle`` have (a threshold
+beyond it is a typo, and ``1e400`` reads as infinity). Strict: ``true`` is not 1 second."""
 
 
 class IdleConfig(_Model):
     """Idle-claim thresholds per category, in seconds from 0 to 100 years (DESIGN §5: 30 minutes each by default)."""
 
-    unreserved_seconds: float = Field(default=1800, alias="unreservedSeconds", ge=0, le=_LONGEST_IDLE_S,
-                                      allow_inf_nan=False, strict=True)
-    inactive_consumers_seconds: float = Field(default=1800, alias="inactiveConsumersSeconds", ge=0,
-                                              le=_LONGEST_IDLE_S, allow_inf_nan=False, strict=True)
-    unreferenced_seconds: float = Field(default=1800, alias="unreferencedSeconds", ge=0, le=_LONGEST_IDLE_S,
-                                        allow_inf_nan=False, strict=True)
+    unreserved_seconds: IdleSeconds = Field(default=1800, alias="unreservedSeconds")
+    inactive_consumers_seconds: IdleSeconds = Field(default=1800, alias="inactiveConsumersSeconds")
+    unreferenced_seconds: IdleSeconds = Field(default=1800, alias="unreferencedSeconds")
 
 
 class ApiToken(_Model):
