@@ -134,8 +134,11 @@ def _duration(value: str, option: str, *, shortest: timedelta = timedelta(0)) ->
 
 
 def require_embedded_ledger(data_dir: Path | None) -> None:
-    """Refuse a query of an embedded ledger that was never made: a mistyped ``--data-dir`` must not start a new,
+    """Refuse to use an embedded ledger that was never made: a mistyped ``--data-dir`` must not start a new,
     empty server there and answer with zeros.
+
+    Called, when no database URL is set, by the queries, ``db current`` and ``rebuild``; the commands
+    meant to make a ledger (``db upgrade``, ``db start``, ``demo``, ``replay``, ``watch``) do not call it.
 
     Args:
         data_dir: ``--data-dir`` / ``LEDGER_DATA_DIR``; ``None``: the default one (``embedded.default_data_dir``).
@@ -234,8 +237,14 @@ def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 
 @db_app.command("current")
 def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Print the schema revision of the database and the one this code needs; exit 1 when they differ."""
+    """Print the schema revision of the database and the one this code needs; exit 1 when they differ.
+
+    An embedded data dir where no ledger was ever made is refused (exit 2, see :func:`require_embedded_ledger`):
+    a check must not initdb and migrate a new cluster and then report it current.
+    """
     settings = settings_from(url, data_dir)
+    if not settings.database_url:
+        require_embedded_ledger(settings.data_dir)
     with _errors():
         db = LedgerDatabase.from_url(settings.database_url) if settings.database_url else services.open_ledger(settings)
         current, head = schema.current_revision(db.engine), schema.head_revision()
@@ -326,8 +335,14 @@ def replay(
 
 @app.command()
 def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Rebuild every read model from the events (global position 0) and swap it in atomically."""
+    """Rebuild every read model from the events (global position 0) and swap it in atomically.
+
+    An embedded data dir where no ledger was ever made is refused (exit 2, see :func:`require_embedded_ledger`):
+    there are no events to rebuild from, and a new, empty server would be left behind.
+    """
     settings = settings_from(url, data_dir)
+    if not settings.database_url:
+        require_embedded_ledger(settings.data_dir)
     with _errors():
         db = services.open_ledger(settings)
         err.print("rebuilding the read models from the events ...")
