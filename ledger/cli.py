@@ -137,7 +137,7 @@ def require_embedded_ledger(data_dir: Path | None) -> None:
     """Refuse to use an embedded ledger that was never made: a mistyped ``--data-dir`` must not start a new,
     empty server there and answer with zeros.
 
-    Called, when no database URL is set, by the queries, ``db current`` and ``rebuild``; the commands
+    Called, when no database URL is set, by the queries, ``db current``, ``rebuild`` and ``jobs``; the commands
     meant to make a ledger (``db upgrade``, ``db start``, ``demo``, ``replay``, ``watch``) do not call it.
 
     Args:

@@ -65,12 +65,20 @@ def register(app: typer.Typer) -> None:
         rollup_from: Annotated[str | None, typer.Option(
             "--rollup-from", help="With --once: recompute the hourly rollups from this instant (RFC 3339), e.g. "
             "after `dra-ledger rebuild`.")] = None,
-        url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
-                                                help="Ledger database URL; unset = embedded PostgreSQL.")] = None,
+        url: cli.UrlOpt = None,
+        data_dir: cli.DataDirOpt = None,
     ) -> None:
         """Run the report jobs: hourly usage rollups, idle/quota/pending snapshots every N minutes, and the
-        occupancy counts every minute."""
-        settings = Settings().model_copy(update={"database_url": url} if url else {})
+        occupancy counts every minute.
+
+        Without a database URL the jobs use the embedded ledger in ``--data-dir`` (``LEDGER_DATA_DIR``, else
+        the default one); a data dir where no ledger was ever made is refused with exit code 2 before any
+        server starts (``ledger.cli.require_embedded_ledger``): the jobs only read and summarise a ledger.
+        A bad ``LEDGER_*`` setting is exit code 2 too.
+        """
+        settings = cli.settings_from(url, data_dir)
+        if not settings.database_url:
+            cli.require_embedded_ledger(settings.data_dir)
         try:
             if once:
                 start = parse_time(rollup_from) if rollup_from else None

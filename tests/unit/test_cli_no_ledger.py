@@ -1,6 +1,6 @@
 """A query of an embedded ledger that was never recorded is refused: a mistyped ``--data-dir`` must not start a
 new, empty PostgreSQL there and answer with zeros. So are the other commands that only use a ledger
-(``db current``, ``rebuild``): only the commands meant to make one may initdb a data dir."""
+(``db current``, ``rebuild``, ``jobs``): only the commands meant to make one may initdb a data dir."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from ledger.cli import app
+from tests.factories import plugin_commands
 
 WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": ""}
 
@@ -63,3 +64,21 @@ def test_a_data_dir_with_no_ledger_from_ledger_data_dir_is_refused_too(tmp_path:
 
     _assert_refused(result, tmp_path, missing)
 
+
+@pytest.mark.parametrize("args", [["jobs", "--once"], ["jobs"]])
+def test_the_jobs_take_data_dir_and_refuse_one_with_no_ledger(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "ledgr"
+
+    with plugin_commands() as plugins:
+        result = CliRunner().invoke(plugins, [*args, "--data-dir", str(missing)], env=WIDE)
+
+    _assert_refused(result, tmp_path, missing)
+
+
+def test_the_jobs_refuse_a_ledger_data_dir_with_no_ledger(tmp_path: Path) -> None:
+    missing = tmp_path / "ledgr"
+
+    with plugin_commands() as plugins:
+        result = CliRunner().invoke(plugins, ["jobs", "--once"], env={**WIDE, "LEDGER_DATA_DIR": str(missing)})
+
+    _assert_refused(result, tmp_path, missing)
