@@ -488,13 +488,22 @@ def render_usage(body: JSONObject) -> None:
 
 
 def render_idle(body: JSONObject) -> None:
-    """Print an idle-claims body as a table."""
-    claims = body["claims"]
-    assert isinstance(claims, list)
-    rows = [[f"{c['namespace']}/{c['name']}", _s(c["team"]), _s(c["category"]), _s(c["idleSince"]),
-             _s(c["devices"]), f"{c['wastedDeviceHours']:.3f}"] for c in claims if isinstance(c, dict)]
-    _table(f"Idle claims at {body['at']}", ["claim", "team", "category", "idle since", "devices",
-                                            "wasted device-hours"], rows)
+    """Print an idle-claims body (``idle-claims``, ``report idle-claims``) as a table, one row per claim in the
+    body's order.
+
+    When the rows come from more than one ledger cluster (a report over every cluster), a ``cluster`` column
+    comes first, as ``cluster`` leads the CSV: same-named claims of two clusters would otherwise print as
+    identical rows. Rows of one cluster (every ``--cluster`` report) print as before, without it.
+    """
+    claims_in = body["claims"]
+    assert isinstance(claims_in, list)
+    claims = [c for c in claims_in if isinstance(c, dict)]
+    several = len({_s(c["cluster"]) for c in claims}) > 1
+    rows = [[*([_s(c["cluster"])] if several else []), f"{c['namespace']}/{c['name']}", _s(c["team"]),
+             _s(c["category"]), _s(c["idleSince"]), _s(c["devices"]), f"{c['wastedDeviceHours']:.3f}"]
+            for c in claims]
+    _table(f"Idle claims at {body['at']}", [*(["cluster"] if several else []), "claim", "team", "category",
+                                            "idle since", "devices", "wasted device-hours"], rows)
 
 
 def _whole_page(body: JSONObject) -> JSONObject:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+from typer.testing import CliRunner
+
 from ledger import services
+from ledger.cli import app
 from ledger.config import DEFAULT
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES
 
 EXPECTED: Any = json.loads((HISTORIES / "seed-lab.expected.json").read_text(encoding="utf-8"))
+WIDE = {"COLUMNS": "250"}  # one table row per line
 
 
 def _seed_lab_twice(ledger: LedgerHandle) -> LedgerHandle:
@@ -55,3 +60,30 @@ def test_pending_claims_over_every_cluster_carry_each_rows_cluster(ledger: Ledge
     assert sorted((r["cluster"], r["namespace"], r["name"]) for r in body["claims"]) == [
         (ledger.cluster, "ml-train", "big"), (other.cluster, "ml-train", "big")]
     assert body["classes"][0]["claims"] == 2  # one pending claim of the class in each cluster
+
+
+def _table_rows(output: str) -> list[list[str]]:
+    """The cells of each body row of the Rich tables in ``output`` (header rows are drawn with ``┃``)."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in output.splitlines() if line.startswith("│")]
+
+
+@pytest.mark.parametrize("command", [["idle-claims"], ["report", "idle-claims"]])
+def test_the_idle_claim_table_over_every_cluster_names_each_rows_cluster(ledger: LedgerHandle,
+                                                                         command: list[str]) -> None:
+    other = _seed_lab_twice(ledger)
+    # The seed lab's one idle claim at 12:00: ml-serve/shared-gpu of team nlp, holding gpu-1, its reservedFor
+    # emptied by the line observed at 11:00:01 (seed-lab.jsonl line 38) -> 1 device x 3599 s = 0.99972 h.
+    row = ["ml-serve/shared-gpu", "nlp", "unreserved", "2026-11-02T11:00:01Z", "gpu.example.com/lab-node/gpu-1",
+           "1.000"]
+    args = [*command, "--at", "2026-11-02T12:00:00Z", "--database-url", ledger.db.url]
+
+    every = CliRunner().invoke(app, args, env=WIDE)
+    one = CliRunner().invoke(app, [*args, "--cluster", other.cluster], env=WIDE)
+
+    assert every.exit_code == 0, every.output
+    assert "┃ cluster " in every.output
+    assert sorted(_table_rows(every.output)) == sorted([[ledger.cluster, *row], [other.cluster, *row]])
+    # One cluster's rows cannot be confused: the table keeps its columns of before.
+    assert one.exit_code == 0, one.output
+    assert "cluster" not in one.output
+    assert _table_rows(one.output) == [row]
