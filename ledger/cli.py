@@ -297,12 +297,37 @@ def _count_lines(paths: list[Path]) -> int:
     return total
 
 
+def summarise_report(report: services.IngestReport) -> str:
+    """The one-line summary of an ingest that ``replay`` and ``demo`` print last.
+
+    ``recorded``, ``already recorded`` and ``rejected`` are counts of lines. A line an earlier run stored as
+    rejected counts both as already recorded and as rejected (:class:`ledger.services.IngestReport`), so the
+    three can add up to more than the lines read; the rejected count then says how many of its lines were
+    already recorded, e.g. ``40 lines: 0 recorded, 40 already recorded, 1 rejected (already recorded as
+    rejected, so also among the 40 already recorded); 0 events appended``.
+
+    Args:
+        report: what :func:`ledger.services.replay_files` returned.
+
+    Returns:
+        The line, without a line end.
+    """
+    rejected = len(report.rejected)
+    earlier = sum(1 for r in report.rejected if r.already_recorded)
+    if earlier == 0:
+        note = ""
+    else:
+        which = "" if earlier == rejected else f"{earlier} of them "
+        note = f" ({which}already recorded as rejected, so also among the {report.duplicates} already recorded)"
+    return (f"{report.lines} lines: {report.recorded} recorded, {report.duplicates} already recorded, "
+            f"{rejected} rejected{note}; {report.events} events appended")
+
+
 def _print_report(report: services.IngestReport) -> None:
     # Plain, unwrapped lines: one rejection per line, greppable by FILE:LINE.
     for rejection in report.rejected:
         typer.echo(f"rejected {rejection.origin}: {rejection.reason}", err=True)
-    typer.echo(f"{report.lines} lines: {report.recorded} recorded, {report.duplicates} already recorded, "
-               f"{len(report.rejected)} rejected; {report.events} events appended", err=True)
+    typer.echo(summarise_report(report), err=True)
 
 
 @app.command()

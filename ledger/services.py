@@ -54,6 +54,9 @@ class Rejection:
     origin: str
     """``FILE:LINE`` (1-based line) or ``watch:KIND``."""
     reason: str
+    already_recorded: bool = False
+    """The line was found stored as rejected by an earlier run (so it also counts in
+    ``IngestReport.duplicates``); ``False``: stored as rejected by this ingest."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -415,7 +418,7 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
             chunk_report.duplicates += 1
             if (reason := rejected_before.pop(item.digest, None)) is not None:
                 chunk_report.rejected.append(Rejection(origin=origin, reason=f"{reason} (already recorded "
-                                                       "as rejected)"))
+                                                       "as rejected)", already_recorded=True))
             continue
         seen.add(item.digest)
         if isinstance(item, BrokenLine):

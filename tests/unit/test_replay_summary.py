@@ -1,0 +1,37 @@
+"""The summary line of ``replay`` says when its counts overlap: a line an earlier run stored as rejected counts
+both as already recorded and as rejected (``IngestReport.rejected``), so the counts can add up to more than
+the lines read, and the line says which of the rejected lines those are."""
+
+from __future__ import annotations
+
+from ledger.cli import summarise_report
+from ledger.services import IngestReport, Rejection
+
+
+def test_a_first_run_of_a_file_with_a_bad_line_reports_the_counts_alone() -> None:
+    # 40 lines, one of them bad: 39 recorded + 1 rejected = 40.
+    report = IngestReport(lines=40, recorded=39, duplicates=0, events=52,
+                          rejected=[Rejection(origin="h.jsonl:7", reason="invalid JSON")])
+
+    assert summarise_report(report) == "40 lines: 39 recorded, 0 already recorded, 1 rejected; 52 events appended"
+
+
+def test_a_second_run_says_the_rejected_line_is_among_the_already_recorded() -> None:
+    # The same 40 lines again: all 40 are stored, and the bad one is reported again -> 40 + 1 = 41 counted.
+    report = IngestReport(lines=40, recorded=0, duplicates=40, events=0, rejected=[
+        Rejection(origin="h.jsonl:7", reason="invalid JSON (already recorded as rejected)", already_recorded=True)])
+
+    assert summarise_report(report) == ("40 lines: 0 recorded, 40 already recorded, 1 rejected (already recorded "
+                                        "as rejected, so also among the 40 already recorded); 0 events appended")
+
+
+def test_a_run_with_old_and_new_bad_lines_says_how_many_of_them_were_recorded_before() -> None:
+    # 3 lines: one new good line (recorded), one new bad line, one bad line an earlier run stored:
+    # 1 recorded + 1 already recorded + 2 rejected = 4 counted, 1 of them twice.
+    report = IngestReport(lines=3, recorded=1, duplicates=1, events=2, rejected=[
+        Rejection(origin="h.jsonl:2", reason="invalid JSON"),
+        Rejection(origin="h.jsonl:3", reason="invalid JSON (already recorded as rejected)", already_recorded=True)])
+
+    assert summarise_report(report) == ("3 lines: 1 recorded, 1 already recorded, 2 rejected (1 of them already "
+                                        "recorded as rejected, so also among the 1 already recorded); "
+                                        "2 events appended")
