@@ -768,7 +768,43 @@ def quotas(at: AtOpt = None,
                                           cluster=cluster)
         return _whole_page(services.quotas(db, at=_time(at, "--at"), config=cfg, cluster=cluster))
 
-    _emit(_query(settings_from(url, data_dir), run), output, render_quotas)
+    body = _query(settings_from(url, data_dir), run)
+    # The table prints the exact counts; the JSON is written as /v1/quotas writes it (see float_quota_usage).
+    _emit(float_quota_usage(body) if output is Output.json else body, output, render_quotas)
+
+
+def float_quota_usage(body: JSONObject) -> JSONObject:
+    """A ``quotas`` body (``rows`` at an instant, or ``intervals`` over a window) with every ``used`` a float,
+    the form ``GET /v1/quotas`` writes it in.
+
+    The ledger counts exactly: ``used`` is an ``int`` for a whole count (``4``; ``9223372036854775807`` where
+    Kueue's counts saturate at int64) and a ``float`` only for a fractional quantity. The API's schema types
+    ``used`` as a float (``api.schemas.QuotaRow.used``, OpenAPI ``number``), so the API writes ``4.0``;
+    ``--output json`` is the API's body, so it writes ``4.0`` too, and the window intervals (CLI-only) take
+    the same form so that both answers of ``quotas`` agree. A float is exact up to 2**53; a count above
+    that is rounded, as the API rounds it (the table, printed from the exact body, is not).
+
+    Args:
+        body: from :func:`ledger.services.quotas` or :func:`ledger.services.quota_history`; not changed.
+
+    Returns:
+        A copy with ``rows[].used``, ``rows[].claims[].used`` and ``intervals[].used`` floats; everything else
+        as it was (``nominalQuota`` is a float already: the configuration's).
+    """
+
+    def floated(item: JSONValue) -> JSONValue:
+        if not isinstance(item, dict):
+            return item
+        copy = dict(item)
+        used = copy.get("used")
+        if isinstance(used, int) and not isinstance(used, bool):
+            copy["used"] = float(used)
+        if isinstance(claims := copy.get("claims"), list):
+            copy["claims"] = [floated(c) for c in claims]
+        return copy
+
+    return {key: [floated(x) for x in value] if key in ("rows", "intervals") and isinstance(value, list) else value
+            for key, value in body.items()}
 
 
 def render_shared_usage(body: JSONObject) -> None:

@@ -136,4 +136,24 @@ def test_cli_json_is_the_api_body_for_the_same_query(seeded: LedgerHandle, clien
     code, output = run_cli(seeded, *args, *output_option)
 
     assert code == 0, output
-    assert json.loads(output) == response.json()
+    # Compared as JSON text, not as Python values (where 1 == 1.0): a count the API writes 1.0 is 1.0 here too.
+    assert json.dumps(json.loads(output), sort_keys=True) == json.dumps(response.json(), sort_keys=True)
+
+
+def test_the_quota_intervals_on_the_cli_write_used_as_the_api_writes_it(seeded: LedgerHandle,
+                                                                          client: TestClient[Litestar]) -> None:
+    # vision's GPUs (DeviceClass gpu.example.com, unmapped, so counted under its own name), from the
+    # allocations listed above HOURLY: train-0 gpu-0 09:02:04-10:00:01, pick-seven gpu-7 from 09:05:00,
+    # pair-0 gpu-2 and gpu-3 from 09:15:00.
+    code, output = run_cli(seeded, "quotas", "--from", LAB["from"], "--to", LAB["to"], "--output", "json")
+
+    assert code == 0, output
+    vision = [(i["from"], i["to"], i["used"]) for i in json.loads(output)["intervals"]
+              if i["team"] == "vision" and i["resourceName"] == "gpu.example.com"]
+    assert vision == [("2026-11-02T09:02:04Z", "2026-11-02T09:05:00Z", 1), ("2026-11-02T09:05:00Z",
+                       "2026-11-02T09:15:00Z", 2), ("2026-11-02T09:15:00Z", "2026-11-02T10:00:01Z", 4),
+                      ("2026-11-02T10:00:01Z", "2026-11-02T12:00:00Z", 3)]
+    assert [type(used) for _, _, used in vision] == [float] * 4  # 4.0, as /v1/quotas writes it:
+    at_930 = client.get("/v1/quotas", params={"at": "2026-11-02T09:30:00Z"}).json()
+    assert [r["used"] for r in at_930["rows"] if r["team"] == "vision"] == [4.0]
+    assert type(at_930["rows"][0]["used"]) is float
