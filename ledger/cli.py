@@ -14,7 +14,7 @@ import importlib.resources
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -448,45 +448,73 @@ def _s(value: JSONValue) -> str:
     return str(value)
 
 
+class _ClusterLead:
+    """The optional leading ``cluster`` column of a table whose rows each carry a ``cluster`` field.
+
+    Queries answer for every cluster unless ``--cluster`` is given, so rows of same-named devices or claims
+    from two clusters would print as identical lines; when the rows name more than one cluster, each row
+    starts with its cluster (as ``cluster`` leads the JSON rows and the CSV). Rows of one cluster (every
+    ``--cluster`` query, every single-cluster ledger) print without it.
+    """
+
+    def __init__(self, rows: Sequence[JSONValue]) -> None:
+        several = len({_s(r["cluster"]) for r in rows if isinstance(r, dict)}) > 1
+        self.columns: list[str] = ["cluster"] if several else []
+        """The header to put first: ``["cluster"]`` or nothing."""
+
+    def __call__(self, row: Mapping[str, JSONValue]) -> list[str]:
+        """The cells to put first in ``row``'s line: its cluster, or nothing."""
+        return [_s(row["cluster"])] if self.columns else []
+
+
 def render_occupancy(body: JSONObject) -> None:
-    """Print an occupancy body as a table of devices and holders, then the totals."""
+    """Print an occupancy body as a table of devices and holders, then the totals.
+
+    A ``cluster`` column comes first when the devices come from more than one cluster (see
+    :class:`_ClusterLead`).
+    """
     rows: list[list[str]] = []
     devices = body["devices"]
     assert isinstance(devices, list)
+    lead = _ClusterLead(devices)
     for dev in devices:
         assert isinstance(dev, dict)
         allocs = dev["allocations"]
         assert isinstance(allocs, list)
         name = f"{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
         if not allocs:
-            rows.append([name, _s(dev["node"]), "free", "", "", ""])
+            rows.append([*lead(dev), name, _s(dev["node"]), "free", "", "", ""])
         for a in allocs:
             assert isinstance(a, dict)
             holder = f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")
-            rows.append([name, _s(dev["node"]), holder, _s(a["team"]), _s(a["shareID"]), _s(a["consumers"])])
-    _table(f"Occupancy at {body['at']}", ["pool/device", "node", "held by", "team", "shareID", "consumers"], rows)
+            rows.append([*lead(dev), name, _s(dev["node"]), holder, _s(a["team"]), _s(a["shareID"]),
+                         _s(a["consumers"])])
+    _table(f"Occupancy at {body['at']}",
+           [*lead.columns, "pool/device", "node", "held by", "team", "shareID", "consumers"], rows)
     totals = body["totals"]
     assert isinstance(totals, dict)
     out.print("devices {devices}, allocated {allocated}, free {free}, shared {shared}".format(**totals))
 
 
 def render_claims(body: JSONObject) -> None:
-    """Print a claims body as a table."""
+    """Print a claims body as a table; a ``cluster`` column comes first when the claims come from more than
+    one cluster (see :class:`_ClusterLead`)."""
     rows: list[list[str]] = []
     claims = body["claims"]
     assert isinstance(claims, list)
+    lead = _ClusterLead(claims)
     for c in claims:
         assert isinstance(c, dict)
         requested = c["requested"]
         assert isinstance(requested, dict)
         devices = c["devices"]
         assert isinstance(devices, list)
-        rows.append([f"{c['namespace']}/{c['name']}", _s(c["state"]), _s(c["origin"]), _s(c["team"]),
+        rows.append([*lead(c), f"{c['namespace']}/{c['name']}", _s(c["state"]), _s(c["origin"]), _s(c["team"]),
                      ", ".join(f"{k}: {v}" for k, v in requested.items()) or "-",
                      ", ".join(str(d["device"]) for d in devices if isinstance(d, dict)) or "-",
                      _s(c["consumers"])])
-    _table(f"Claims at {body['at']}", ["claim", "state", "origin", "team", "requested", "devices", "consumers"],
-           rows)
+    _table(f"Claims at {body['at']}",
+           [*lead.columns, "claim", "state", "origin", "team", "requested", "devices", "consumers"], rows)
 
 
 def render_usage(body: JSONObject) -> None:
@@ -523,11 +551,11 @@ def render_idle(body: JSONObject) -> None:
     claims_in = body["claims"]
     assert isinstance(claims_in, list)
     claims = [c for c in claims_in if isinstance(c, dict)]
-    several = len({_s(c["cluster"]) for c in claims}) > 1
-    rows = [[*([_s(c["cluster"])] if several else []), f"{c['namespace']}/{c['name']}", _s(c["team"]),
+    lead = _ClusterLead(claims)
+    rows = [[*lead(c), f"{c['namespace']}/{c['name']}", _s(c["team"]),
              _s(c["category"]), _s(c["idleSince"]), _s(c["devices"]), f"{c['wastedDeviceHours']:.3f}"]
             for c in claims]
-    _table(f"Idle claims at {body['at']}", [*(["cluster"] if several else []), "claim", "team", "category",
+    _table(f"Idle claims at {body['at']}", [*lead.columns, "claim", "team", "category",
                                             "idle since", "devices", "wasted device-hours"], rows)
 
 

@@ -87,3 +87,25 @@ def test_the_idle_claim_table_over_every_cluster_names_each_rows_cluster(ledger:
     assert one.exit_code == 0, one.output
     assert "cluster" not in one.output
     assert _table_rows(one.output) == [row]
+
+
+@pytest.mark.parametrize("command", [["occupancy"], ["claims"]])
+def test_the_occupancy_and_claim_tables_over_every_cluster_name_each_rows_cluster(ledger: LedgerHandle,
+                                                                                  command: list[str]) -> None:
+    other = _seed_lab_twice(ledger)
+    args = [*command, "--at", "2026-11-02T09:30:00Z", "--database-url", ledger.db.url]
+
+    every = CliRunner().invoke(app, args, env=WIDE)
+    mine = CliRunner().invoke(app, [*args, "--cluster", ledger.cluster], env=WIDE)
+    theirs = CliRunner().invoke(app, [*args, "--cluster", other.cluster], env=WIDE)
+
+    assert every.exit_code == mine.exit_code == theirs.exit_code == 0, every.output + mine.output + theirs.output
+    # Both clusters recorded the same history, so each cluster's own table is the same, without a cluster column.
+    assert _table_rows(mine.output) == _table_rows(theirs.output)
+    assert "cluster" not in mine.output
+    assert len(_table_rows(mine.output)) > 1
+    # Over every cluster, each of those rows appears once per cluster, led by its cluster's name.
+    assert "┃ cluster " in every.output
+    assert sorted(_table_rows(every.output)) == sorted(
+        [[ledger.cluster, *r] for r in _table_rows(mine.output)]
+        + [[other.cluster, *r] for r in _table_rows(theirs.output)])
