@@ -1040,15 +1040,17 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
 
     Returns:
         ``{"at", "claims": [{"cluster", "namespace", "name", "team", "category", "idleSince", "devices",
-        "wastedDeviceHours"}]}`` sorted by namespace, name (``cluster``: the ledger cluster the claim was
-        recorded in, so that a report over every cluster tells same-named claims apart).
+        "wastedDeviceHours"}]}`` sorted by namespace, name, cluster, uid (``cluster``: the ledger cluster the
+        claim was recorded in, so that a report over every cluster tells same-named claims apart, and lists
+        them in the same order every time).
     """
     until = until_now(conn, at, now)
     params: dict[str, object] = {"at": at, "cluster": cluster}
     rows = conn.execute(text(
         "SELECT c.cluster, c.uid, c.namespace, c.name, c.origin, c.created_at, s.state, lower(s.valid) AS since "
         "FROM claims c JOIN claim_states s ON s.cluster = c.cluster AND s.claim_uid = c.uid AND s.valid @> :at "
-        "WHERE true" + _cluster_filter(cluster, "c") + " ORDER BY c.namespace, c.name"), params).all()
+        "WHERE true" + _cluster_filter(cluster, "c") + " ORDER BY c.namespace, c.name, c.cluster, c.uid"),
+        params).all()
     consumers = consumers_at(conn, at, cluster)
     out: list[JSONValue] = []
     for r in rows:
