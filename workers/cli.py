@@ -170,14 +170,21 @@ def register(app: typer.Typer) -> None:
                                                         "LEDGER_WATCH_HEALTH_PORT, 8081; 0: a free one, -1: "
                                                         "none).")] = None,
         clock_url: ClockOpt = None,
+        data_dir: cli.DataDirOpt = None,
     ) -> None:
         """Follow a cluster's DRA-related kinds into the ledger (list, then watch; leader-elected): ResourceSlice,
         ResourceClaim, DeviceClass, Pod, Namespace, and DeviceTaintRule where the server serves it.
 
         While leader it also keeps the read models caught up and runs the report jobs (--no-jobs
-        when 'dra-ledger jobs' runs them in a process of its own).
+        when 'dra-ledger jobs' runs them in a process of its own). Without a database URL the ledger is
+        the embedded one in ``--data-dir`` (``LEDGER_DATA_DIR``, else the default), made there if new.
+        A ``--kubeconfig`` that is not a file is refused (exit code 2) before the ledger is opened, so a
+        mistyped path starts no database server.
         """
         configure_logging()
+        if kubeconfig is not None and not kubeconfig.is_file():
+            typer.echo(f"error: kubeconfig {kubeconfig} does not exist or is not a file", err=True)
+            raise typer.Exit(2)
         try:
             settings = Settings()
             watch_settings = WatchSettings()
@@ -186,6 +193,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from e
         if database_url:
             settings = settings.model_copy(update={"database_url": database_url})
+        if data_dir:
+            settings = settings.model_copy(update={"data_dir": data_dir})
         if cluster:
             settings = settings.model_copy(update={"cluster": cluster})
         if health_port is not None:
