@@ -713,8 +713,9 @@ def write_history(spec: FleetSpec, path: Path, *,
     """Write the history of ``spec`` to ``path`` (JSON Lines, UTF-8, ``\\n`` line ends).
 
     The lines go to a temporary file beside ``path`` (``.<name>.*.tmp``, same directory, so the rename is
-    atomic) that replaces ``path`` only once the history is complete: a bad knob, a full disk or Ctrl-C
-    leaves an earlier file of that name as it was, and no partial history behind.
+    atomic) that replaces ``path`` only once the history is complete: a bad knob, a full disk or any exception
+    on the way (``KeyboardInterrupt`` for Ctrl-C; ``dra-ledger simulate`` turns SIGTERM into one too) leaves an
+    earlier file of that name as it was, and no partial history behind.
 
     Args:
         progress: called with the lines written so far every :data:`PROGRESS_LINES` lines.
