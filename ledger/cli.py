@@ -13,11 +13,14 @@ import importlib.metadata
 import importlib.resources
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -377,6 +380,45 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     err.print(f"occupancy counts: {sum(written.values())} rows over {len(written)} cluster(s)")
 
 
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""Exit code of a command ended by SIGTERM (143), as a shell reports a process the signal killed."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while :func:`sigterm_raises` was in force.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that ``except Exception`` does not swallow it while
+    ``finally`` and ``except BaseException`` clean-ups (a temporary file's removal) run on the way out.
+    """
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.
+
+    The default action ends the process at once and runs no clean-up. The first SIGTERM raises; later
+    ones until the block is left are ignored, so that a second signal cannot cut a clean-up short (SIGKILL
+    still ends it). The previous handler is restored on the way out. Outside the main thread, where Python
+    cannot install handlers, the block runs with SIGTERM as it was.
+
+    Raises:
+        Terminated: from the block, once SIGTERM arrived.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up on the way out is not interrupted
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @app.command()
 def simulate(
     output_file: Annotated[Path, typer.Option(
@@ -401,7 +443,8 @@ def simulate(
     """Write a deterministic simulated fleet history (see ledger.simulate for every behaviour).
 
     The file appears only once complete (written beside it, then renamed): an earlier file of that name
-    survives a failure or Ctrl-C (exit code 130). Progress goes to stderr every 100,000 lines.
+    survives a failure, Ctrl-C (exit code 130) or SIGTERM (exit code 143), and the partial file is removed.
+    Progress goes to stderr every 100,000 lines.
     """
     from ledger import simulate as simulation
 
@@ -411,12 +454,17 @@ def simulate(
     typer.echo(f"simulating {nodes:,} nodes x {gpus_per_node} GPUs for {hours:g} h into {output_file} ...",
                err=True)
     try:
-        summary = simulation.write_history(spec, output_file,
-                                           progress=lambda n: err.print(f"... {n:,} lines", highlight=False))
+        with sigterm_raises():
+            summary = simulation.write_history(spec, output_file,
+                                               progress=lambda n: err.print(f"... {n:,} lines", highlight=False))
     except KeyboardInterrupt:
         # write_history has removed its temporary file by now; the earlier FILE was never touched.
         typer.echo(f"interrupted: {output_file} left as it was", err=True)
         raise typer.Exit(130) from None
+    except Terminated:
+        # The same clean-up as Ctrl-C: write_history removed its temporary file on the way out.
+        typer.echo(f"terminated (SIGTERM): {output_file} left as it was", err=True)
+        raise typer.Exit(SIGTERM_EXIT) from None
     except OSError as e:
         typer.echo(f"error: cannot write {output_file}: {e.strerror or e}", err=True)
         raise typer.Exit(2) from e

@@ -7,13 +7,16 @@ is derived from that generator, and time is simulated (no clock, no environment,
 
 What the simulated fleet does (each knob is a field of :class:`FleetSpec`):
 
-- one ResourceSlice per node for ``gpu.example.com`` (pool = node, ``resourceSliceCount`` 1); a
-  ``mig_node_fraction`` of the nodes also publish MIG partitions that consume the counters of their
-  GPU (``sharedCounters`` / ``consumesCounters``); one ``nic.example.com`` slice per node with a NIC
+- one ResourceSlice of devices per node for ``gpu.example.com`` (pool = node); a ``mig_node_fraction``
+  of the nodes also publish MIG partitions that consume the counters of their GPU (``consumesCounters``).
+  Such a node's counter sets (``sharedCounters``, one per GPU) go in slices of their own in the same
+  pool, at most :data:`MAX_COUNTER_SETS_PER_SLICE` each, because ``resource.k8s.io/v1`` refuses a slice
+  that sets both ``devices`` and ``sharedCounters``; the pool's ``resourceSliceCount`` counts every slice
+  (1 without MIG, 2 for up to 8 GPUs, 3 for 9-12). One ``nic.example.com`` slice per node with a NIC
   that ``allowMultipleAllocations`` (consumable capacity, shares carry ``shareID`` and
   ``consumedCapacity``);
-- driver restarts: a node's GPU slice is republished under a new name with ``generation + 1`` and
-  the old slice deleted (devices keep their identity ``(driver, pool, device)``);
+- driver restarts: a node's GPU slices are republished under new names with ``generation + 1`` and
+  the old slices deleted (devices keep their identity ``(driver, pool, device)``);
 - namespaces of several teams (label ``team``), with ``relabels`` namespaces moving team mid-run;
 - workloads arriving as a Poisson process sized to ``utilisation``: template claims from Deployments
   and Jobs (claim owned by the pod, deleted with it), manual claims shared by several pods,
@@ -55,8 +58,13 @@ MIG_CLASS = "mig.gpu.example.com"
 NIC_CLASS = "nic.example.com"
 MIG_PARTITIONS = 4
 """MIG partitions a GPU of a MIG node offers (each consumes a quarter of its memory counter)."""
+MAX_COUNTER_SETS_PER_SLICE = 8
+"""Counter sets one ResourceSlice may define (``spec.sharedCounters``, resource.k8s.io/v1 from Kubernetes 1.35)."""
 NIC_BANDWIDTH_G = 100
 """Bandwidth of one NIC in Gbit/s; a share takes 10 or 25."""
+
+_SUFFIX_LETTERS = "bcdfghjklmnpqrstvwxz2456789"
+"""Letters of the random suffix Kubernetes appends to a ``generateName``."""
 
 PROGRESS_LINES = 100_000
 """:func:`write_history` reports progress every this many lines."""
@@ -147,8 +155,9 @@ class _Node:
     """GPU indexes with nothing allocated (neither whole nor any partition)."""
     partitions: dict[int, set[int]] = field(default_factory=dict)
     """MIG nodes: GPU index -> partitions in use (the GPU is then not whole-free)."""
-    published: JSONObject = field(default_factory=dict)
-    """The GPU ResourceSlice last published for the node (what a driver restart deletes)."""
+    published: list[JSONObject] = field(default_factory=list)
+    """The GPU pool's ResourceSlices last published for the node, devices first (what a driver restart
+    deletes)."""
     nic_used_g: int = 0
 
 
@@ -182,8 +191,8 @@ class _Simulation:
     def uid(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
 
-    def suffix(self) -> str:
-        return "".join(self.rng.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
+    def suffix(self, rng: random.Random | None = None) -> str:
+        return "".join((rng or self.rng).choice(_SUFFIX_LETTERS) for _ in range(5))
 
     def line(self, at: datetime, kind: str, obj: JSONObject) -> None:
         """Queue a watch line; :meth:`flush` writes it once simulated time reaches ``at``."""
@@ -214,7 +223,13 @@ class _Simulation:
         self.summary.kinds[kind] = self.summary.kinds.get(kind, 0) + 1
 
     # --- inventory ---------------------------------------------------------------------------
-    def gpu_slice(self, node: _Node, at: datetime) -> JSONObject:
+    def gpu_slices(self, node: _Node, at: datetime) -> list[JSONObject]:
+        """The node's GPU pool at ``node.generation``: one slice of devices, then its counter-only slices.
+
+        A MIG node's counter sets (one per GPU) go in slices without devices, at most
+        :data:`MAX_COUNTER_SETS_PER_SLICE` each: ``resource.k8s.io/v1`` refuses a slice that sets both
+        ``spec.devices`` and ``spec.sharedCounters``. ``resourceSliceCount`` is the number of slices returned.
+        """
         devices: list[JSONValue] = []
         shared: list[JSONValue] = []
         for i in range(self.spec.gpus_per_node):
@@ -238,17 +253,29 @@ class _Simulation:
                     })
             else:
                 devices.append(dev)
-        spec: JSONObject = {"driver": GPU_DRIVER, "nodeName": node.name,
-                            "pool": {"name": node.name, "generation": node.generation, "resourceSliceCount": 1},
-                            "devices": devices}
-        if shared:
-            spec["sharedCounters"] = shared
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": node.slice_name, "generateName": f"{node.name}-{GPU_DRIVER}-",
-                             "uid": self.uid(), "generation": 1, "creationTimestamp": _ts_s(at),
-                             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node.name,
-                                                  "uid": node.uid, "controller": True}]},
-                "spec": spec}
+        chunks = [shared[k:k + MAX_COUNTER_SETS_PER_SLICE] for k in range(0, len(shared), MAX_COUNTER_SETS_PER_SLICE)]
+        pool: JSONObject = {"name": node.name, "generation": node.generation, "resourceSliceCount": 1 + len(chunks)}
+        specs: list[JSONObject] = [{"driver": GPU_DRIVER, "nodeName": node.name, "pool": pool, "devices": devices}]
+        specs.extend({"driver": GPU_DRIVER, "nodeName": node.name, "pool": dict(pool), "sharedCounters": chunk}
+                     for chunk in chunks)
+        slices: list[JSONObject] = []
+        for n, spec in enumerate(specs):
+            if n == 0:
+                name, uid = node.slice_name, self.uid()
+            else:
+                # Counter slices draw their name and uid from a generator of their own (seeded by the run's
+                # seed, the node, the generation and the slice), so they leave every other random choice of
+                # the run, the workloads included, as it would be without them.
+                own = random.Random(f"{self.spec.seed}/{node.uid}/{node.generation}/{n}")
+                name = f"{node.name}-{GPU_DRIVER}-{self.suffix(own)}"
+                uid = str(uuid.UUID(int=own.getrandbits(128), version=4))
+            slices.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                           "metadata": {"name": name, "generateName": f"{node.name}-{GPU_DRIVER}-",
+                                        "uid": uid, "generation": 1, "creationTimestamp": _ts_s(at),
+                                        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node.name,
+                                                             "uid": node.uid, "controller": True}]},
+                           "spec": spec})
+        return slices
 
     def nic_slice(self, node: _Node, at: datetime) -> JSONObject:
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -283,8 +310,9 @@ class _Simulation:
             node.slice_name = f"{node.name}-{GPU_DRIVER}-{self.suffix()}"
             node.free = set(range(spec.gpus_per_node))
             self.nodes.append(node)
-            node.published = self.gpu_slice(node, t0)
-            self.line(t0, "ADDED", node.published)
+            node.published = self.gpu_slices(node, t0)
+            for obj in node.published:
+                self.line(t0, "ADDED", obj)
             self.line(t0, "ADDED", self.nic_slice(node, t0))
             per_node = spec.gpus_per_node * (1 + (MIG_PARTITIONS if node.mig else 0))
             self.summary.devices += per_node + 1
@@ -320,13 +348,18 @@ class _Simulation:
     def restart(self, index: int) -> Callable[[datetime], None]:
         def run(at: datetime) -> None:
             node = self.nodes[index]
-            old = node.published  # the very slice published before: same uid, so the DELETED removes it
+            old = node.published  # the very slices published before: same uids, so the DELETEDs remove them
             node.generation += 1
             node.slice_name = f"{node.name}-{GPU_DRIVER}-{self.suffix()}"
             self.summary.restarts += 1
-            node.published = self.gpu_slice(node, at)
-            self.line(at, "ADDED", node.published)
-            self.line(at + timedelta(seconds=2), "DELETED", old)
+            node.published = self.gpu_slices(node, at)
+            # Devices first: the highest generation among the slices that exist counts (DESIGN §11.4), so a
+            # new counter slice seen before its device slice would withdraw every device of the pool for an
+            # instant; in this order the devices move to the new generation in one step.
+            for obj in node.published:
+                self.line(at, "ADDED", obj)
+            for obj in old:
+                self.line(at + timedelta(seconds=2), "DELETED", obj)
         return run
 
     # --- workloads ---------------------------------------------------------------------------
@@ -680,8 +713,9 @@ def write_history(spec: FleetSpec, path: Path, *,
     """Write the history of ``spec`` to ``path`` (JSON Lines, UTF-8, ``\\n`` line ends).
 
     The lines go to a temporary file beside ``path`` (``.<name>.*.tmp``, same directory, so the rename is
-    atomic) that replaces ``path`` only once the history is complete: a bad knob, a full disk or Ctrl-C
-    leaves an earlier file of that name as it was, and no partial history behind.
+    atomic) that replaces ``path`` only once the history is complete: a bad knob, a full disk or any exception
+    on the way (``KeyboardInterrupt`` for Ctrl-C; ``dra-ledger simulate`` turns SIGTERM into one too) leaves an
+    earlier file of that name as it was, and no partial history behind.
 
     Args:
         progress: called with the lines written so far every :data:`PROGRESS_LINES` lines.

@@ -16,7 +16,8 @@ MAX_GPUS_PER_NODE: Final = 128
 """Most GPUs a node: a ResourceSlice lists at most 128 devices (``spec.devices``); real nodes have 8 or 16."""
 MAX_GPUS_PER_MIG_NODE: Final = 12
 """Most GPUs a node while any node has MIG partitions (``mig_node_fraction`` > 0): a slice whose devices
-consume counters lists at most 64, and a MIG node's lists 12 x (1 + 4 partitions) = 60."""
+consume counters lists at most 64, and a MIG node's lists 12 x (1 + 4 partitions) = 60. (Its 12 counter sets
+go in two slices of their own: a slice defines at most 8, and never together with devices.)"""
 MAX_HOURS: Final = 8_784.0
 """Most simulated hours: a leap year."""
 MAX_TEAMS: Final = 1_000

@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import kubernetes_validate
 from sqlalchemy import text
 
 from ledger import services
@@ -21,6 +24,10 @@ from tests.paths import HISTORIES, REAL
 SMALL = FleetSpec(nodes=6, gpus_per_node=4, hours=6, seed=7, mig_node_fraction=0.5, restarts_per_node_day=6.0,
                   relabels=1, idle_fraction=0.1, pending_fraction=0.05)
 """Every behaviour at least once in a few hundred lines: MIG, restarts, a relabel, idle and pending claims."""
+
+MIG_12 = FleetSpec(nodes=4, gpus_per_node=12, hours=3, seed=1, mig_node_fraction=0.5, restarts_per_node_day=6.0)
+"""Nodes 0 and 1 (round(4 x 0.5)) have MIG partitions on 12 GPUs: 12 counter sets a node, more than one
+ResourceSlice may define (8), so each such pool is 1 slice of devices + 2 of counters (8 + 4)."""
 
 
 def _digest(spec: FleetSpec) -> str:
@@ -52,6 +59,56 @@ def test_a_driver_restart_deletes_the_very_slice_it_published_before() -> None:
     assert [uid for uid in deleted if uid not in added] == []
 
 
+def _slice_lines(spec: FleetSpec) -> list[tuple[str, Any]]:
+    """(watch event type, object) of every ResourceSlice line of the history of ``spec``, in order."""
+    lines = (json.loads(t) for t in simulate(spec))
+    return [(line["type"], line["object"]) for line in lines if line["object"]["kind"] == "ResourceSlice"]
+
+
+def test_no_simulated_slice_sets_both_devices_and_shared_counters() -> None:
+    # resource.k8s.io/v1 (validation.go: "only one of `sharedCounters` or `devices` is allowed"; at most 8
+    # counter sets a slice, 64 devices when they consume counters) refuses such a slice since Kubernetes 1.35.
+    for spec in (SMALL, MIG_12):
+        slices = _slice_lines(spec)
+        assert any("sharedCounters" in obj["spec"] for _, obj in slices)
+        for _, obj in slices:
+            name, body = obj["metadata"]["name"], obj["spec"]
+            assert not ("devices" in body and "sharedCounters" in body), name
+            assert len(body.get("sharedCounters", [])) <= 8, name
+            assert len(body.get("devices", [])) <= 64, name
+
+
+def test_every_pool_generation_is_its_resource_slice_count_of_slices_and_defines_the_counters_consumed() -> None:
+    slices = _slice_lines(MIG_12)
+    by_generation: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
+    live: dict[str, Any] = {}
+    for kind, obj in slices:
+        pool = obj["spec"]["pool"]
+        if kind == "ADDED":
+            by_generation[(obj["spec"]["driver"], pool["name"], pool["generation"])].append(obj["spec"])
+            live[obj["metadata"]["uid"]] = obj
+        else:
+            assert kind == "DELETED" and live.pop(obj["metadata"]["uid"])["spec"]["pool"] == pool
+    mig_pools = {"node-00000", "node-00001"}
+    assert any(gen > 1 for driver, pool, gen in by_generation if pool in mig_pools)  # a MIG node restarted
+    for (driver, pool, generation), specs in by_generation.items():
+        expected = 3 if driver == "gpu.example.com" and pool in mig_pools else 1
+        assert [s["pool"]["resourceSliceCount"] for s in specs] == [expected] * expected, (pool, generation)
+        defined = [c["name"] for s in specs for c in s.get("sharedCounters", [])]
+        consumed = {c["counterSet"] for s in specs for d in s.get("devices", []) for c in d.get("consumesCounters", [])}
+        wanted = {f"gpu-{i}-counters" for i in range(12)} if expected == 3 else set()
+        assert sorted(defined) == sorted(wanted) and consumed == wanted, (pool, generation)
+    # A restart deletes every slice of the old generation: at the end each pool is one whole generation.
+    pools_at_end: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for obj in live.values():
+        pools_at_end[(obj["spec"]["driver"], obj["spec"]["pool"]["name"])].append(obj["spec"]["pool"])
+    for key, pools in pools_at_end.items():
+        assert len({p["generation"] for p in pools}) == 1 and len(pools) == pools[0]["resourceSliceCount"], key
+    for _, obj in slices:  # the schemas of the oldest and newest servers resource.k8s.io/v1 is served by
+        for version in ("1.34.0", "1.37.0"):
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
 def test_a_simulated_history_replays_to_the_devices_and_allocations_it_reports(ledger: LedgerHandle,
                                                                                tmp_path: Path) -> None:
     path = tmp_path / "fleet.jsonl"
@@ -67,6 +124,39 @@ def test_a_simulated_history_replays_to_the_devices_and_allocations_it_reports(l
         conflicts = conn.execute(text("SELECT count(*) FROM device_allocations WHERE conflict")).scalar()
     assert (devices, allocations, claims) == (summary.devices, summary.allocations, summary.claims)
     assert conflicts == 0  # the simulated scheduler never double-books a device
+
+
+def test_counters_in_slices_of_their_own_count_each_gpu_once_with_its_partitions(ledger: LedgerHandle,
+                                                                                  tmp_path: Path) -> None:
+    path = tmp_path / "fleet.jsonl"
+    summary = write_history(MIG_12, path)
+    report = ledger.replay(path)
+    assert report.rejected == [] and report.lines == summary.lines
+    with ledger.engine.connect() as conn:
+        devices = conn.execute(text("SELECT count(DISTINCT (driver, pool, device)) FROM device_inventory")).scalar()
+    # 4 nodes x 12 GPUs, 2 of them with 4 partitions a GPU, and a NIC a node: 48 + 96 + 4.
+    assert devices == summary.devices == 148
+    # Restarts republish the devices first, then the counters: no device ever leaves its pool.
+    assert ledger.events(["DeviceWithdrawn"]) == []
+    end = MIG_12.start + timedelta(hours=MIG_12.hours)
+    pools: list[Any] = [e.payload for e in ledger.events(["PoolGenerationObserved"])
+                        if e.payload["driver"] == "gpu.example.com"]
+    last = {str(p["pool"]): p for p in pools}  # the latest observation of each pool
+    assert {p: (o["resourceSliceCount"], o["slices"], o["complete"], len(o["sharedCounters"]))
+            for p, o in last.items()} == {"node-00000": (3, 3, True, 12), "node-00001": (3, 3, True, 12),
+                                          "node-00002": (1, 1, True, 0), "node-00003": (1, 1, True, 0)}
+    body: Any = services.shared(ledger.db, at=end, cluster=ledger.cluster)
+    sets = {(c["pool"], c["counterSet"]): c for c in body["counterSets"]}
+    assert sorted(sets) == sorted((f"node-0000{n}", f"gpu-{i}-counters") for n in (0, 1) for i in range(12))
+    for c in sets.values():
+        # The GPU (80Gi) and its 4 partitions (20Gi each) consume one counter set defined in another slice.
+        assert [p["device"] for p in c["partitions"]] == [c["counterSet"].removesuffix("-counters")] + [
+            c["counterSet"].replace("counters", f"mig-{j}") for j in range(4)]
+        memory = c["counters"]["memory"]
+        assert memory["total"] == 80 * 2**30 and memory["inUse"] + memory["free"] == memory["total"]
+    # Totals count a partitioned GPU once: 48 GPUs and 4 NICs.
+    occupancy: Any = ledger.occupancy(end)
+    assert occupancy["totals"]["devices"] == 52
 
 
 def test_set_based_projections_give_the_rows_of_one_event_at_a_time(ledger: LedgerHandle, tmp_path: Path) -> None:

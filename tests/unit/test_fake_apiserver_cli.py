@@ -32,6 +32,7 @@ def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("args", "said"), [
     (["--speed", "-1"], "Invalid value for '--speed': Input should be greater than or equal to 0"),
+    (["--speed", "fast"], "Invalid value for '--speed': Input should be a valid number, unable to parse string"),
     (["--serve", "v9"], "Invalid value for --serve: v9 cannot be served; give one or more of v1, v1beta2, "
                         "v1beta1, v1alpha3, comma-separated"),
     (["--serve", "v1,v2beta7"], "v2beta7 cannot be served"),
@@ -44,6 +45,52 @@ def test_a_speed_below_zero_or_an_unknown_version_is_a_usage_error(args: list[st
 
     assert result.exit_code == 2, result.output
     assert said in result.output
+
+
+@pytest.mark.parametrize("speed", ["nan", "NaN", "inf", "-inf", "infinity", "1e400"])
+def test_a_speed_that_is_not_a_finite_number_is_a_usage_error_saying_so(speed: str) -> None:
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["fake-apiserver", "--history", str(SEED_LAB), "--port", "0",
+                                          "--speed", speed], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--speed': Input should be a finite number" in result.output
+    assert "greater than or equal" not in result.output  # nan is not below 0
+
+
+@pytest.mark.parametrize(("speed", "played"), [("0", 0.0), ("2.5", 2.5), ("1e6", 1e6)])
+def test_a_finite_speed_of_at_least_0_is_played_at(speed: str, played: float,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    speeds: list[float] = []
+
+    class _Started(Exception):
+        pass
+
+    class _Recorder:
+        """Stands in for ``FakeApiServer`` as far as ``start_playing``, then stops the command."""
+
+        remaining = 0
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        async def start(self, host: str, port: int) -> str:
+            return f"http://{host}:{port}"
+
+        def start_playing(self, *, speed: float) -> None:
+            speeds.append(speed)
+            raise _Started
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr("workers.cli.FakeApiServer", _Recorder)
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["fake-apiserver", "--history", str(SEED_LAB), "--port", "0",
+                                          "--speed", speed], env=WIDE)
+
+    assert speeds == [played], result.output
+    assert isinstance(result.exception, _Started)
 
 
 def test_a_missing_history_is_named_plainly(tmp_path: Path) -> None:

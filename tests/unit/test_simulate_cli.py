@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,5 +116,36 @@ def test_ctrl_c_exits_130_and_says_the_earlier_file_is_left_as_it_was(
 
     assert result.exit_code == 130, result.output
     assert f"interrupted: {out} left as it was" in result.output
+    assert out.read_text(encoding="utf-8") == "an earlier history\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
+
+
+def test_sigterm_mid_write_exits_143_removes_the_partial_file_and_keeps_the_earlier_one(tmp_path: Path) -> None:
+    out = tmp_path / "sim.jsonl"
+    out.write_text("an earlier history\n", encoding="utf-8")
+    # 1,000 nodes x 24 h is ~600,000 lines: after its first progress report (100,000) it is still writing.
+    command = [sys.executable, "-c", "from ledger.cli import main; main()", "simulate", "--output", str(out),
+               "--nodes", "1000", "--hours", "24"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        said = []
+        for line in proc.stderr:  # line-buffered: each report arrives as it is printed
+            said.append(line)
+            if line.startswith("... 100,000 lines"):
+                break
+        assert said[-1].startswith("... 100,000 lines"), said
+        partial = [p.name for p in tmp_path.iterdir() if p.name != "sim.jsonl"]
+        assert len(partial) == 1 and partial[0].startswith(".sim.jsonl.") and partial[0].endswith(".tmp")
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    assert code == 143, rest
+    assert f"terminated (SIGTERM): {out} left as it was" in rest
     assert out.read_text(encoding="utf-8") == "an earlier history\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
