@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Annotated
 
 import typer
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -419,6 +419,26 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def finite_float(*, ge: float, le: float | None = None) -> Callable[[str], float]:
+    """A Typer ``parser=`` for a float option: a finite number in ``[ge, le]``.
+
+    pydantic reads the text (``Annotated[float, Field(ge=..., le=..., allow_inf_nan=False)]``). Typer's own
+    ``min=``/``max=`` let ``inf`` through where there is no ``max``, and refuse ``nan`` with a misleading
+    "greater than or equal" message (every comparison with NaN is false); here NaN and infinities are
+    refused as "Input should be a finite number" (exit code 2, as any bad option value).
+
+    Args:
+        ge: the smallest value accepted (inclusive), in the option's own unit.
+        le: the largest value accepted (inclusive), or ``None`` for no upper bound.
+
+    Returns:
+        A function from the option's text to its value; it raises ``pydantic.ValidationError``, which
+        Typer reports as an invalid value for the option.
+    """
+    adapter: TypeAdapter[float] = TypeAdapter(Annotated[float, Field(ge=ge, le=le, allow_inf_nan=False)])
+    return adapter.validate_python
+
+
 @app.command()
 def simulate(
     output_file: Annotated[Path, typer.Option(
@@ -427,15 +447,16 @@ def simulate(
     nodes: Annotated[int, typer.Option("--nodes", min=1, max=bounds.MAX_NODES, help="Nodes in the fleet.")] = 10,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=bounds.MAX_GPUS_PER_NODE,
                                                help="Whole GPUs per node.")] = 8,
-    hours: Annotated[float, typer.Option("--hours", min=0.01, max=bounds.MAX_HOURS,
-                                         help="Simulated hours.")] = 24.0,
+    hours: Annotated[float, typer.Option("--hours", parser=finite_float(ge=0.01, le=bounds.MAX_HOURS),
+                                         help=f"Simulated hours, 0.01 to {bounds.MAX_HOURS:g}.")] = 24.0,
     seed: Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives the same file.")] = 0,
-    utilisation: Annotated[float, typer.Option("--utilisation", min=0.0, max=1.0,
-                                               help="Target fraction of GPUs held.")] = 0.7,
-    job_minutes: Annotated[float, typer.Option("--job-minutes", min=1.0, max=bounds.MAX_JOB_MINUTES,
-                                               help="Mean hold time (min).")] = 60.0,
-    mig_node_fraction: Annotated[float, typer.Option("--mig-node-fraction", min=0.0, max=1.0,
-                                                     help="Nodes whose GPUs also offer MIG partitions.")] = 0.1,
+    utilisation: Annotated[float, typer.Option("--utilisation", parser=finite_float(ge=0, le=1),
+                                               help="Target fraction of GPUs held, 0 to 1.")] = 0.7,
+    job_minutes: Annotated[float, typer.Option("--job-minutes", parser=finite_float(ge=1, le=bounds.MAX_JOB_MINUTES),
+                                               help=f"Mean hold time (min), 1 to {bounds.MAX_JOB_MINUTES:g}.")] = 60.0,
+    mig_node_fraction: Annotated[float, typer.Option("--mig-node-fraction", parser=finite_float(ge=0, le=1),
+                                                     help="Fraction of nodes whose GPUs also offer MIG "
+                                                     "partitions, 0 to 1.")] = 0.1,
     teams: Annotated[int, typer.Option("--teams", min=1, max=bounds.MAX_TEAMS,
                                        help="Teams (2 namespaces each).")] = 6,
     start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339).")] = "2026-11-01T00:00:00Z",

@@ -15,7 +15,7 @@ import typer
 import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from ledger import cli, services
@@ -44,14 +44,6 @@ ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig co
 ClockOpt = Annotated[str | None, typer.Option(
     "--clock-url", help="Take receive times from a fake API server's /fake/clock (so a served recorded history "
                         "is dated as recorded, not by this machine's clock).")]
-
-SPEED: TypeAdapter[float] = TypeAdapter(Annotated[float, Field(ge=0, allow_inf_nan=False)])
-"""Parser of ``fake-apiserver --speed``: a finite factor, at least 0 (how many times faster than recorded).
-
-pydantic reads the text, as Typer does for ``min=``, but also refuses NaN and infinities ("Input should be
-a finite number", exit code 2). Typer's ``min=0`` alone let ``inf`` through and refused ``nan`` as if it were
-below 0 (pydantic's ``ge`` check fails on NaN), and Typer keeps no other pydantic constraint of an option.
-"""
 
 EXPECTED_FAILURES: tuple[type[BaseException], ...] = (
     LedgerError, ApiError, k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError, ValidationError,
@@ -286,7 +278,7 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option("--port", min=0, max=65535,
                                           help="Port on 127.0.0.1 (0: a free one).")] = 8080,
         host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-        speed: Annotated[float, typer.Option("--speed", parser=SPEED.validate_python, help="Play the history "
+        speed: Annotated[float, typer.Option("--speed", parser=cli.finite_float(ge=0), help="Play the history "
                                              "this many times faster than recorded (a finite number, at least 0); "
                                              "0: all of it at once.")] = 0.0,
         paused: Annotated[bool, typer.Option("--paused", help="Play only on POST /fake/advance.")] = False,

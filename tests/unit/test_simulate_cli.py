@@ -25,6 +25,14 @@ WIDE = {"COLUMNS": "300"}
     ("--hours", "9000", "less than or equal to 8784"),
     ("--teams", "5000", "less than or equal to 1000"),
     ("--job-minutes", "1e9", "less than or equal to 43200"),
+    ("--utilisation", "-0.5", "greater than or equal to 0"),
+    ("--mig-node-fraction", "1.5", "less than or equal to 1"),
+    # NaN passes no bound check at all (every comparison with it is false): it is named for what it is.
+    ("--hours", "nan", "a finite number"),
+    ("--utilisation", "nan", "a finite number"),
+    ("--job-minutes", "NaN", "a finite number"),
+    ("--mig-node-fraction", "nan", "a finite number"),
+    ("--hours", "inf", "a finite number"),
 ])
 def test_a_knob_past_its_bound_is_refused_and_the_old_file_is_kept(tmp_path: Path, option: str, value: str,
                                                                    said: str) -> None:
