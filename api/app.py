@@ -26,7 +26,7 @@ from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
 from api.deps import AppState, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
-from api.parameters import known_query_parameters
+from api.parameters import known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
@@ -52,7 +52,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
     tokens = TokenTable.from_config(config)
     v1 = Router(
         path="/",
-        guards=[require_token, known_query_parameters],
+        guards=[require_token, known_query_parameters, no_nul_characters],
         route_handlers=[
             OccupancyController,
             ClaimsController,

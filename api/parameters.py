@@ -6,6 +6,10 @@ the question was dropped. Every such request is now a 400 problem that names the
 
 The guard also checks the form of integer parameters before Litestar converts them: msgspec's conversion
 read ``limit=1e3`` as 1000 and ``limit=10.0`` as 10. Only ASCII decimal digits are integers here (a 422).
+
+A second guard, :func:`no_nul_characters`, refuses a NUL character in any query value or path segment,
+naming the parameter: PostgreSQL text cannot hold U+0000, so the database driver refused the query with
+a message naming no parameter (``a parameter cannot be used: PostgreSQL text fields cannot contain NUL``).
 """
 
 from __future__ import annotations
@@ -120,6 +124,29 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
         if not INTEGER.fullmatch(value := given[name]):
             raise Invalid(f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
                           f"got {shorten(repr(value))}")
+
+
+def no_nul_characters(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Litestar guard on ``/v1`` (after :func:`known_query_parameters`): no value holds a NUL character.
+
+    Source: the request's path parameters (named as in the route's path, e.g. ``namespace`` in
+    ``/v1/claims/{namespace}/{name}/history``), then its query parameters, each in name order. ``OPTIONS``
+    is let through, as by :func:`known_query_parameters`.
+
+    Raises:
+        Invalid: (422) a value holding U+0000 (``?team=a%00b``, ``/v1/claims/a%00b/x/history``), naming the
+            first such parameter and echoing its value through :func:`ledger.errors.shorten`. No recorded
+            name holds one (PostgreSQL text cannot), and no time, duration, number or token does either.
+    """
+    if connection.scope.get("method") == "OPTIONS":
+        return
+    path = connection.path_params
+    query = connection.query_params
+    values = [(name, str(path[name])) for name in sorted(path)] + [(name, query[name]) for name in sorted(query)]
+    for name, value in values:
+        if "\x00" in value:
+            raise Invalid(f"{shorten(name)}: {shorten(repr(value))} holds a NUL character (\\u0000), which no "
+                          "parameter takes (PostgreSQL text cannot hold it, so no recorded name does)")
 
 
 MAX_ECHO_NAMES = 10
