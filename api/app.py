@@ -2,7 +2,8 @@
 
 Reads come from the read models through :mod:`ledger.services`; the API never writes to the ledger.
 OpenAPI 3.1 is served at ``/schema`` (``/schema/openapi.json``); every error is RFC 9457 problem details.
-Every read answers ``HEAD`` as it answers ``GET``, without the body (:mod:`api.methods`).
+Every read answers ``HEAD`` as it answers ``GET``, without the body (:mod:`api.methods`), the ``/schema``
+pages too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from datetime import datetime
 from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import (
+    RapidocRenderPlugin,
+    RedocRenderPlugin,
+    StoplightRenderPlugin,
+    SwaggerRenderPlugin,
+    YamlRenderPlugin,
+)
 from litestar.openapi.spec import Components, SecurityScheme
 
 import ledger
@@ -26,7 +34,8 @@ from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
 from api.deps import AppState, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
-from api.parameters import known_query_parameters
+from api.methods import JsonRenderPluginWithHead
+from api.parameters import known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
@@ -52,7 +61,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
     tokens = TokenTable.from_config(config)
     v1 = Router(
         path="/",
-        guards=[require_token, known_query_parameters],
+        guards=[require_token, known_query_parameters, no_nul_characters],
         route_handlers=[
             OccupancyController,
             ClaimsController,
@@ -80,6 +89,10 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
             "for chargeback, claims, idle-claim reports and the audit log. Times are RFC 3339; "
             "errors are RFC 9457 problem details.",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+            # Litestar's default pages, Redoc also at /schema itself; the JSON plugin last, as it adds the
+            # HEAD twin of every page (api.methods.JsonRenderPluginWithHead).
+            render_plugins=[RedocRenderPlugin(), YamlRenderPlugin(), RapidocRenderPlugin(), StoplightRenderPlugin(),
+                            SwaggerRenderPlugin(), JsonRenderPluginWithHead()],
         ),
         debug=False,
     )

@@ -6,8 +6,8 @@
 Parameters follow one rule: 400 when the *set* of parameters is wrong (a name the endpoint does not take,
 one given twice, a required one missing), 422 when a parameter is there but its *value* is not one it can
 take, whoever finds out: Litestar's own validation (not a number, out of ``ge``/``le``, outside a
-``Literal``'s values) or the handler (``Invalid``: a bad time, an empty window or cluster, a foreign
-``pageToken``).
+``Literal``'s values), the ``/v1`` guards (:mod:`api.parameters`: an integer's form, a NUL character) or
+the handler (``Invalid``: a bad time, an empty window or cluster, a foreign ``pageToken``).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
         403: "The token may not read this resource.",
         404: "The named object was never recorded.",
         422: "A parameter's value is not one it can take (not a number, out of range, not one of the listed "
-        "values, a bad time or duration, an empty window or cluster, a foreign pageToken).",
+        "values, a bad time or duration, an empty window or cluster, a foreign pageToken, a NUL character).",
         503: "The ledger database is not reachable; retry after Retry-After seconds.",
     }
     return {

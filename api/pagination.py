@@ -60,7 +60,8 @@ def decode(token: str | None, *, query: str) -> Page:
     """Read a token (``None`` = the first page).
 
     Raises:
-        Invalid: the token is malformed or belongs to another query.
+        Invalid: the token is malformed (including a sort key or instant holding a lone surrogate or a
+            NUL character) or belongs to another query.
     """
     if token is None:
         return Page(offset=0, at=None)
@@ -77,9 +78,10 @@ def decode(token: str | None, *, query: str) -> Page:
         raise Invalid("pageToken does not belong to this query (its parameters changed)")
     if after is not None and not (isinstance(after, list) and all(isinstance(k, str) for k in after)):
         raise Invalid("pageToken is not a token this API issued")
-    if not all(_encodable(k) for k in (*(after or ()), at or "")):
-        # JSON can carry a lone surrogate ("\ud800"), which no text the API issues holds and which the
-        # database driver cannot send: an edited token, refused here rather than failing the query.
+    if not all(_encodable(k) and "\x00" not in k for k in (*(after or ()), at or "")):
+        # JSON can carry a lone surrogate ("\ud800") or a NUL ("\u0000"), which no text the API issues holds
+        # and which the database driver cannot send: an edited token, refused here rather than by the
+        # database with words that name no parameter.
         raise Invalid("pageToken is not a token this API issued")
     return Page(offset=offset, at=at, after=tuple(after) if after is not None else None)
 

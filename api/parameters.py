@@ -5,15 +5,22 @@ answered for *now* and ``?at=A&at=B`` silently used one of the two: a caller cou
 the question was dropped. Every such request is now a 400 problem that names the parameters.
 
 The guard also checks the form of integer parameters before Litestar converts them: msgspec's conversion
-read ``limit=1e3`` as 1000 and ``limit=10.0`` as 10. Only ASCII decimal digits are integers here (a 422).
+read ``limit=1e3`` as 1000 and ``limit=10.0`` as 10. Only ASCII decimal digits are integers here (a 422),
+and one outside the range the handler declares is refused here too, naming the largest and smallest accepted.
+
+A second guard, :func:`no_nul_characters`, refuses a NUL character in any query value or path segment,
+naming the parameter: PostgreSQL text cannot hold U+0000, so the database driver refused the query with
+a message naming no parameter (``a parameter cannot be used: PostgreSQL text fields cannot contain NUL``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
-from types import UnionType
+from types import MappingProxyType, UnionType
 from typing import Any, Union, get_args, get_origin
 
 from litestar.connection import ASGIConnection
@@ -69,15 +76,59 @@ def _is_integer(annotation: object) -> bool:
     return get_origin(annotation) in (Union, UnionType) and int in get_args(annotation)
 
 
-@cache
-def integer_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = frozenset()) -> frozenset[str]:
-    """The query parameters of ``handler`` that take an integer, as clients spell them (``afterPosition``).
+LONGEST_INTEGER = 100
+"""Most characters of an integer query value read as a number; longer ones are out of every range (a bound is
+a PostgreSQL bigint at most, 19 digits)."""
 
-    Source: :func:`query_names` and the annotation of each handler argument (``int`` or ``int | None``).
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntegerRange:
+    """The whole numbers an integer query parameter takes: ``smallest`` to ``largest``, both included
+    (``None``: unbounded on that side)."""
+
+    smallest: int | None
+    largest: int | None
+
+    def refusal(self, name: str, sent: str) -> str | None:
+        """Why parameter ``name`` cannot take the whole number ``sent`` (in :data:`INTEGER` form), naming the
+        bounds (``sent`` echoed through :func:`ledger.errors.shorten`), or ``None`` when it can."""
+        # int() refuses more than sys.get_int_max_str_digits() digits (4300 by default, a ValueError: a 500);
+        # every bound declared here is a bigint (19 digits), so a longer number is beyond it on its side.
+        value = int(sent) if len(sent) <= LONGEST_INTEGER else (-1 if sent.startswith("-") else 1) * 10**LONGEST_INTEGER
+        if (self.smallest is None or value >= self.smallest) and (self.largest is None or value <= self.largest):
+            return None
+        bounds = [f"the largest accepted is {self.largest}"] if self.largest is not None else []
+        if self.smallest is not None:
+            bounds.append(f"the smallest {self.smallest}" if bounds else f"the smallest accepted is {self.smallest}")
+        return f"{name}: {shorten(repr(sent))} is out of range; {', '.join(bounds)}"
+
+
+def _bound(kwarg: object, inclusive: str, exclusive: str, step: int) -> int | None:
+    """The inclusive bound of an integer parameter declared with ``ge``/``le`` (``inclusive``) or
+    ``gt``/``lt`` (``exclusive``, moved one ``step`` inwards); ``None`` when it has none."""
+    if isinstance(value := getattr(kwarg, inclusive, None), int | float):
+        return math.ceil(value) if step > 0 else math.floor(value)
+    if isinstance(value := getattr(kwarg, exclusive, None), int | float):
+        return math.floor(value) + 1 if step > 0 else math.ceil(value) - 1
+    return None
+
+
+@cache
+def integer_ranges(handler: BaseRouteHandler,
+                   path_parameters: frozenset[str] = frozenset()) -> MappingProxyType[str, IntegerRange]:
+    """The query parameters of ``handler`` that take an integer, as clients spell them (``afterPosition``),
+    each with the range it declares.
+
+    Source: :func:`query_names`, the annotation of each handler argument (``int`` or ``int | None``) and
+    its ``QueryParameter(ge=, le=, gt=, lt=)``.
     """
     names = query_names(handler, path_parameters)
-    return frozenset(client_name(field, name) for name, field in handler.parsed_fn_signature.parameters.items()
-                     if client_name(field, name) in names and _is_integer(field.annotation))
+    ranges: dict[str, IntegerRange] = {}
+    for name, field in handler.parsed_fn_signature.parameters.items():
+        if (sent := client_name(field, name)) in names and _is_integer(field.annotation):
+            kwarg = field.kwarg_definition
+            ranges[sent] = IntegerRange(smallest=_bound(kwarg, "ge", "gt", 1), largest=_bound(kwarg, "le", "lt", -1))
+    return MappingProxyType(ranges)
 
 
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -95,9 +146,12 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
             takes, or a repeated one.
         Invalid: (422) a parameter given with an empty value (``?node=``): no parameter takes the empty
             string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused;
-            or an integer parameter (``limit``, ``afterPosition``) whose value is not :data:`INTEGER`.
-            Litestar's own conversion (msgspec) also reads ``1e3`` and ``10.0`` as integers; its range
-            checks (``ge``/``le``) still follow, so ``-3`` is refused as out of range, naming the bound.
+            or an integer parameter (``limit``, ``afterPosition``) whose value is not :data:`INTEGER`
+            (Litestar's own conversion, msgspec, also reads ``1e3`` and ``10.0`` as integers), or is outside
+            the range the handler declares (:class:`IntegerRange`: ``limit=0``, ``afterPosition=-1``,
+            ``afterPosition=9223372036854775808``), naming the largest and smallest values accepted.
+            Litestar's checks of the same range follow but never refuse: msgspec's words
+            (``Expected `int` <= 4611686018427387904``) named its bound without saying it was the largest.
     """
     if connection.scope.get("method") == "OPTIONS":
         return
@@ -116,10 +170,36 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     if empty:
         name = empty[0]
         raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
-    for name in sorted(integer_names(handler, frozenset(connection.path_params)) & set(given)):
+    ranges = integer_ranges(handler, frozenset(connection.path_params))
+    for name in sorted(set(ranges) & set(given)):
         if not INTEGER.fullmatch(value := given[name]):
             raise Invalid(f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
                           f"got {shorten(repr(value))}")
+        if (refusal := ranges[name].refusal(name, value)) is not None:
+            raise Invalid(refusal)
+
+
+def no_nul_characters(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Litestar guard on ``/v1`` (after :func:`known_query_parameters`): no value holds a NUL character.
+
+    Source: the request's path parameters (named as in the route's path, e.g. ``namespace`` in
+    ``/v1/claims/{namespace}/{name}/history``), then its query parameters, each in name order. ``OPTIONS``
+    is let through, as by :func:`known_query_parameters`.
+
+    Raises:
+        Invalid: (422) a value holding U+0000 (``?team=a%00b``, ``/v1/claims/a%00b/x/history``), naming the
+            first such parameter and echoing its value through :func:`ledger.errors.shorten`. No recorded
+            name holds one (PostgreSQL text cannot), and no time, duration, number or token does either.
+    """
+    if connection.scope.get("method") == "OPTIONS":
+        return
+    path = connection.path_params
+    query = connection.query_params
+    values = [(name, str(path[name])) for name in sorted(path)] + [(name, query[name]) for name in sorted(query)]
+    for name, value in values:
+        if "\x00" in value:
+            raise Invalid(f"{shorten(name)}: {shorten(repr(value))} holds a NUL character (\\u0000), which no "
+                          "parameter takes (PostgreSQL text cannot hold it, so no recorded name does)")
 
 
 MAX_ECHO_NAMES = 10

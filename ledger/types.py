@@ -20,6 +20,9 @@ StreamPosition = NewType("StreamPosition", int)
 """1-based position of an event inside its stream; 0 means "the stream is empty"."""
 GlobalPosition = NewType("GlobalPosition", int)
 """Store-wide, commit-ordered position of an event (table ``events``); 0 means "before the first"."""
+MAX_GLOBAL_POSITION = 2**63 - 1
+"""The largest global position there can be: 9223372036854775807, the largest PostgreSQL ``bigint`` (the type
+of ``events.global_position``). A reader asking for events after it is answered, with none."""
 Quantity = NewType("Quantity", str)
 """A Kubernetes resource quantity kept as its canonical string ("80Gi", "100", "500m")."""
 

@@ -19,6 +19,7 @@ from ledger import services
 from ledger.errors import Invalid, shorten
 from ledger.events import EVENT_TYPES
 from ledger.projections.queries import rfc3339
+from ledger.types import MAX_GLOBAL_POSITION
 
 
 class EventsController(Controller):
@@ -40,7 +41,9 @@ class EventsController(Controller):
         access: NamedDependency[Access],
         after_position: Annotated[
             int,
-            QueryParameter(name="afterPosition", ge=0, le=2**62, description="Only events after this global position."),
+            QueryParameter(name="afterPosition", ge=0, le=MAX_GLOBAL_POSITION,
+                           description="Only events after this global position (0 to 9223372036854775807, the "
+                           "largest PostgreSQL bigint)."),
         ] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description="Events per page.")] = 100,
         event_type: Annotated[str | None, QueryParameter(name="type", description="Only this event type.")] = None,
@@ -51,6 +54,11 @@ class EventsController(Controller):
         ``streamPosition``, ``type``, ``occurredAt``, ``recordedAt``; ``payload`` with Kubernetes field
         names). The next page starts after the last position returned. Team-limited tokens may not read the
         audit log (403): events are not billed to teams.
+
+        Raises:
+            Invalid: (422, from the ``/v1`` guard) ``afterPosition`` outside 0 to
+                :data:`ledger.types.MAX_GLOBAL_POSITION` or ``limit`` outside 1 to 1000, naming the bounds;
+                an unknown ``type``; ``afterPosition`` together with ``pageToken``; a foreign ``pageToken``.
         """
         if access.teams is not None:
             from litestar.exceptions import PermissionDeniedException

@@ -83,6 +83,33 @@ def test_the_openapi_document_lists_head_next_to_get_with_its_own_operation_id(c
     assert all(set(paths[path]) >= {"get", "head"} for path in reads)
 
 
+SCHEMA_PAGES = [
+    # Litestar's default OpenAPI pages (Redoc at /schema itself), and its 404 page for any other name.
+    ("/schema", 200, "text/html; charset=utf-8"), ("/schema/redoc", 200, "text/html; charset=utf-8"),
+    ("/schema/openapi.json", 200, "application/vnd.oai.openapi+json"),
+    ("/schema/openapi.yaml", 200, "application/vnd.oai.openapi"),
+    ("/schema/openapi.yml", 200, "application/vnd.oai.openapi"),
+    ("/schema/swagger", 200, "text/html; charset=utf-8"), ("/schema/elements", 200, "text/html; charset=utf-8"),
+    ("/schema/rapidoc", 200, "text/html; charset=utf-8"),
+    ("/schema/oauth2-redirect.html", 200, "text/html; charset=utf-8"),
+    ("/schema/no-such-page", 404, "text/html; charset=utf-8"),
+]
+
+
+@pytest.mark.parametrize(("path", "status", "media_type"), SCHEMA_PAGES)
+def test_head_on_a_schema_page_answers_like_get_without_the_body(client: TestClient[Litestar], path: str, status: int,
+                                                                 media_type: str) -> None:
+    got = client.get(path)
+    head = client.head(path)  # was a 405: Litestar registers the OpenAPI pages for GET only
+    assert (got.status_code, got.headers["content-type"]) == (status, media_type)
+    assert (head.status_code, head.content, dict(head.headers)) == (status, b"", dict(got.headers))
+    assert int(head.headers["content-length"]) == len(got.content) > 0
+
+
+def test_the_openapi_document_does_not_list_its_own_pages(client: TestClient[Litestar]) -> None:
+    assert not [path for path in client.get("/schema/openapi.json").json()["paths"] if path.startswith("/schema")]
+
+
 @pytest.mark.parametrize("headers", [
     {}, {"Origin": "https://dashboard.example", "Access-Control-Request-Method": "GET",
          "Access-Control-Request-Headers": "authorization"},

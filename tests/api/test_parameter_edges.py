@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from urllib.parse import quote
 
 import pytest
@@ -112,11 +114,42 @@ def test_an_integer_in_another_form_than_ascii_digits_is_a_422_naming_the_parame
                       f"got {value!r}")
 
 
-@pytest.mark.parametrize(("query", "bound"), [("limit=0", ">= 1"), ("limit=-5", ">= 1"), ("limit=1001", "<= 1000"),
-                                            ("limit=" + "9" * 30, "<= 1000")])
-def test_an_integer_out_of_range_is_still_refused_by_its_range(client: TestClient[Litestar], query: str,
-                                                               bound: str) -> None:
-    assert bound in problem(client, f"/v1/occupancy?{query}", 422)
+LIMITS = "the largest accepted is 1000, the smallest 1"
+POSITIONS = "the largest accepted is 9223372036854775807, the smallest 0"
+"""How the range of ``limit`` and of ``afterPosition`` (a PostgreSQL bigint) is named when a value is outside it."""
+
+
+@pytest.mark.parametrize(("url", "detail"), [
+    ("/v1/occupancy?limit=0", f"limit: '0' is out of range; {LIMITS}"),
+    ("/v1/occupancy?limit=-5", f"limit: '-5' is out of range; {LIMITS}"),
+    ("/v1/occupancy?limit=1001", f"limit: '1001' is out of range; {LIMITS}"),
+    ("/v1/occupancy?limit=" + "9" * 30, f"limit: '{'9' * 30}' is out of range; {LIMITS}"),
+    # Longer than Python's int() reads by default (4300 digits); msgspec said "Integer value out of range".
+    ("/v1/occupancy?limit=" + "9" * 5000, f"limit: '{'9' * (MAX_ECHO_CHARS - 2)}… is out of range; {LIMITS}"),
+    ("/v1/claims?limit=0", f"limit: '0' is out of range; {LIMITS}"),
+    ("/v1/quotas?limit=1001", f"limit: '1001' is out of range; {LIMITS}"),
+    ("/v1/pending?limit=-1", f"limit: '-1' is out of range; {LIMITS}"),
+    ("/v1/reports/idle-claims?limit=1001", f"limit: '1001' is out of range; {LIMITS}"),
+    (f"/v1/usage?{WINDOW}&limit=0", f"limit: '0' is out of range; {LIMITS}"),
+    ("/v1/events?limit=1001", f"limit: '1001' is out of range; {LIMITS}"),
+    # afterPosition said "Expected `int` <= 4611686018427387904" (2**62, below the largest position).
+    ("/v1/events?afterPosition=9223372036854775808",
+     f"afterPosition: '9223372036854775808' is out of range; {POSITIONS}"),
+    ("/v1/events?afterPosition=" + "9" * 30, f"afterPosition: '{'9' * 30}' is out of range; {POSITIONS}"),
+    ("/v1/events?afterPosition=-1", f"afterPosition: '-1' is out of range; {POSITIONS}"),
+    ("/v1/events?afterPosition=-" + "9" * 5000,
+     f"afterPosition: '-{'9' * (MAX_ECHO_CHARS - 3)}… is out of range; {POSITIONS}"),
+])
+def test_an_integer_out_of_range_is_a_422_naming_the_largest_and_smallest_accepted(
+        client: TestClient[Litestar], url: str, detail: str) -> None:
+    assert problem(client, url, 422) == detail
+
+
+@pytest.mark.parametrize("position", ["4611686018427387905", "9223372036854775807"])
+def test_after_position_takes_every_bigint_up_to_the_largest(client: TestClient[Litestar], position: str) -> None:
+    response = client.get(f"/v1/events?afterPosition={position}")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"events": [], "nextPageToken": None}
 
 
 def test_an_integer_in_ascii_digits_is_taken(client: TestClient[Litestar]) -> None:
@@ -173,3 +206,41 @@ def test_the_cli_refuses_a_step_under_one_microsecond_with_the_same_words(seeded
     assert code == 2, output
     assert "'0.0000001' is out of range; the longest duration accepted is P36500D" in output
     assert SHORTEST_STEP_TEXT in output
+
+
+NUL_WORDS = ("holds a NUL character (\\u0000), which no parameter takes (PostgreSQL text cannot hold it, "
+             "so no recorded name does)")
+"""How a value holding U+0000 is refused, after its name and its value (``repr``)."""
+
+
+@pytest.mark.parametrize(("url", "detail"), [
+    # A filter the database compared: refused by the driver with words naming no parameter.
+    ("/v1/claims?team=a%00b", "team: 'a\\x00b' "), ("/v1/occupancy?node=a%00b", "node: 'a\\x00b' "),
+    ("/v1/occupancy?cluster=c%00", "cluster: 'c\\x00' "), ("/v1/events?stream=claim:%00", "stream: 'claim:\\x00' "),
+    ("/v1/occupancy?deviceClass=%00", "deviceClass: '\\x00' "),
+    # A time: now refused in the same words as any other value.
+    ("/v1/occupancy?at=2026%00", "at: '2026\\x00' "),
+    # Path segments, named as in the route's path.
+    ("/v1/claims/a%00b/x/history", "namespace: 'a\\x00b' "), ("/v1/claims/ml-serve/x%00/history", "name: 'x\\x00' "),
+    ("/v1/devices/gpu.example.com/lab%00/gpu-1/timeline", "pool: 'lab\\x00' "),
+    # Several: the first path parameter, else the first query parameter by name.
+    ("/v1/occupancy?node=a%00&driver=b%00", "driver: 'b\\x00' "),
+    ("/v1/devices/d%00/p/x%00/timeline?from=%00", "device: 'x\\x00' "),
+])
+def test_a_nul_character_in_a_value_is_a_422_naming_the_parameter(client: TestClient[Litestar], url: str,
+                                                                  detail: str) -> None:
+    assert problem(client, url, 422) == detail + NUL_WORDS
+
+
+def test_a_nul_character_in_a_long_value_is_echoed_cut(client: TestClient[Litestar]) -> None:
+    assert problem(client, f"/v1/claims?team={'t' * 5000}%00", 422) == \
+        f"team: '{'t' * (MAX_ECHO_CHARS - 2)}… {NUL_WORDS}"
+
+
+def test_a_page_token_edited_to_hold_a_nul_character_is_refused_as_not_issued(client: TestClient[Litestar]) -> None:
+    url = "/v1/occupancy?at=2026-11-02T09:30:00Z&limit=1"
+    token = client.get(url).json()["nextPageToken"]
+    body = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    body["k"][0] += "\x00"  # the sort key of the last device returned
+    edited = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+    assert problem(client, f"{url}&pageToken={edited}", 422) == "pageToken is not a token this API issued"
