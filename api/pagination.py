@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ledger.errors import Invalid
+from ledger.recorded import parse_query_time
+from ledger.types import MAX_GLOBAL_POSITION
 
 T = TypeVar("T")
 DEFAULT_LIMIT = 100
@@ -61,7 +63,8 @@ def decode(token: str | None, *, query: str) -> Page:
 
     Raises:
         Invalid: the token is malformed (including a sort key or instant holding a lone surrogate or a
-            NUL character) or belongs to another query.
+            NUL character, an instant that is not one, an offset past the bigint range) or belongs to another
+            query.
     """
     if token is None:
         return Page(offset=0, at=None)
@@ -72,7 +75,8 @@ def decode(token: str | None, *, query: str) -> Page:
         offset, at, q, after = data["o"], data["at"], data["q"], data.get("k")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise Invalid("pageToken is not a token this API issued") from e
-    if type(offset) is not int or offset < 0 or not (at is None or isinstance(at, str)):
+    if type(offset) is not int or not 0 <= offset <= MAX_GLOBAL_POSITION or not (at is None or isinstance(at, str)):
+        # An offset is a row count or (the events list) a global position: a bigint either way.
         raise Invalid("pageToken is not a token this API issued")
     if q != query:
         raise Invalid("pageToken does not belong to this query (its parameters changed)")
@@ -83,6 +87,11 @@ def decode(token: str | None, *, query: str) -> Page:
         # and which the database driver cannot send: an edited token, refused here rather than by the
         # database with words that name no parameter.
         raise Invalid("pageToken is not a token this API issued")
+    if at is not None:
+        try:
+            parse_query_time(at)  # the API wrote an instant it answered for: an edited one is the token's fault
+        except (Invalid, OverflowError, ValueError) as e:
+            raise Invalid("pageToken is not a token this API issued") from e
     return Page(offset=offset, at=at, after=tuple(after) if after is not None else None)
 
 

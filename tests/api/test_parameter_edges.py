@@ -244,3 +244,22 @@ def test_a_page_token_edited_to_hold_a_nul_character_is_refused_as_not_issued(cl
     body["k"][0] += "\x00"  # the sort key of the last device returned
     edited = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
     assert problem(client, f"{url}&pageToken={edited}", 422) == "pageToken is not a token this API issued"
+
+
+@pytest.mark.parametrize(("url", "field", "value"), [
+    # The instant the first page answered for, edited: it is the token's fault, not the at parameter's.
+    ("/v1/occupancy?at=2026-11-02T09:30:00Z&limit=1", "at", "2026-13-45T09:30:00Z"),
+    ("/v1/claims?at=2026-11-02T09:30:00Z&limit=1", "at", "yesterday"),
+    # An offset past the bigint range: on /v1/events it is the global position the next page starts after.
+    ("/v1/events?limit=1", "o", 2**63),
+    ("/v1/claims?at=2026-11-02T09:30:00Z&limit=1", "o", 2**63),
+])
+def test_a_page_token_edited_to_an_impossible_instant_or_offset_is_refused_as_not_issued(
+        client: TestClient[Litestar], url: str, field: str, value: object) -> None:
+    token = client.get(url).json()["nextPageToken"]
+    assert token is not None
+    body = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    assert field in body
+    body[field] = value
+    edited = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+    assert problem(client, f"{url}&pageToken={edited}", 422) == "pageToken is not a token this API issued"
