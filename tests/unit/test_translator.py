@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -277,3 +278,16 @@ def test_event_id_times_by_hand() -> None:
     assert ev.event_id_for("d", 0, datetime(1969, 12, 31, tzinfo=UTC)).hex[:12] == "0" * 12
     assert ev.event_id_for("d", 0, datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)).hex[:12] == (
         f"{253_402_300_799_999:012x}")
+
+
+def test_an_event_id_is_its_documented_layout_bit_by_bit() -> None:
+    # Built here from the docstring with bit strings: 48 bits of milliseconds, version 8, the first 12 of the 80
+    # hash bits, variant 10, then the hash's last 62 bits. Ids must never change: stored events keep them.
+    when = datetime(2026, 11, 2, 9, 0, 0, 123_000, tzinfo=UTC)
+    digest = "cluster-a/" + "ab" * 32
+    sha = hashlib.sha1(uuid.NAMESPACE_URL.bytes + f"dra-ledger:{digest}:3".encode()).digest()
+    hash_bits = "".join(f"{byte:08b}" for byte in sha[:10])
+    millis = (20_759 * 86_400 + 9 * 3600) * 1000 + 123
+    bits = f"{millis:048b}" + "1000" + hash_bits[:12] + "10" + hash_bits[-62:]
+    assert len(bits) == 128
+    assert ev.event_id_for(digest, 3, when) == uuid.UUID(int=int(bits, 2))
