@@ -12,10 +12,12 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.recorded import WatchLine, read_text, watch_line
+from ledger.errors import Invalid
+from ledger.recorded import WatchLine, _receive_time, parse_time, read_text, watch_line
 from ledger.simulate import FleetSpec, write_history
 from ledger.types import JSONObject, JSONValue
 from tests.paths import HISTORIES
@@ -91,3 +93,38 @@ def test_an_object_read_without_a_receive_time_keeps_its_whole_text_for_the_body
     assert read.observed_at is None
     assert json.loads(read.object_json) == obj
     assert read.object_json == json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@given(when=st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)),
+       whole=st.booleans())
+def test_a_recorder_time_reads_as_parse_time_and_isoformat_read_it(when: datetime, whole: bool) -> None:
+    # The recorders' shape (six fraction digits, or none) takes the fast path; the digest spells the time
+    # with isoformat(), which drops a fraction of zero: both must come out as the slow path's.
+    if whole:
+        when = when.replace(microsecond=0)
+    value = (f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:{when.minute:02d}:{when.second:02d}"
+             + ("Z" if whole else f".{when.microsecond:06d}Z"))
+    expected = parse_time(value)
+    assert _receive_time(value) == (expected, expected.isoformat())
+    assert _receive_time(value)[0].tzinfo is UTC
+
+
+@given(value=st.one_of(
+    st.sampled_from(["2026-11-02T09:00:00.000000Z", "2026-11-02T09:00:60Z", "2026-02-30T09:00:00Z",
+                     "0000-01-01T00:00:00Z", "2026-11-02t09:00:00Z", "2026-11-02T09:00:00z",
+                     "2026-11-02 09:00:00Z", "2026-11-02T09:00:00.123456789Z", "2026-11-02T09:00:00.1Z",
+                     "2026-11-02T09:00:00+01:00", "2026-11-02T09:00:00.123456-07:30", "2026-W44-1T09:00:00Z",
+                     "2026-11-02T09:00:00,123456Z", "2026-11-02T09:00:00", "2026-11-02", "",
+                     "２０２６-11-02T09:00:00Z"]),
+    st.from_regex(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+                  r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"),
+    st.text(max_size=30)))
+def test_any_observed_at_reads_as_parse_time_reads_it_or_is_refused_alike(value: str) -> None:
+    try:
+        expected = parse_time(value)
+    except Invalid as e:
+        with pytest.raises(Invalid) as refused:
+            _receive_time(value)
+        assert str(refused.value) == str(e)
+        return
+    assert _receive_time(value) == (expected, expected.isoformat())
