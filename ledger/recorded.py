@@ -490,9 +490,20 @@ def _iter_lines(text: str) -> Iterator[str]:
 def _read_json_lines(
     lines: Iterable[tuple[int, str | bytes]], *, source: str, at: datetime | None
 ) -> Iterator[ReadResult]:
+    fast: object
     for number, item in lines:
         if isinstance(item, bytes):
             item = item.removesuffix(b"\n")
+            # The bytes as read: msgspec checks their UTF-8 itself, and a line that decodes is made text only if it
+            # is refused (``_text``), which saves a str a line. Anything else (blank, not UTF-8, unusual) goes on
+            # below as text, as every line did before.
+            try:
+                fast = _FAST_DECODER.decode(item)
+            except (msgspec.DecodeError, _FloatSeen, RecursionError):
+                pass
+            else:
+                yield _watch_event(fast, source=source, line=number, raw=item, at=at, time_required=True, fast=True)
+                continue
             try:
                 raw = item.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -503,7 +514,7 @@ def _read_json_lines(
         if not raw or raw.isspace():
             continue
         try:
-            fast: object = _FAST_DECODER.decode(raw)
+            fast = _FAST_DECODER.decode(raw)
         except (msgspec.DecodeError, _FloatSeen, RecursionError):
             pass  # anything unusual is read (or refused, with its reason) by the standard decoder below
         else:
@@ -538,12 +549,12 @@ values and on every fixture. Why: encoding the digest input was the largest cost
 
 
 def _watch_event(
-    decoded: object, *, source: str, line: int, raw: str, at: datetime | None, time_required: bool,
+    decoded: object, *, source: str, line: int, raw: str | bytes, at: datetime | None, time_required: bool,
     fast: bool = False
 ) -> ReadResult:
-    """Check the watch envelope ``{observedAt?, type, object}`` and build the line."""
+    """Check the watch envelope ``{observedAt?, type, object}`` and build the line (``raw``: as :func:`_text`)."""
     if (problem := envelope_problem(decoded)) is not None:
-        return _broken(source, line, problem, raw)
+        return _broken(source, line, problem, _text(raw))
     decoded = cast(dict[str, JSONValue], decoded)
     event_type, obj = decoded["type"], decoded["object"]
     observed_at = at
@@ -555,9 +566,9 @@ def _watch_event(
                 raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))}")
             observed_at, instant = _receive_time_cached(value)
         except Invalid as e:
-            return _broken(source, line, f"observedAt: {e}", raw)
+            return _broken(source, line, f"observedAt: {e}", _text(raw))
     elif observed_at is None and time_required:
-        return _broken(source, line, "missing field 'observedAt' (and no default time given)", raw)
+        return _broken(source, line, "missing field 'observedAt' (and no default time given)", _text(raw))
     return _watch_line(source, line, cast(WatchType, event_type), observed_at, cast(JSONObject, obj), raw, fast=fast,
                        instant=instant)
 
@@ -935,9 +946,9 @@ accept ``NaN`` / ``Infinity`` (JSON) and ``.nan`` / ``.inf`` (YAML), which Postg
 
 def _watch_line(
     source: str, line: int, event_type: WatchType, observed_at: datetime | None, obj: JSONObject,
-    raw: str | Callable[[], str], *, fast: bool = False, instant: str | None = None
+    raw: str | bytes | Callable[[], str], *, fast: bool = False, instant: str | None = None
 ) -> ReadResult:
-    """Build a WatchLine; ``raw`` (the line's text, or what makes it) is only used if the object cannot be stored.
+    """Build a WatchLine; ``raw`` (as :func:`_text`) is only used if the object cannot be stored.
 
     ``fast``: ``obj`` came from :data:`_FAST_DECODER` (no floats, lone surrogates or NaN), so
     :data:`_FAST_CANONICAL` gives the digest input, byte for byte what :data:`_CANONICAL` gives.
@@ -973,9 +984,12 @@ def _watch_line(
                      holds_nul=b"\\u0000" in encoded)
 
 
-def _text(raw: str | Callable[[], str]) -> str:
-    """The text of a line that :func:`_watch_line` refuses: ``raw`` itself, or what ``raw`` makes."""
-    return raw if isinstance(raw, str) else raw()
+def _text(raw: str | bytes | Callable[[], str]) -> str:
+    """The text of a refused line: ``raw`` itself, its UTF-8 bytes decoded (bytes msgspec decoded, so valid), or what
+    ``raw`` makes."""
+    if isinstance(raw, str):
+        return raw
+    return raw.decode("utf-8") if isinstance(raw, bytes) else raw()
 
 
 def _deeper_than(obj: JSONObject, limit: int) -> bool:

@@ -216,6 +216,26 @@ def test_a_truncated_line_in_the_middle_is_broken_and_both_neighbours_still_read
     assert broken.text == middle[: len(middle) // 2]
 
 
+def test_a_line_that_decodes_but_is_refused_keeps_its_text_and_digest(tmp_path: Path) -> None:
+    # JSON Lines are decoded from the bytes read; a refused one becomes text only then: it must be the line's own.
+    first = seed_lines()[0]
+    no_time = '{"type":"ADDED","object":{"kind":"Namespace","metadata":{"name":"équipe-ü"}}}'
+    error = '{"type":"ERROR","object":{"kind":"Status","message":"trop ancien: résumé"}}'
+    path = tmp_path / "refused.jsonl"
+    path.write_bytes(f"{first}\r\n{no_time}\r\n{error}\n".encode())
+
+    results = list(read_history(path))
+
+    assert [type(r) for r in results] == [WatchLine, BrokenLine, BrokenLine]
+    missing, status = results[1], results[2]
+    assert isinstance(missing, BrokenLine) and isinstance(status, BrokenLine)
+    assert (missing.line, missing.text) == (2, no_time)
+    assert missing.reason == "missing field 'observedAt' (and no default time given)"
+    assert missing.digest == hashlib.sha256(no_time.encode()).hexdigest()
+    assert (status.line, status.text) == (3, error)
+    assert status.digest == hashlib.sha256(error.encode()).hexdigest()
+
+
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
