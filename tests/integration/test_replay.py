@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from sqlalchemy import text
@@ -379,6 +381,56 @@ def test_the_duplicate_check_finds_every_stored_digest_whatever_its_characters(l
             assert pg.known_digests(conn, ledger.cluster, [(other, digest)]) == {}, digest
         assert pg.known_digests(conn, ledger.cluster, keys) == {d: f"reason {i}" for i, d in enumerate(digests)}
         assert pg.known_digests(conn, ledger.cluster, []) == {}
+
+
+def test_the_duplicate_check_looks_up_no_key_newer_than_the_newest_stored_observation(ledger: LedgerHandle) -> None:
+    # A stored row matches a key only at the key's receive time, so keys after the cluster's newest observation
+    # are answered by one max(observed_at) instead of a lookup; a key at that very time is still looked up.
+    from sqlalchemy import event
+
+    from ledger.store import postgres as pg
+    from ledger.store.postgres import ObservationRow
+
+    first, newest, later = _t("2026-11-02T09:00:00Z"), _t("2026-11-02T10:00:00Z"), _t("2026-11-02T10:00:00.000001Z")
+    stored = [(first, "d-first"), (newest, "d-newest"), (None, "d-untimed")]
+    rows = [ObservationRow(digest=d, status="rejected", kind=None, api_version=None, namespace=None, name=None,
+                           uid=None, resource_version=None, watch_type=None, observed_at=t, recorded_at=first,
+                           origin=f"test:{i}", error=f"reason {i}", body=b"\"x\"") for i, (t, d) in enumerate(stored)]
+    with ledger.engine.begin() as conn:
+        pg.insert_observations(conn, ledger.cluster, rows)
+        elsewhere = msgspec.structs.replace(rows[0], observed_at=_t("2030-01-01T00:00:00Z"))
+        pg.insert_observations(conn, "another", [elsewhere])
+    statements: list[str] = []
+
+    def capture(conn: object, cursor: object, statement: str, parameters: object, context: object,
+                executemany: bool) -> None:
+        statements.append(statement)
+
+    def known(keys: list[tuple[datetime | None, str]]) -> tuple[dict[str, str | None], list[str]]:
+        statements.clear()
+        event.listen(ledger.engine, "before_cursor_execute", capture)
+        try:
+            with ledger.engine.connect() as conn:
+                found = pg.known_digests(conn, ledger.cluster, keys)
+        finally:
+            event.remove(ledger.engine, "before_cursor_execute", capture)
+        return found, ["max" if "max(observed_at)" in sql else "lookup" for sql in statements]
+
+    # After the newest: only the max query runs (another cluster's later rows do not count).
+    assert known([(later, "d-first"), (later, "d-newest")]) == ({}, ["max"])
+    # At the newest instant itself: looked up, and found.
+    assert known([(newest, "d-newest"), (later, "x")]) == ({"d-newest": "reason 1"}, ["max", "lookup"])
+    # One key reaching back makes the whole batch looked up.
+    assert known([(later, "x"), (first, "d-first")]) == ({"d-first": "reason 0"}, ["max", "lookup"])
+    # Keys without a receive time are looked up whatever the times beside them.
+    assert known([(later, "x"), (None, "d-untimed")]) == ({"d-untimed": "reason 2"}, ["max", "lookup"])
+    # The max is read from the end of the unique key's index, not by a scan: cheap on any ledger.
+    with ledger.engine.begin() as conn:
+        conn.execute(text("ANALYZE observations"))
+        conn.execute(text("SET LOCAL enable_seqscan = off"))  # a small table is cheapest to scan whole
+        plan = "\n".join(str(r[0]) for r in conn.execute(
+            text("EXPLAIN SELECT max(observed_at) FROM observations WHERE cluster = :c"), {"c": ledger.cluster}))
+    assert "Index Only Scan Backward using observations_cluster_observed_at_digest_key" in plan, plan
 
 
 def test_a_live_broken_line_is_a_duplicate_at_its_receive_time_only(ledger: LedgerHandle) -> None:

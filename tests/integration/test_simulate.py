@@ -284,7 +284,9 @@ def test_an_ingest_batch_looks_up_and_inserts_its_keys_in_time_order(ledger: Led
     finally:
         event.remove(ledger.engine, "before_cursor_execute", capture)
     assert found == {d: None for _, d in keys}
-    [(sql, params)] = statements
+    # The keys are stored, so no key is newer than the newest stored observation: they are looked up.
+    [(newest, _), (sql, params)] = statements
+    assert "max(observed_at)" in newest
     with ledger.engine.begin() as conn:
         conn.execute(text("ANALYZE observations"))
         conn.execute(text("SET LOCAL enable_seqscan = off"))  # a small table is cheapest to scan whole
