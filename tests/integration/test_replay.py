@@ -19,6 +19,7 @@ from ledger.projections import runner
 from ledger.recorded import BrokenLine, WatchLine
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES, REAL
+from tests.statements import statements_run
 
 SEED = HISTORIES / "seed-lab.jsonl"
 
@@ -386,8 +387,6 @@ def test_the_duplicate_check_finds_every_stored_digest_whatever_its_characters(l
 def test_the_duplicate_check_looks_up_no_key_newer_than_the_newest_stored_observation(ledger: LedgerHandle) -> None:
     # A stored row matches a key only at the key's receive time, so keys after the cluster's newest observation
     # are answered by one max(observed_at) instead of a lookup; a key at that very time is still looked up.
-    from sqlalchemy import event
-
     from ledger.store import postgres as pg
     from ledger.store.postgres import ObservationRow
 
@@ -400,21 +399,10 @@ def test_the_duplicate_check_looks_up_no_key_newer_than_the_newest_stored_observ
         pg.insert_observations(conn, ledger.cluster, rows)
         elsewhere = msgspec.structs.replace(rows[0], observed_at=_t("2030-01-01T00:00:00Z"))
         pg.insert_observations(conn, "another", [elsewhere])
-    statements: list[str] = []
-
-    def capture(conn: object, cursor: object, statement: str, parameters: object, context: object,
-                executemany: bool) -> None:
-        statements.append(statement)
-
     def known(keys: list[tuple[datetime | None, str]]) -> tuple[dict[str, str | None], list[str]]:
-        statements.clear()
-        event.listen(ledger.engine, "before_cursor_execute", capture)
-        try:
-            with ledger.engine.connect() as conn:
-                found = pg.known_digests(conn, ledger.cluster, keys)
-        finally:
-            event.remove(ledger.engine, "before_cursor_execute", capture)
-        return found, ["max" if "max(observed_at)" in sql else "lookup" for sql in statements]
+        with statements_run(ledger.engine) as statements, ledger.engine.connect() as conn:
+            found = pg.known_digests(conn, ledger.cluster, keys)
+        return found, ["max" if "max(observed_at)" in sql else "lookup" for sql, _ in statements]
 
     # After the newest: only the max query runs (another cluster's later rows do not count).
     assert known([(later, "d-first"), (later, "d-newest")]) == ({}, ["max"])

@@ -20,6 +20,7 @@ from ledger.simulate import FleetSpec, SimulationSummary, simulate, write_histor
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject
 from tests.paths import HISTORIES, REAL
+from tests.statements import statements_run
 
 SMALL = FleetSpec(nodes=6, gpus_per_node=4, hours=6, seed=7, mig_node_fraction=0.5, restarts_per_node_day=6.0,
                   relabels=1, idle_fraction=0.1, pending_fraction=0.05)
@@ -255,8 +256,6 @@ def test_settled_occupancy_answers_as_the_query_and_follows_the_checkpoints(ledg
 def test_an_ingest_batch_looks_up_and_inserts_its_keys_in_time_order(ledger: LedgerHandle, tmp_path: Path) -> None:
     # An ingest batch's duplicate check and its inserts must follow the receive time, so that a batch reads the
     # last pages of the observation and event-id indexes, not one page per line anywhere in them (hashes).
-    from sqlalchemy import event
-
     from ledger.store import postgres as pg
 
     path = tmp_path / "fleet.jsonl"
@@ -271,18 +270,8 @@ def test_an_ingest_batch_looks_up_and_inserts_its_keys_in_time_order(ledger: Led
     prefixes = [i.bytes[:6] for i in ids]
     assert prefixes == sorted(prefixes) and len(set(prefixes)) > 10
 
-    statements: list[tuple[str, object]] = []
-
-    def capture(conn: object, cursor: object, statement: str, parameters: object, context: object,
-                executemany: bool) -> None:
-        statements.append((statement, parameters))
-
-    event.listen(ledger.engine, "before_cursor_execute", capture)
-    try:
-        with ledger.engine.connect() as conn:
-            found = pg.known_digests(conn, ledger.cluster, keys)
-    finally:
-        event.remove(ledger.engine, "before_cursor_execute", capture)
+    with statements_run(ledger.engine) as statements, ledger.engine.connect() as conn:
+        found = pg.known_digests(conn, ledger.cluster, keys)
     assert found == {d: None for _, d in keys}
     # The keys are stored, so no key is newer than the newest stored observation: they are looked up.
     [(newest, _), (sql, params)] = statements
