@@ -175,9 +175,9 @@ def _no_automatic_collections() -> Iterator[None]:
     thousands alive, so each automatic collection rescanned them. Even with the young threshold raised to
     20,000 (the previous setting) it cost about an eighth of an ingest's Python: in four pairs on the 50-node
     history, 68-77 µs a watch event with it and 62-67 without, 12,590 -> 14,095 lines/s at the medians
-    (``bench/results-ingest-gc.json``). An ingest makes next to
-    no cyclic garbage (a full collection after a 38,294-line replay found 8 unreachable objects, and the same 8
-    after one with 7,464 rejected lines); reference counting frees the rest as each batch is dropped.
+    (``bench/results-ingest-gc.json``). An ingest makes next to no cyclic garbage (a full collection after a
+    38,294-line replay found 8 unreachable objects, and the same 8 after one with 7,464 rejected lines);
+    reference counting frees the rest as each batch is dropped.
     :func:`_chunks` still runs a young collection every :data:`COLLECT_EVERY_LINES` lines, so garbage cycles
     stay bounded on a replay of any length. Automatic collections run again when the last ingest in the
     process ends (ingests may overlap in threads), if they were on when the first began.
