@@ -322,7 +322,8 @@ def summarise_report(report: services.IngestReport) -> str:
     else:
         which = "" if earlier == rejected else f"{earlier} of them "
         note = f" ({which}already recorded as rejected, so also among the {report.duplicates} already recorded)"
-    return (f"{report.lines} lines: {report.recorded} recorded, {report.duplicates} already recorded, "
+    lines = f"{report.lines} line{'' if report.lines == 1 else 's'}"
+    return (f"{lines}: {report.recorded} recorded, {report.duplicates} already recorded, "
             f"{rejected} rejected{note}; {report.events} events appended")
 
 

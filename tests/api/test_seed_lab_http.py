@@ -344,6 +344,19 @@ def test_too_fine_a_step_says_how_many_buckets_and_the_smallest_step(client: Tes
     assert client.get("/v1/usage", params={**window, "step": "1.079999"}).status_code == 422
 
 
+def test_step_lengths_in_the_too_fine_message_are_plain_decimals(client: TestClient[Litestar]) -> None:
+    # 0001-01-01 to 9998-12-31T23:59:59 is 315,506,361,599 s: a 365-day step (31,536,000 s) gives 10,005 buckets,
+    # and 10,000 at most means a step of 31,550,636.1599 s at least. `:g` wrote those as 3.1536e+07 and 3.15506e+07.
+    wide = {"from": "0001-01-01T00:00:00Z", "to": "9998-12-31T23:59:59Z"}
+    detail = client.get("/v1/usage", params={**wide, "step": "P365D"}).json()["detail"]
+    assert detail.startswith("step 31536000 s gives 10005 buckets")
+    assert detail.endswith("so the step must be at least 31550636.1599 s here")
+    short = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T09:00:01Z"}
+    assert client.get("/v1/usage", params={**short, "step": "PT0.000001S"}).json()["detail"] == (
+        "step 0.000001 s gives 1000000 buckets over this window; at most 10000 are answered, so the step must be "
+        "at least 0.0001 s here")
+
+
 def test_a_step_near_the_last_datetime_cuts_its_last_bucket_at_to(client: TestClient[Litestar]) -> None:
     # from + step is past 9999-12-31: the bucket ends at ``to`` instead of overflowing (was a 500).
     response = client.get("/v1/usage", params={"from": "9998-01-01T00:00:00Z", "to": "9998-12-31T00:00:00Z",

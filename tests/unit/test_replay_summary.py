@@ -35,3 +35,10 @@ def test_a_run_with_old_and_new_bad_lines_says_how_many_of_them_were_recorded_be
     assert summarise_report(report) == ("3 lines: 1 recorded, 1 already recorded, 2 rejected (1 of them already "
                                         "recorded as rejected, so also among the 1 already recorded); "
                                         "2 events appended")
+
+
+def test_a_single_line_is_one_line() -> None:
+    # A single YAML object replays as one watch event.
+    report = IngestReport(lines=1, recorded=1, duplicates=0, events=2, rejected=[])
+
+    assert summarise_report(report) == "1 line: 1 recorded, 0 already recorded, 0 rejected; 2 events appended"
