@@ -33,7 +33,7 @@ from api.controllers.occupancy import OccupancyController
 from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
 from api.deps import AppState, provide_state, wall_clock
-from api.errors import EXCEPTION_HANDLERS, problem_details_plugin
+from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
 from api.methods import JsonRenderPluginWithHead
 from api.parameters import known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
@@ -80,6 +80,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
             "access": Provide(provide_access, sync_to_thread=False),
         },
         exception_handlers=dict(EXCEPTION_HANDLERS),
+        after_request=html_error_as_problem,
         plugins=[problem_details_plugin()],
         openapi_config=OpenAPIConfig(
             title="dra-ledger",

@@ -84,7 +84,8 @@ def test_the_openapi_document_lists_head_next_to_get_with_its_own_operation_id(c
 
 
 SCHEMA_PAGES = [
-    # Litestar's default OpenAPI pages (Redoc at /schema itself), and its 404 page for any other name.
+    # Litestar's default OpenAPI pages (Redoc at /schema itself), and a 404 for any other name: problem details, as
+    # every error (Litestar's own answer there is an HTML page).
     ("/schema", 200, "text/html; charset=utf-8"), ("/schema/redoc", 200, "text/html; charset=utf-8"),
     ("/schema/openapi.json", 200, "application/vnd.oai.openapi+json"),
     ("/schema/openapi.yaml", 200, "application/vnd.oai.openapi"),
@@ -92,8 +93,16 @@ SCHEMA_PAGES = [
     ("/schema/swagger", 200, "text/html; charset=utf-8"), ("/schema/elements", 200, "text/html; charset=utf-8"),
     ("/schema/rapidoc", 200, "text/html; charset=utf-8"),
     ("/schema/oauth2-redirect.html", 200, "text/html; charset=utf-8"),
-    ("/schema/no-such-page", 404, "text/html; charset=utf-8"),
+    ("/schema/no-such-page", 404, "application/problem+json"),
 ]
+
+
+@pytest.mark.parametrize("path", ["/schema/no-such-page", "/schema/nope/deeper", "/schema/missing.json"])
+def test_an_unknown_schema_page_is_a_problem_details_404(client: TestClient[Litestar], path: str) -> None:
+    got = client.get(path)
+    assert (got.status_code, got.headers["content-type"]) == (404, "application/problem+json")
+    body = got.json()
+    assert (body["status"], body["title"]) == (404, "Not Found")
 
 
 @pytest.mark.parametrize(("path", "status", "media_type"), SCHEMA_PAGES)
