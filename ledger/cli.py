@@ -140,8 +140,8 @@ def require_embedded_ledger(data_dir: Path | None) -> None:
     """Refuse to use an embedded ledger that was never made: a mistyped ``--data-dir`` must not start a new,
     empty server there and answer with zeros.
 
-    Called, when no database URL is set, by the queries, ``db current``, ``rebuild`` and ``jobs``; the commands
-    meant to make a ledger (``db upgrade``, ``db start``, ``demo``, ``replay``, ``watch``) do not call it.
+    Called, when no database URL is set, by the queries, ``db current``, ``db stop``, ``rebuild`` and ``jobs``; the
+    commands meant to make a ledger (``db upgrade``, ``db start``, ``demo``, ``replay``, ``watch``) do not call it.
 
     Args:
         data_dir: ``--data-dir`` / ``LEDGER_DATA_DIR``; ``None``: the default one (``embedded.default_data_dir``).
@@ -280,6 +280,7 @@ def db_stop(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     from ledger.embedded import EmbeddedPostgres, default_data_dir
 
     _refuse_with_url(url)
+    require_embedded_ledger(data_dir)  # "not running" for a mistyped --data-dir hid the mistake
     with _errors():
         server = EmbeddedPostgres(data_dir or default_data_dir())
         if server.is_running():

@@ -46,7 +46,7 @@ def test_an_empty_directory_is_no_ledger_either(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [["db", "current"], ["rebuild"]])
+@pytest.mark.parametrize("args", [["db", "current"], ["db", "stop"], ["rebuild"]])
 def test_db_current_and_rebuild_of_a_data_dir_with_no_ledger_are_refused_and_create_nothing(
         tmp_path: Path, args: list[str]) -> None:
     missing = tmp_path / "ledgr"
