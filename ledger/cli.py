@@ -495,7 +495,7 @@ def simulate(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     err.print(f"wrote {summary.lines} lines to {output_file}: {summary.devices} devices, {summary.claims} claims, "
-              f"{summary.allocations} allocations")
+              f"{summary.allocations} device allocations")
     out.print(services.dumps(summary.to_json()))
 
 
