@@ -759,7 +759,6 @@ MAX_STEPS = 10_000
 """Most time buckets one usage query may return (``(to - from) / step``)."""
 
 
-
 def _seconds_text(length: timedelta) -> str:
     """``length`` in seconds as plain decimals, to the microsecond: ``1.08``, ``31536000``, ``0.000001`` (never
     ``3.1536e+07``, which ``:g`` writes for a year)."""
