@@ -9,7 +9,7 @@ from pathlib import Path
 from ledger import events as ev
 from ledger.recorded import WatchLine, read_history
 from ledger.simulate import FleetSpec, write_history
-from ledger.store.postgres import _struct_json, json_bytes
+from ledger.store.postgres import json_bytes
 from ledger.translator.translate import Observation, TranslatorState, translate
 from tests.paths import HISTORIES, REAL
 
@@ -47,23 +47,23 @@ def test_every_event_encodes_from_its_struct_as_from_its_payload_dict(tmp_path: 
     # The corpus reaches the payloads whose keys are spelled apart from plain camel case.
     assert {"ClaimCreated", "ClaimAllocated", "ClaimReserved", "PodPhaseChanged", "DevicePublished"} <= types
     for e in found:
-        assert _struct_json(e.event) == json_bytes(ev.to_payload(e.event)), e.event.TYPE
-        assert _struct_json(e.source) == json_bytes(e.source.to_json())
+        assert json_bytes(e.event) == json_bytes(ev.to_payload(e.event)), e.event.TYPE
+        assert json_bytes(e.source) == json_bytes(e.source.to_json())
         assert ev.from_payload(e.event.TYPE, ev.to_payload(e.event)) == e.event
 
 
 def test_payload_keys_keep_the_kubernetes_spelling() -> None:
     created = ev.ClaimCreated(uid="u", namespace="ml", name="c", origin="template", owner_pod="p",
                               owner_pod_uid="pu", requests=[])
-    assert _struct_json(created) == (b'{"uid":"u","namespace":"ml","name":"c","origin":"template","ownerPod":"p",'
+    assert json_bytes(created) == (b'{"uid":"u","namespace":"ml","name":"c","origin":"template","ownerPod":"p",'
                                      b'"ownerPodUID":"pu","requests":[]}')
     source = ev.EventSource(kind="Pod", uid="u", resource_version="7", watch_type="ADDED", digest="d")
-    assert _struct_json(source) == b'{"kind":"Pod","uid":"u","resourceVersion":"7","watchType":"ADDED","digest":"d"}'
+    assert json_bytes(source) == b'{"kind":"Pod","uid":"u","resourceVersion":"7","watchType":"ADDED","digest":"d"}'
 
 
 def test_a_payload_msgspec_cannot_encode_falls_back_to_the_dict_encoding() -> None:
     # A lone surrogate: msgspec refuses it, json.dumps writes it as an ASCII escape.
     created = ev.ClaimCreated(uid="u", namespace="ml", name="c\ud800", origin="manual", owner_pod=None,
                               owner_pod_uid=None, requests=[])
-    assert _struct_json(created) == json_bytes(ev.to_payload(created))
-    assert b'"name": "c\\ud800"' in _struct_json(created)
+    assert json_bytes(created) == json_bytes(ev.to_payload(created))
+    assert b'"name": "c\\ud800"' in json_bytes(created)
