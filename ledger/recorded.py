@@ -177,12 +177,19 @@ SHORTEST_STEP: Final = timedelta(microseconds=1)
 so one is the smallest positive duration, and a step must be positive."""
 
 
+def seconds_text(length: timedelta) -> str:
+    """``length`` in seconds as plain decimals, exact to the microsecond, for messages: ``1.08``, ``31536000``,
+    ``0.000001`` (never ``3.1536e+07``, as ``:g`` writes a year, nor a float's rounding of a long span)."""
+    whole, micros = divmod(length // timedelta(microseconds=1), 1_000_000)
+    return f"{whole}.{micros:06d}".rstrip("0").rstrip(".")
+
+
 def _spell_shortest(shortest: timedelta) -> str:
     """The lower bound of a duration as the range message gives it: ``0``, or e.g. ``PT0.000001S (0.000001
     seconds; durations are counted in whole microseconds)``."""
     if not shortest:
         return "0"
-    seconds = f"{shortest.total_seconds():.6f}".rstrip("0").rstrip(".")
+    seconds = seconds_text(shortest)
     return f"PT{seconds}S ({seconds} seconds; durations are counted in whole microseconds)"
 
 

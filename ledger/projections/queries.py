@@ -26,6 +26,7 @@ from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.selectors import DeviceView, expressions_of, selects
+from ledger.recorded import seconds_text
 from ledger.types import JSONObject, JSONValue
 
 GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
@@ -759,13 +760,6 @@ MAX_STEPS = 10_000
 """Most time buckets one usage query may return (``(to - from) / step``)."""
 
 
-def _seconds_text(length: timedelta) -> str:
-    """``length`` in seconds as plain decimals, to the microsecond: ``1.08``, ``31536000``, ``0.000001`` (never
-    ``3.1536e+07``, which ``:g`` writes for a year)."""
-    whole, micros = divmod(length // timedelta(microseconds=1), 1_000_000)
-    return f"{whole}.{micros:06d}".rstrip("0").rstrip(".")
-
-
 def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cluster: str | None = None,
           teams: Sequence[str] | None = None, step: timedelta | None = None,
           prices: PriceTable | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
@@ -806,9 +800,9 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
         # The smallest step accepted, rounded up to the microsecond (a step is one): that step gives at most
         # MAX_STEPS buckets, and one microsecond less gives more.
         smallest = timedelta(microseconds=-(-(end - start) // timedelta(microseconds=MAX_STEPS)))
-        raise Invalid(f"step {_seconds_text(step)} s gives {math.ceil((end - start) / step)} buckets over this "
+        raise Invalid(f"step {seconds_text(step)} s gives {math.ceil((end - start) / step)} buckets over this "
                       f"window; at most {MAX_STEPS} are answered, so the step must be at least "
-                      f"{_seconds_text(smallest)} s here")
+                      f"{seconds_text(smallest)} s here")
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
