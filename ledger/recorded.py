@@ -497,35 +497,24 @@ def _iter_lines(text: str) -> Iterator[str]:
 def _read_json_lines(
     lines: Iterable[tuple[int, str | bytes]], *, source: str, at: datetime | None
 ) -> Iterator[ReadResult]:
-    fast: object
     for number, item in lines:
-        if isinstance(item, bytes):
-            item = item.removesuffix(b"\n")
-            # The bytes as read: msgspec checks their UTF-8 itself, and a line that decodes is made text only if it
-            # is refused (``_text``), which saves a str a line. Anything else (blank, not UTF-8, unusual) goes on
-            # below as text, as every line did before.
-            try:
-                fast = _FAST_DECODER.decode(item)
-            except (msgspec.DecodeError, _FloatSeen, RecursionError):
-                pass
-            else:
-                yield _watch_event(fast, source=source, line=number, raw=item, at=at, time_required=True, fast=True)
-                continue
-            try:
-                raw = item.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield _broken_bytes(source, number, f"not UTF-8: {e.reason} at byte {e.start}", item)
-                continue
-        else:
-            raw = item
-        if not raw or raw.isspace():
-            continue
+        # A line read as bytes is decoded from the bytes (msgspec checks their UTF-8 itself) and made text only if
+        # the fast decoder refuses it, or the line is refused (``_text``): that saves a str a line.
+        raw: str | bytes = item.removesuffix(b"\n") if isinstance(item, bytes) else item
         try:
-            fast = _FAST_DECODER.decode(raw)
+            fast: object = _FAST_DECODER.decode(raw)
         except (msgspec.DecodeError, _FloatSeen, RecursionError):
             pass  # anything unusual is read (or refused, with its reason) by the standard decoder below
         else:
             yield _watch_event(fast, source=source, line=number, raw=raw, at=at, time_required=True, fast=True)
+            continue
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield _broken_bytes(source, number, f"not UTF-8: {e.reason} at byte {e.start}", e.object)
+                continue
+        if not raw or raw.isspace():
             continue
         try:
             decoded: object = json.loads(raw)
