@@ -128,17 +128,15 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
 
 
 def html_error_as_problem(response: Response[Any]) -> Response[Any]:
-    """Turn an HTML error page into problem details (``after_request`` of the whole app).
+    """Turn an HTML 404 page into problem details (``after_request`` of the whole app).
 
     Litestar's OpenAPI router answers a name under ``/schema`` that no page has with an HTML 404 page that it returns
     itself, not by raising, so the handlers above never see it. The API answers every error as RFC 9457 problem
-    details and never with HTML, so such a page is replaced. Other responses pass unchanged.
+    details and never with HTML, so that page is replaced. Other responses pass unchanged.
     """
-    status = response.status_code  # None: the handler's default (a success)
     media_type = response.media_type  # a str, or a MediaType member (a str whose str() is its name)
-    if status is not None and status >= 400 and isinstance(media_type, str) and media_type.startswith("text/html"):
-        detail = "no such page; the API description is at /schema (/schema/openapi.json)" if status == 404 else ""
-        return _problem(status, "Not Found" if status == 404 else "Error", detail)
+    if response.status_code == 404 and isinstance(media_type, str) and media_type.startswith("text/html"):
+        return _problem(404, "Not Found", "no such page; the API description is at /schema (/schema/openapi.json)")
     return response
 
 
