@@ -284,18 +284,13 @@ EVENT_TYPES: Mapping[str, EventClass] = {
 """Every event type by its stored name."""
 
 
-_PAYLOAD_KEYS: dict[type[Event], tuple[tuple[str, str], ...]] = {}
-"""(attribute, payload key) per event class, computed once: the field names and the camel-casing
-cost more than the rest of :func:`to_payload` on every event of a large ingest."""
-
-
 def to_payload(event: Event) -> JSONObject:
-    """Return the stored payload of ``event``: its fields with Kubernetes key spelling."""
-    keys = _PAYLOAD_KEYS.get(type(event))
-    if keys is None:
-        keys = _PAYLOAD_KEYS[type(event)] = tuple(zip(event.__struct_fields__, event.__struct_encode_fields__,
-                                                      strict=True))
-    return {key: getattr(event, name) for name, key in keys}
+    """Return the stored payload of ``event``: its fields with Kubernetes key spelling (the class's ``rename``).
+
+    The append path encodes the Struct itself (``store.postgres.json_bytes``), to the same object.
+    """
+    return {key: getattr(event, name) for name, key in zip(event.__struct_fields__, event.__struct_encode_fields__,
+                                                           strict=True)}
 
 
 def from_payload(type_: str, payload: Mapping[str, JSONValue]) -> Event:
@@ -313,7 +308,8 @@ class EventSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The observation an event came from: kind, uid, ``resourceVersion``, watch event type, and the
     ``observations.digest`` of the line.
 
-    ``rename``: msgspec encodes it as :meth:`to_json`'s object, so the append path encodes the Struct itself.
+    ``rename``: msgspec encodes it as the ``events.source`` column holds it (``kind``, ``uid``,
+    ``resourceVersion``, ``watchType``, ``digest``), so the append path encodes the Struct itself.
     """
 
     kind: str
@@ -321,11 +317,6 @@ class EventSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     resource_version: str | None
     watch_type: str
     digest: str
-
-    def to_json(self) -> JSONObject:
-        """Return the ``events.source`` column value."""
-        return {"kind": self.kind, "uid": self.uid, "resourceVersion": self.resource_version,
-                "watchType": self.watch_type, "digest": self.digest}
 
 
 class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
