@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from litestar import Litestar, Router
+from litestar.connection import ASGIConnection
 from litestar.di import Provide
+from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import (
     RapidocRenderPlugin,
@@ -41,6 +44,18 @@ from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
 
 
+def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """The ``/v1`` guard: the token (:func:`api.auth.require_token`, 401), then the query parameters
+    (:func:`api.parameters.known_query_parameters`, 400/422), then NUL characters
+    (:func:`api.parameters.no_nul_characters`, 422), in that order; each raises as its own docstring says.
+
+    One guard, not three: Litestar copies the route handler for every guard of every request (~20 µs a copy).
+    """
+    require_token(connection, handler)
+    known_query_parameters(connection, handler)
+    no_nul_characters(connection, handler)
+
+
 def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None,
                clock: Callable[[], datetime] = wall_clock) -> Litestar:
     """Build the Litestar application.
@@ -61,7 +76,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
     tokens = TokenTable.from_config(config)
     v1 = Router(
         path="/",
-        guards=[require_token, known_query_parameters, no_nul_characters],
+        guards=[_check_v1_request],
         route_handlers=[
             OccupancyController,
             ClaimsController,

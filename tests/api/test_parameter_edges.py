@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import gc
 import json
 from urllib.parse import quote
 
 import pytest
 from litestar import Litestar
+from litestar.handlers.http_handlers import HTTPRouteHandler
 from litestar.testing import TestClient
 
 from ledger.testing.handle import LedgerHandle
@@ -263,3 +265,18 @@ def test_a_page_token_edited_to_an_impossible_instant_or_offset_is_refused_as_no
     body[field] = value
     edited = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
     assert problem(client, f"{url}&pageToken={edited}", 422) == "pageToken is not a token this API issued"
+
+
+def test_requests_leave_no_copy_of_the_route_handler_behind(client: TestClient[Litestar]) -> None:
+    # Litestar hands each guard a copy of the route handler; a guard that cached by that copy kept one per
+    # request for good. Twenty requests, each with other parameters, must leave as many handlers alive as one.
+    def live_handlers() -> int:
+        gc.collect()
+        return sum(isinstance(o, HTTPRouteHandler) for o in gc.get_objects())
+
+    assert client.get("/v1/occupancy?limit=1").status_code == 200
+    before = live_handlers()
+    for n in range(1, 21):
+        assert client.get(f"/v1/occupancy?limit={n}").status_code == 200
+        assert client.get(f"/v1/events?limit={n}").status_code == 200
+    assert live_handlers() == before
