@@ -718,7 +718,7 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
     key: _OccupancyKey = (db.url, cluster, node, driver, pool, device_class,
                           tuple(sorted(teams)) if teams is not None else None,
                           tuple(sorted(overrides.items())), after, limit)
-    with db.reading() as conn:
+    with db.reading(autocommit=True) as conn:  # one statement: no transaction needed
         checkpoints = settled.read_checkpoints(conn)
     hit = _OCCUPANCY_CACHE.get(key)
     if hit is not None and hit.checkpoints == checkpoints and (hit.settled_at is None or at >= hit.settled_at):

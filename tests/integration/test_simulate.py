@@ -253,6 +253,18 @@ def test_settled_occupancy_answers_as_the_query_and_follows_the_checkpoints(ledg
     assert settled_page(later) == ledger.occupancy(later)
 
 
+def test_an_autocommit_read_runs_each_statement_on_its_own_and_hands_back_a_transactional_connection(
+        ledger: LedgerHandle) -> None:
+    # The settled occupancy's checkpoint read runs without BEGIN/ROLLBACK; the pool must not keep that mode.
+    xid = text("SELECT pg_current_xact_id()::text")
+    with ledger.db.reading(autocommit=True) as conn:
+        first, second = conn.execute(xid).scalar(), conn.execute(xid).scalar()
+        assert first != second  # a transaction per statement
+    with ledger.db.reading() as conn:
+        first, second = conn.execute(xid).scalar(), conn.execute(xid).scalar()
+        assert first == second  # one transaction for the connection's statements, as before
+
+
 def test_an_ingest_batch_looks_up_and_inserts_its_keys_in_time_order(ledger: LedgerHandle, tmp_path: Path) -> None:
     # An ingest batch's duplicate check and its inserts must follow the receive time, so that a batch reads the
     # last pages of the observation and event-id indexes, not one page per line anywhere in them (hashes).
