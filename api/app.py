@@ -8,10 +8,12 @@ pages too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
+import msgspec
 from litestar import Litestar, Router
 from litestar.connection import ASGIConnection
 from litestar.di import Provide
@@ -39,9 +41,52 @@ from api.deps import AppState, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
 from api.methods import JsonRenderPluginWithHead
 from api.parameters import known_query_parameters, no_nul_characters
-from ledger.config import LedgerConfig
+from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
+
+WORKER_SPEC_ENV: Final = "DRA_LEDGER_API_WORKER"
+"""Environment variable through which ``dra-ledger serve --workers N`` hands each worker process what it checked:
+a :class:`WorkerSpec` as JSON. Set by ``serve`` only; holds the database URL with its password, as
+``LEDGER_DATABASE_URL`` may (readable by the same user only, like any process's environment)."""
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What a worker process of ``dra-ledger serve --workers N`` builds its app from (:data:`WORKER_SPEC_ENV`)."""
+
+    database_url: str
+    """The ledger database, schema at head (``LedgerDatabase.url``: with its password)."""
+    cluster: str | None
+    """Answer for this cluster only; ``None``: every cluster."""
+    config: str | None
+    """Path of the configuration file (TOML or YAML); ``None``: the built-in defaults."""
+
+    def to_json(self) -> str:
+        """The spec as the JSON text :func:`create_app_for_worker` reads."""
+        return msgspec.json.encode(self).decode()
+
+
+def create_app_for_worker() -> Litestar:
+    """The app factory uvicorn calls in each worker process of ``dra-ledger serve --workers N``.
+
+    Source: :data:`WORKER_SPEC_ENV` (a :class:`WorkerSpec`), which ``serve`` sets after checking the database
+    (schema at head), the configuration and the tokens in its own process.
+
+    Raises:
+        Invalid: :data:`WORKER_SPEC_ENV` is unset (not started by ``serve``) or not a :class:`WorkerSpec`; or
+            what :func:`ledger.config.load_config` and :func:`create_app` raise, should the configuration file
+            have changed since ``serve`` read it.
+    """
+    raw = os.environ.get(WORKER_SPEC_ENV)
+    if raw is None:
+        raise Invalid(f"{WORKER_SPEC_ENV} is not set: this factory serves the workers `dra-ledger serve --workers N` "
+                      "starts; run that command")
+    try:
+        spec = msgspec.json.decode(raw, type=WorkerSpec)
+    except msgspec.DecodeError as e:  # ValidationError is a DecodeError
+        raise Invalid(f"{WORKER_SPEC_ENV}: not a worker spec: {e}") from e
+    return create_app(db=LedgerDatabase.from_url(spec.database_url), config=load_config(spec.config),
+                      cluster=spec.cluster)
 
 
 def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:

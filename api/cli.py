@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,9 @@ from ledger.settings import Settings
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = cli.DEMO_PORT
 """The API's default port (8472): unassigned by IANA, so it rarely collides with other local services."""
+MAX_WORKERS = 64
+"""Most worker processes ``serve`` starts: each holds a connection pool (up to 15 connections, SQLAlchemy's
+default), so 64 workers may open ~1,000, past PostgreSQL's default ``max_connections`` of 100 well before."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -28,8 +32,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None) -> None:
+def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None,
+              workers: int = 1) -> None:
     """Serve the REST API with uvicorn until interrupted.
+
+    ``workers``: processes answering on ``host:port`` (uvicorn's workers, each with its own connection pool and
+    settled-occupancy memory). One process runs the API's Python on one core at a time (the interpreter lock);
+    each worker adds a core's worth. With more than one, everything below is checked in this process first
+    (so a bad setting is one error, not one per worker); the workers then build the same app from
+    :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies.
 
     Raises:
         LedgerError: the configuration is invalid, ``cluster`` is empty (``--cluster ""``), or no token is
@@ -37,7 +48,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     """
     import uvicorn
 
-    from api.app import create_app
+    from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app
 
     if cluster == "":
         raise LedgerError("--cluster is empty; leave it out to serve every cluster")
@@ -51,8 +62,19 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     db = services.open_ledger(settings)
     services.catch_up(db)
     app = create_app(db=db, config=config, cluster=cluster)
-    typer.echo(f"dra-ledger API on http://{host}:{port}/v1 (OpenAPI at http://{host}:{port}/schema)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    served = "" if workers == 1 else f", {workers} worker processes"
+    typer.echo(f"dra-ledger API on http://{host}:{port}/v1 (OpenAPI at http://{host}:{port}/schema){served}",
+               err=True)
+    if workers == 1:
+        uvicorn.run(app, host=host, port=port, log_level="info")
+        return
+    # uvicorn starts workers from an import string (a fresh interpreter each): hand them what this process
+    # checked, through the environment they inherit.
+    os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster,
+                                             config=str(settings.config) if settings.config else None).to_json()
+    db.dispose()
+    uvicorn.run("api.app:create_app_for_worker", factory=True, workers=workers, host=host, port=port,
+                log_level="info")
 
 
 def register(app: typer.Typer) -> None:
@@ -69,6 +91,10 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--config", envvar="LEDGER_CONFIG", help="Configuration file (TOML or YAML).")
         ] = None,
         cluster: Annotated[str | None, typer.Option(help="Answer for this cluster only.")] = None,
+        workers: Annotated[int, typer.Option(
+            min=1, max=MAX_WORKERS, envvar="LEDGER_API_WORKERS",
+            help="Processes answering requests on the port; each uses up to one core (set it to the cores the "
+                 "API may use).")] = 1,
         url: cli.UrlOpt = None,
         data_dir: cli.DataDirOpt = None,
     ) -> None:
@@ -77,7 +103,8 @@ def register(app: typer.Typer) -> None:
         if config is not None:
             settings = settings.model_copy(update={"config": config})
         try:
-            serve_api(settings, host=host, port=port, allow_open=allow_unauthenticated, cluster=cluster)
+            serve_api(settings, host=host, port=port, allow_open=allow_unauthenticated, cluster=cluster,
+                      workers=workers)
         except LedgerError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from e

@@ -28,7 +28,8 @@ Phases (each figure is printed next to its DESIGN §10 target):
    (p50/p99 of what ``GET /v1/occupancy`` serves without a page token: the first page at the default
    limit plus the totals over every device, computed in SQL) and device-hours per team over a 30-day
    window.
-5. ``api``: ``dra-ledger serve`` on loopback against the fleet ledger, loaded by a separate process
+5. ``api``: ``dra-ledger serve --workers N`` on loopback against the fleet ledger (``--api-workers``, default
+   one a core, as the README advises for a machine that serves the API), loaded by a separate process
    (``bench.load``) asking ``GET /v1/occupancy`` (first page, default limit) for a fixed time.
 
 Nothing here runs in the test suite; tests never assert wall-clock time.
@@ -566,12 +567,14 @@ def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int
                       f"median of 5, {devices:,} devices; {hours} hours rolled up first in {roll_s:.1f} s"))
 
 
-def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: float, concurrency: int) -> None:
-    """Phase 5: ``GET /v1/occupancy`` requests/s from a separate load process against ``dra-ledger serve``."""
+def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: float, concurrency: int,
+              workers: int) -> None:
+    """Phase 5: ``GET /v1/occupancy`` requests/s from a separate load process against ``dra-ledger serve`` with
+    ``workers`` worker processes."""
     port = free_port()
     log = (workdir / "api.log").open("ab")
-    server = subprocess.Popen(cli("serve", "--port", str(port), "--database-url", db.url, "--cluster", CLUSTER),
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(cli("serve", "--port", str(port), "--database-url", db.url, "--cluster", CLUSTER,
+                                  "--workers", str(workers)), stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_port(port, 120)
         load = subprocess.run(
@@ -581,7 +584,8 @@ def phase_api(report: Report, db: LedgerDatabase, workdir: Path, *, duration_s: 
         result = json.loads(load.stdout)
         rps = float(result["ok"]) / float(result["seconds"])
         report.add(Figure("API occupancy now, one page", rps, "requests/s", "≥ 500/s", rps >= 500,
-                          f"{concurrency} connections for {duration_s:.0f} s from a separate process; "
+                          f"{concurrency} connections for {duration_s:.0f} s from a separate process, "
+                          f"{workers} API worker process{'es' if workers > 1 else ''}; "
                           f"p50 {result['p50_ms']:.0f} ms, errors {result['errors']}"))
     finally:
         stop(server)
@@ -619,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=50, help="Random instants for occupancy.")
     parser.add_argument("--api-seconds", type=float, default=10.0)
     parser.add_argument("--api-concurrency", type=int, default=8)
+    parser.add_argument("--api-workers", type=int, default=os.cpu_count() or 1,
+                        help="dra-ledger serve --workers for the api phase (default: one a core).")
     parser.add_argument("--skip", default="", help="Comma-separated phases to skip: ingest,worker,queries,api.")
     parser.add_argument("--keep", action="store_true", help="Keep the benchmark databases.")
     parser.add_argument("--query-url", default=None,
@@ -663,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
             if query_db is not None and "queries" not in skip:
                 phase_queries(report, query_db, samples=args.samples, seed=args.seed)
             if query_db is not None and "api" not in skip:
-                phase_api(report, query_db, workdir, duration_s=args.api_seconds, concurrency=args.api_concurrency)
+                phase_api(report, query_db, workdir, duration_s=args.api_seconds, concurrency=args.api_concurrency,
+                          workers=args.api_workers)
     print()
     print(report.table())
     body = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},

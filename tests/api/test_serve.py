@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 import typer
+from litestar.testing import TestClient
 
+from api.app import create_app
 from api.cli import register, serve_api
 from ledger import cli
+from ledger.config import DEFAULT
 from ledger.errors import LedgerError
 from ledger.settings import Settings
+from ledger.testing.handle import LedgerHandle
 from tests.factories import taken_port
 
 
@@ -58,3 +70,51 @@ def test_an_empty_cluster_is_refused_before_the_database_is_touched() -> None:
     with pytest.raises(LedgerError, match=r"^--cluster is empty; leave it out to serve every cluster$"):
         serve_api(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), host="127.0.0.1", port=8472,
                   allow_open=False, cluster="")
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Pid and command line of each live process whose parent is ``pid`` (from ``/proc``)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            if entry.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not a process
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="counts worker processes through /proc")
+def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(seeded: LedgerHandle) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "LEDGER_DATABASE_URL": seeded.db.url}
+    command = [sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port", str(port),
+               "--workers", "2", "--cluster", seeded.cluster]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    urls = ["/v1/occupancy?at=2026-11-02T09:30:00Z", "/v1/usage?from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z",
+            "/v1/occupancy?limit=0"]
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        workers = [pid for pid, command in _children(server.pid).items() if "spawn_main" in command]
+        served = [httpx.get(base + url, timeout=30) for url in urls for _ in range(4)]
+    finally:
+        server.send_signal(signal.SIGINT)
+        output, _ = server.communicate(timeout=60)
+    assert len(workers) == 2, (workers, output)
+    assert "2 worker processes" in output
+    with TestClient(create_app(db=seeded.db, config=DEFAULT, cluster=seeded.cluster)) as client:
+        expected = [client.get(url) for url in urls for _ in range(4)]
+    assert [r.status_code for r in served] == [r.status_code for r in expected] == [200] * 8 + [422] * 4
+    assert served[0].json()["at"] == "2026-11-02T09:30:00Z" and served[0].json()["totals"]["devices"] > 0
+    assert [r.json() for r in served] == [r.json() for r in expected]
+    assert server.returncode == 0
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # Ctrl-C stopped the workers too
