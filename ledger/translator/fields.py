@@ -29,11 +29,15 @@ def _walk(obj: Mapping[str, JSONValue], path: str) -> object:
             _PARTS[path] = parts
     cur: object = obj
     for part in parts:
-        # ``type(...) is dict`` first: decoded JSON is always a dict, and an ABC isinstance costs more.
-        if type(cur) is not dict and not isinstance(cur, Mapping):
+        # ``type(...) is dict`` first: decoded JSON is always a dict, and an ABC isinstance costs more. A missing
+        # key and a JSON null both read as ``None`` here (absent).
+        if type(cur) is dict:
+            cur = cur.get(part)
+        elif isinstance(cur, Mapping):
+            cur = cur.get(part)
+        else:
             raise InvalidObject(path, f"expected a mapping at {part!r}, got {type(cur).__name__}")
-        cur = cur.get(part, _MISSING)
-        if cur is _MISSING or cur is None:
+        if cur is None:
             return _MISSING
     return cur
 
