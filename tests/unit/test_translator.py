@@ -179,6 +179,19 @@ def test_bad_objects_raise_located_errors_and_leave_state_untouched() -> None:
         feed("ADDED", {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}, 0)
 
 
+@pytest.mark.parametrize("value", ["x", 3, ["a"], True])
+def test_a_field_inside_something_that_is_not_a_mapping_is_a_located_error(value: JSONValue) -> None:
+    # status must be an object: a string, number, list or bool there is corrupt input, named by the path read.
+    feed, cid = Feed(), uid("claim")
+    bad = claim(name="c", claim_uid=cid, results=["gpu-0"])
+    bad["status"] = value
+    with pytest.raises(InvalidObject) as raised:
+        feed("ADDED", bad, 0)
+    assert (raised.value.path, raised.value.reason) == (
+        "status.allocation", f"expected a mapping at 'allocation', got {type(value).__name__}")
+    assert feed.state.entries == {}
+
+
 @pytest.mark.parametrize("count", [0, -3, -99999999999999999999999, 2**63, "2", 2.5, True])
 @pytest.mark.parametrize("where", ["exactly", "firstAvailable"])
 def test_a_request_count_the_api_server_would_refuse_rejects_the_claim(count: JSONValue, where: str) -> None:
