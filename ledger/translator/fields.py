@@ -31,9 +31,7 @@ def _walk(obj: Mapping[str, JSONValue], path: str) -> object:
     for part in parts:
         # ``type(...) is dict`` first: decoded JSON is always a dict, and an ABC isinstance costs more. A missing
         # key and a JSON null both read as ``None`` here (absent).
-        if type(cur) is dict:
-            cur = cur.get(part)
-        elif isinstance(cur, Mapping):
+        if type(cur) is dict or isinstance(cur, Mapping):
             cur = cur.get(part)
         else:
             raise InvalidObject(path, f"expected a mapping at {part!r}, got {type(cur).__name__}")
