@@ -27,6 +27,7 @@ from litestar.openapi.plugins import (
     YamlRenderPlugin,
 )
 from litestar.openapi.spec import Components, SecurityScheme
+from pydantic import ValidationError
 
 import ledger
 from api.auth import TokenTable, provide_access, require_token
@@ -41,7 +42,7 @@ from api.deps import AppState, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
 from api.methods import JsonRenderPluginWithHead
 from api.parameters import known_query_parameters, no_nul_characters
-from ledger.config import LedgerConfig, load_config
+from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
 
@@ -58,8 +59,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The ledger database, schema at head (``LedgerDatabase.url``: with its password)."""
     cluster: str | None
     """Answer for this cluster only; ``None``: every cluster."""
-    config: str | None
-    """Path of the configuration file (TOML or YAML); ``None``: the built-in defaults."""
+    config: str
+    """The configuration ``serve`` read and checked, as JSON (``LedgerConfig.model_dump_json(by_alias=True)``):
+    every worker, one started after the file changed too, answers with the same tokens, teams and prices."""
 
     def to_json(self) -> str:
         """The spec as the JSON text :func:`create_app_for_worker` reads."""
@@ -73,9 +75,8 @@ def create_app_for_worker() -> Litestar:
     (schema at head), the configuration and the tokens in its own process.
 
     Raises:
-        Invalid: :data:`WORKER_SPEC_ENV` is unset (not started by ``serve``) or not a :class:`WorkerSpec`; or
-            what :func:`ledger.config.load_config` and :func:`create_app` raise, should the configuration file
-            have changed since ``serve`` read it.
+        Invalid: :data:`WORKER_SPEC_ENV` is unset (not started by ``serve``) or not a :class:`WorkerSpec`, or
+            what :func:`create_app` raises (a ``tokenEnv`` variable unset in this process).
     """
     raw = os.environ.get(WORKER_SPEC_ENV)
     if raw is None:
@@ -85,8 +86,11 @@ def create_app_for_worker() -> Litestar:
         spec = msgspec.json.decode(raw, type=WorkerSpec)
     except msgspec.DecodeError as e:  # ValidationError is a DecodeError
         raise Invalid(f"{WORKER_SPEC_ENV}: not a worker spec: {e}") from e
-    return create_app(db=LedgerDatabase.from_url(spec.database_url), config=load_config(spec.config),
-                      cluster=spec.cluster)
+    try:
+        config = LedgerConfig.model_validate_json(spec.config)
+    except ValidationError as e:
+        raise Invalid(f"{WORKER_SPEC_ENV}: not a configuration: {e}") from e
+    return create_app(db=LedgerDatabase.from_url(spec.database_url), config=config, cluster=spec.cluster)
 
 
 def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:

@@ -18,6 +18,10 @@ from ledger.settings import Settings
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = cli.DEMO_PORT
 """The API's default port (8472): unassigned by IANA, so it rarely collides with other local services."""
+HTTP_PROTOCOL = "h11"
+"""uvicorn's HTTP implementation, named rather than left to uvicorn's pick (httptools when installed): h11 refuses a
+request head still incomplete past 16 KiB (``h11_max_incomplete_event_size``), httptools takes heads of any size (a
+300 MB header took minutes of CPU and ~750 MB of memory), before any token is checked."""
 MAX_WORKERS = 64
 """Most worker processes ``serve`` starts: each holds a connection pool (up to 15 connections, SQLAlchemy's
 default), so 64 workers may open ~1,000, past PostgreSQL's default ``max_connections`` of 100 well before."""
@@ -63,18 +67,20 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     services.catch_up(db)
     app = create_app(db=db, config=config, cluster=cluster)
     served = "" if workers == 1 else f", {workers} worker processes"
-    typer.echo(f"dra-ledger API on http://{host}:{port}/v1 (OpenAPI at http://{host}:{port}/schema){served}",
+    where = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL (RFC 3986)
+    typer.echo(f"dra-ledger API on http://{where}:{port}/v1 (OpenAPI at http://{where}:{port}/schema){served}",
                err=True)
     if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        uvicorn.run(app, host=host, port=port, log_level="info", http=HTTP_PROTOCOL)
         return
     # uvicorn starts workers from an import string (a fresh interpreter each): hand them what this process
-    # checked, through the environment they inherit.
+    # checked, the configuration as read here (not its path: a worker started later, after the file changed,
+    # would hold other tokens than its siblings), through the environment they inherit.
     os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster,
-                                             config=str(settings.config) if settings.config else None).to_json()
+                                             config=config.model_dump_json(by_alias=True)).to_json()
     db.dispose()
     uvicorn.run("api.app:create_app_for_worker", factory=True, workers=workers, host=host, port=port,
-                log_level="info")
+                log_level="info", http=HTTP_PROTOCOL)
 
 
 def register(app: typer.Typer) -> None:
@@ -102,12 +108,9 @@ def register(app: typer.Typer) -> None:
         settings = cli.settings_from(url, data_dir)
         if config is not None:
             settings = settings.model_copy(update={"config": config})
-        try:
+        with cli.reported_errors():  # one line and exit code 2 (a database it cannot use, too), no traceback
             serve_api(settings, host=host, port=port, allow_open=allow_unauthenticated, cluster=cluster,
                       workers=workers)
-        except LedgerError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from e
 
     def serve_demo(settings: Settings, port: int) -> None:
         typer.echo(

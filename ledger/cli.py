@@ -185,7 +185,16 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
+def reported_errors() -> Iterator[None]:
+    """Turn the errors a command may meet into one line on stderr and exit code 2, never a traceback.
+
+    ``LedgerError``: its message; ``OperationalError`` (unreachable server, bad credentials, missing database):
+    ``cannot use the database: <first line>``; ``ProgrammingError`` (refused SQL): ``the database refused: ...``,
+    with a hint when rights are missing.
+
+    Raises:
+        typer.Exit: code 2, after the line is written.
+    """
     try:
         yield
     except LedgerError as e:
@@ -229,7 +238,7 @@ def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]
 def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Migrate the ledger schema to the newest revision (the only step that needs DDL rights)."""
     settings = settings_from(url, data_dir)
-    with _errors():
+    with reported_errors():
         if settings.database_url:
             db = LedgerDatabase.from_url(settings.database_url)
             db.upgrade()
@@ -248,7 +257,7 @@ def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     settings = settings_from(url, data_dir)
     if not settings.database_url:
         require_embedded_ledger(settings.data_dir)
-    with _errors():
+    with reported_errors():
         db = LedgerDatabase.from_url(settings.database_url) if settings.database_url else services.open_ledger(settings)
         current, head = schema.current_revision(db.engine), schema.head_revision()
         out.print(f"database: {current or 'empty'}; code: {head}")
@@ -270,7 +279,7 @@ def _refuse_with_url(url: str | None) -> None:
 def db_start(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     """Start (or reuse) the embedded PostgreSQL, migrate its ledger database, and print that database's URL."""
     _refuse_with_url(url)
-    with _errors():
+    with reported_errors():
         typer.echo(services.open_ledger(settings_from(None, data_dir)).url)
 
 
@@ -281,7 +290,7 @@ def db_stop(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
 
     _refuse_with_url(url)
     require_embedded_ledger(data_dir)  # "not running" for a mistyped --data-dir hid the mistake
-    with _errors():
+    with reported_errors():
         server = EmbeddedPostgres(data_dir or default_data_dir())
         if server.is_running():
             server.stop()
@@ -345,7 +354,7 @@ def replay(
     """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
     settings = settings_from(url, data_dir)
     when = _time(at, "--at") if at else None
-    with _errors():
+    with reported_errors():
         db = services.open_ledger(settings)
         try:
             with _progress(_count_lines(files), "replay") as progress:
@@ -373,7 +382,7 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     settings = settings_from(url, data_dir)
     if not settings.database_url:
         require_embedded_ledger(settings.data_dir)
-    with _errors():
+    with reported_errors():
         db = services.open_ledger(settings)
         err.print("rebuilding the read models from the events ...")
         applied = services.rebuild(db, occupancy_counts=False)
@@ -643,7 +652,7 @@ def _whole_page(body: JSONObject) -> JSONObject:
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
     if not settings.database_url:
         require_embedded_ledger(settings.data_dir)
-    with _errors():
+    with reported_errors():
         db = services.open_ledger(settings)
         services.catch_up(db)
         return run(db)
@@ -760,7 +769,7 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFI
 
 
 def _config(path: Path | None) -> LedgerConfig:
-    with _errors():
+    with reported_errors():
         return load_config(path)
 
 
@@ -1025,9 +1034,9 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
     if serve and DEMO_FOLLOWUPS:
         from ledger.embedded import require_port
 
-        with _errors():
+        with reported_errors():
             require_port("127.0.0.1", port, doing="serve the API")  # said before the replay, not after it
-    with _errors():
+    with reported_errors():
         if not settings.database_url:
             from ledger.embedded import EmbeddedPostgres, default_data_dir
 
@@ -1070,7 +1079,7 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
               f"  {me} usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team{same}",
               soft_wrap=True)  # commands to copy: never broken across lines
     if serve:
-        with _errors():
+        with reported_errors():
             for followup in DEMO_FOLLOWUPS:
                 followup(settings, port)
 

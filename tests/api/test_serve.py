@@ -16,11 +16,11 @@ import pytest
 import typer
 from litestar.testing import TestClient
 
-from api.app import create_app
+from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_worker
 from api.cli import register, serve_api
 from ledger import cli
-from ledger.config import DEFAULT
-from ledger.errors import LedgerError
+from ledger.config import DEFAULT, LedgerConfig, load_config
+from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
 from ledger.testing.handle import LedgerHandle
 from tests.factories import taken_port
@@ -106,10 +106,18 @@ def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(se
                 time.sleep(0.1)
         workers = [pid for pid, command in _children(server.pid).items() if "spawn_main" in command]
         served = [httpx.get(base + url, timeout=30) for url in urls for _ in range(4)]
+        # h11's limit on a request head still incomplete past 16 KiB, before any token or route: a 1 MiB header
+        # (many reads) is refused; the server closes the connection, so the client may see the 400 or a reset.
+        try:
+            big_head: int | str = httpx.get(f"{base}/healthz", headers={"X-Padding": "x" * 2**20}, timeout=30
+                                            ).status_code
+        except httpx.TransportError as e:
+            big_head = type(e).__name__
     finally:
         server.send_signal(signal.SIGINT)
         output, _ = server.communicate(timeout=60)
     assert len(workers) == 2, (workers, output)
+    assert big_head in (400, "ReadError", "WriteError", "RemoteProtocolError"), big_head
     assert "2 worker processes" in output
     with TestClient(create_app(db=seeded.db, config=DEFAULT, cluster=seeded.cluster)) as client:
         expected = [client.get(url) for url in urls for _ in range(4)]
@@ -118,3 +126,55 @@ def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(se
     assert [r.json() for r in served] == [r.json() for r in expected]
     assert server.returncode == 0
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # Ctrl-C stopped the workers too
+
+
+def test_serve_names_a_database_it_cannot_use_in_one_line_and_exits_2() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run([sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port", str(port),
+                             "--database-url", "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+TOKEN = "worker-token-0123456789"
+
+
+def test_a_worker_answers_with_the_configuration_serve_read_even_after_the_file_changed(
+        seeded: LedgerHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(f'[[api.tokens]]\nname = "ops"\ntoken = "{TOKEN}"\n\n'
+                    '[teams.overrides]\n"ml-serve" = "research"\n')
+    config = load_config(path)
+    monkeypatch.setenv(WORKER_SPEC_ENV, WorkerSpec(database_url=seeded.db.url, cluster=None,
+                                                   config=config.model_dump_json(by_alias=True)).to_json())
+    path.write_text('[[api.tokens]]\nname = "ops"\ntoken = "another-token-0123456789"\nbogus = 1\n')  # edited later
+    with TestClient(create_app_for_worker()) as client:
+        assert client.get("/v1/occupancy").status_code == 401
+        assert client.get("/v1/occupancy", headers={"Authorization": "Bearer another-token-0123456789"}
+                          ).status_code == 401
+        answer = client.get("/v1/usage?from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z&groupBy=team",
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200, answer.text
+    assert {row["team"] for row in answer.json()["rows"]} >= {"research"}  # the override serve read
+
+
+def test_the_whole_configuration_survives_the_hand_over_to_the_workers() -> None:
+    config = load_config(Path(__file__).resolve().parents[2] / "deploy" / "ledger.toml")
+    assert config.quotas and config.prices and config.device_class_mappings  # a configuration using every part
+    assert LedgerConfig.model_validate_json(config.model_dump_json(by_alias=True)) == config
+
+
+@pytest.mark.parametrize("spec", [None, "not json", '{"databaseUrl": "postgresql://x@h/d", "cluster": null}',
+                                  '{"databaseUrl": "postgresql://x@h/d", "cluster": null, "config": "{\\"x\\": 1}"}'])
+def test_a_worker_without_a_spec_serve_wrote_is_refused_by_name(spec: str | None,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    if spec is None:
+        monkeypatch.delenv(WORKER_SPEC_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WORKER_SPEC_ENV, spec)
+    with pytest.raises(Invalid, match=f"^{WORKER_SPEC_ENV}"):
+        create_app_for_worker()
