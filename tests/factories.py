@@ -8,13 +8,20 @@ from __future__ import annotations
 import importlib.metadata
 import itertools
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
+import httpx
 import typer
 
 from ledger import cli
@@ -171,6 +178,44 @@ def history(path: Path, events: list[tuple[str, JSONObject, float]]) -> Path:
     lines = [json.dumps({"observedAt": stamp(m), "type": t, "object": o}) for t, o, m in events]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@dataclass
+class ServedApi:
+    """A ``dra-ledger serve`` process started by :func:`served_api`."""
+
+    base: str
+    """Its base URL, e.g. ``http://127.0.0.1:41234``."""
+    process: subprocess.Popen[str]
+    output: str = ""
+    """Its stdout and stderr, read once it stopped (after the ``with`` block)."""
+
+
+@contextmanager
+def served_api(*args: str, database_url: str) -> Iterator[ServedApi]:
+    """``dra-ledger serve`` with ``args`` on a free loopback port, in a process of its own, over ``database_url``.
+
+    Yields once ``/healthz`` answers 200 (or after ~30 s, when the test's own requests will say why); on leaving the
+    block the process gets SIGINT (Ctrl-C) and its output is read into :attr:`ServedApi.output`.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "LEDGER_DATABASE_URL": database_url}
+    process = subprocess.Popen([sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port",
+                                str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    served = ServedApi(base=f"http://127.0.0.1:{port}", process=process)
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{served.base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield served
+    finally:
+        process.send_signal(signal.SIGINT)
+        served.output, _ = process.communicate(timeout=60)
 
 
 @contextmanager

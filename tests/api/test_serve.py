@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +20,7 @@ from ledger.config import DEFAULT, LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
 from ledger.testing.handle import LedgerHandle
-from tests.factories import taken_port
+from tests.factories import served_api, taken_port
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
@@ -87,35 +84,19 @@ def _children(pid: int) -> dict[int, str]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="counts worker processes through /proc")
 def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(seeded: LedgerHandle) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "LEDGER_DATABASE_URL": seeded.db.url}
-    command = [sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port", str(port),
-               "--workers", "2", "--cluster", seeded.cluster]
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     urls = ["/v1/occupancy?at=2026-11-02T09:30:00Z", "/v1/usage?from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z",
             "/v1/occupancy?limit=0"]
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        workers = [pid for pid, command in _children(server.pid).items() if "spawn_main" in command]
-        served = [httpx.get(base + url, timeout=30) for url in urls for _ in range(4)]
+    with served_api("--workers", "2", "--cluster", seeded.cluster, database_url=seeded.db.url) as server:
+        workers = [pid for pid, command in _children(server.process.pid).items() if "spawn_main" in command]
+        served = [httpx.get(server.base + url, timeout=30) for url in urls for _ in range(4)]
         # h11's limit on a request head still incomplete past 16 KiB, before any token or route: a 1 MiB header
         # (many reads) is refused; the server closes the connection, so the client may see the 400 or a reset.
         try:
-            big_head: int | str = httpx.get(f"{base}/healthz", headers={"X-Padding": "x" * 2**20}, timeout=30
+            big_head: int | str = httpx.get(f"{server.base}/healthz", headers={"X-Padding": "x" * 2**20}, timeout=30
                                             ).status_code
         except httpx.TransportError as e:
             big_head = type(e).__name__
-    finally:
-        server.send_signal(signal.SIGINT)
-        output, _ = server.communicate(timeout=60)
+    output = server.output
     assert len(workers) == 2, (workers, output)
     assert big_head in (400, "ReadError", "WriteError", "RemoteProtocolError"), big_head
     assert "2 worker processes" in output
@@ -124,7 +105,7 @@ def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(se
     assert [r.status_code for r in served] == [r.status_code for r in expected] == [200] * 8 + [422] * 4
     assert served[0].json()["at"] == "2026-11-02T09:30:00Z" and served[0].json()["totals"]["devices"] > 0
     assert [r.json() for r in served] == [r.json() for r in expected]
-    assert server.returncode == 0
+    assert server.process.returncode == 0
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # Ctrl-C stopped the workers too
 
 

@@ -15,12 +15,6 @@ from __future__ import annotations
 import hmac
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -311,27 +305,11 @@ def test_a_served_api_never_writes_a_token_to_its_output(world: LedgerHandle, tm
     config = tmp_path / "ledger.toml"
     config.write_text(f'[[api.tokens]]\nname = "admin"\ntoken = "{ADMIN}"\n\n'
                       f'[[api.tokens]]\nname = "red"\ntoken = "{RED}"\nteams = ["red"]\n')
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "LEDGER_DATABASE_URL": world.db.url}
-    server = subprocess.Popen([sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port",
-                               str(port), "--config", str(config)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with f.served_api("--config", str(config), database_url=world.db.url) as server:
         for token in (ADMIN, RED, RED + "x"):
             for url in ("/v1/occupancy", "/v1/events", "/v1/claims/azure-ns/azure-claim/history", "/v1/usage?to=x"):
-                httpx.get(base + url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-    finally:
-        server.send_signal(signal.SIGINT)
-        output, _ = server.communicate(timeout=30)
+                httpx.get(server.base + url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    output = server.output
     assert "GET /v1/occupancy" in output  # the access log is there ...
     for secret in (ADMIN, RED, ADMIN[:12], RED[:12]):
         assert secret not in output  # ... and no token in it
