@@ -117,7 +117,7 @@ class Quota(_Model):
 
     team: str
     resource_name: str = Field(alias="resourceName")
-    nominal_quota: float = Field(alias="nominalQuota", ge=0)
+    nominal_quota: float = Field(alias="nominalQuota", ge=0, allow_inf_nan=False)
     """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources."""
 
     @field_validator("nominal_quota", mode="before")
@@ -136,7 +136,7 @@ class Price(_Model):
 
     device_class: str | None = Field(default=None, alias="deviceClass")
     model: str | None = None
-    per_device_hour: float = Field(alias="perDeviceHour", ge=0)
+    per_device_hour: float = Field(alias="perDeviceHour", ge=0, allow_inf_nan=False)
     currency: str = "USD"
 
     @model_validator(mode="after")
@@ -193,7 +193,8 @@ class ApiConfig(_Model):
 
     tokens: list[ApiToken] = Field(default_factory=list)
     metrics_public: bool = Field(default=True, alias="metricsPublic")
-    """Serve ``/metrics`` without a token."""
+    """Serve ``/metrics`` without a token (default); ``false``: any configured token is needed (when tokens are
+    configured at all)."""
 
 
 class LedgerConfig(_Model):

@@ -49,6 +49,25 @@ def test_an_idle_threshold_past_100_years_or_infinite_is_a_named_config_error(tm
     assert problem in str(caught.value)
 
 
+@pytest.mark.parametrize(("body", "where"), [
+    ('[[quotas]]\nteam = "a"\nresourceName = "gpu"\nnominalQuota = inf\n', r"quotas\.0\.nominalQuota"),
+    ('[[quotas]]\nteam = "a"\nresourceName = "gpu"\nnominalQuota = nan\n', r"quotas\.0\.nominalQuota"),
+    ('[[quotas]]\nteam = "a"\nresourceName = "mem"\nnominalQuota = "1e400"\n', r"quotas\.0\.nominalQuota"),
+    ('[[prices]]\ndeviceClass = "gpu.example.com"\nperDeviceHour = inf\n', r"prices\.0\.perDeviceHour"),
+    ('[[prices]]\nmodel = "A100"\nperDeviceHour = nan\n', r"prices\.0\.perDeviceHour"),
+])
+def test_a_quota_or_price_that_is_not_a_finite_number_is_a_named_config_error(tmp_path: Path, body: str,
+                                                                             where: str) -> None:
+    # An infinite or NaN quota or price has no meaning, and JSON (serve's hand-over to its workers) cannot carry it.
+    path = tmp_path / "ledger.toml"
+    path.write_text(body, encoding="utf-8")
+
+    with pytest.raises(Invalid, match=where) as caught:
+        load_config(path)
+
+    assert "Input should be a finite number" in str(caught.value)
+
+
 def test_an_idle_threshold_of_exactly_100_years_is_taken(tmp_path: Path) -> None:
     path = tmp_path / "ledger.toml"
     path.write_text("[idle]\nunreservedSeconds = 3153600000\n", encoding="utf-8")
