@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Response
+from litestar import Controller, Request, Response
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from api.auth import TokenTable
 from api.deps import AppState
 from api.methods import read
 from api.schemas import Health
@@ -67,10 +68,19 @@ class HealthController(Controller):
         summary="Prometheus metrics",
         media_type=METRICS_MEDIA_TYPE,
     )
-    def metrics(self, ctx: NamedDependency[AppState]) -> Response[Any]:
+    def metrics(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState]) -> Response[Any]:
         """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``,
         ``dra_ledger_events_head_position`` and ``dra_ledger_database_up``.
+
+        Open unless the configuration sets ``[api] metricsPublic = false`` while tokens are configured; then
+        any configured token may read it (the figures are cluster-wide, no team's rows).
+
+        Raises:
+            NotAuthorizedException: (401) ``metricsPublic`` is false and the request has no valid bearer token.
         """
+        if not ctx.config.api.metrics_public:
+            tokens: TokenTable = request.app.state.tokens
+            tokens.check(request.headers.get("authorization"))
         registry = CollectorRegistry()
         up = Gauge("dra_ledger_database_up", "1 when the ledger database answers", registry=registry)
         lag_gauge = Gauge(

@@ -45,6 +45,19 @@ def test_no_token_or_a_bad_token_is_401_problem_details(guarded: TestClient[Lite
 def test_probes_stay_open(guarded: TestClient[Litestar]) -> None:
     assert guarded.get("/healthz").status_code == 200
     assert guarded.get("/readyz").status_code == 200
+    assert guarded.get("/metrics").status_code == 200  # metricsPublic defaults to true
+
+
+def test_metrics_need_a_token_when_metrics_public_is_false(
+        make_client: Callable[[LedgerConfig], TestClient[Litestar]]) -> None:
+    closed = make_client(CONFIG.model_copy(update={"api": CONFIG.api.model_copy(update={"metrics_public": False})}))
+    for token in (None, "not-a-token"):
+        refused = get(closed, "/metrics", token)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    for token in (ADMIN, VISION):  # the figures are cluster-wide: any configured token reads them
+        answered = get(closed, "/metrics", token)
+        assert answered.status_code == 200 and "dra_ledger_database_up 1.0" in answered.text
+    assert closed.get("/healthz").status_code == 200 and closed.get("/readyz").status_code == 200
 
 
 def test_a_full_token_sees_every_team(guarded: TestClient[Litestar]) -> None:
