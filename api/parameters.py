@@ -19,6 +19,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from types import MappingProxyType, UnionType
 from typing import Any, Union, get_args, get_origin
 
@@ -43,16 +44,7 @@ def client_name(field: Any, name: str) -> str:
     return name
 
 
-_QUERY_NAMES: dict[tuple[object, frozenset[str]], frozenset[str]] = {}
-_INTEGER_RANGES: dict[tuple[object, frozenset[str]], MappingProxyType[str, IntegerRange]] = {}
-"""What :func:`query_names` and :func:`integer_ranges` worked out, by handler function and path parameter names.
-
-Keyed by the handler's function, not the handler: Litestar hands every guard a fresh copy of the route handler
-(``copy(handler)``, once a request), so a cache keyed by the handler object missed on every request and kept each
-copy for good (~2.5 KB a request: ~200 MB a day at one request a second). Functions are few and fixed, so these
-hold one entry per endpoint and method."""
-
-
+@cache
 def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = frozenset()) -> frozenset[str]:
     """The query parameter names ``handler`` declares, as clients send them (aliases such as ``groupBy``).
 
@@ -60,17 +52,13 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
     ``path_parameters``, the dependencies the app provides (``ctx``, ``access``) and header or cookie
     parameters. The OpenAPI document lists the same names (tested).
     """
-    key = (handler.fn, path_parameters)
-    if (known := _QUERY_NAMES.get(key)) is not None:
-        return known
     names: set[str] = set()
     provided = set(handler.resolve_dependencies()) | path_parameters
     for name, field in handler.parsed_fn_signature.parameters.items():
         kwarg = field.kwarg_definition
         if name not in provided and isinstance(kwarg, ParameterKwarg) and not kwarg.header and not kwarg.cookie:
             names.add(client_name(field, name))
-    _QUERY_NAMES[key] = frozenset(names)
-    return _QUERY_NAMES[key]
+    return frozenset(names)
 
 
 INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
@@ -125,6 +113,7 @@ def _bound(kwarg: object, inclusive: str, exclusive: str, step: int) -> int | No
     return None
 
 
+@cache
 def integer_ranges(handler: BaseRouteHandler,
                    path_parameters: frozenset[str] = frozenset()) -> MappingProxyType[str, IntegerRange]:
     """The query parameters of ``handler`` that take an integer, as clients spell them (``afterPosition``),
@@ -133,17 +122,13 @@ def integer_ranges(handler: BaseRouteHandler,
     Source: :func:`query_names`, the annotation of each handler argument (``int`` or ``int | None``) and
     its ``QueryParameter(ge=, le=, gt=, lt=)``.
     """
-    key = (handler.fn, path_parameters)
-    if (known := _INTEGER_RANGES.get(key)) is not None:
-        return known
     names = query_names(handler, path_parameters)
     ranges: dict[str, IntegerRange] = {}
     for name, field in handler.parsed_fn_signature.parameters.items():
         if (sent := client_name(field, name)) in names and _is_integer(field.annotation):
             kwarg = field.kwarg_definition
             ranges[sent] = IntegerRange(smallest=_bound(kwarg, "ge", "gt", 1), largest=_bound(kwarg, "le", "lt", -1))
-    _INTEGER_RANGES[key] = MappingProxyType(ranges)
-    return _INTEGER_RANGES[key]
+    return MappingProxyType(ranges)
 
 
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -170,6 +155,10 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     """
     if connection.scope.get("method") == "OPTIONS":
         return
+    # The route's own handler, not ``handler``: Litestar hands each guard a fresh copy of it every request, and
+    # the caches below, keyed by the handler, then missed every time and kept each copy for good (~2.5 KB a
+    # request). The route's handler is one object for the app's lifetime.
+    handler = connection.route_handler
     allowed = query_names(handler, frozenset(connection.path_params))
     given = connection.query_params
     unknown = sorted(set(given) - allowed)
