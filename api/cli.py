@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ledger import cli, services
-from ledger.config import LedgerConfig, load_config
+from ledger.config import load_config
 from ledger.embedded import require_port
 from ledger.errors import LedgerError
 from ledger.settings import Settings
@@ -76,10 +76,9 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     # uvicorn starts workers from an import string (a fresh interpreter each): hand them what this process
     # checked, the configuration as read here (not its path: a worker started later, after the file changed,
     # would hold other tokens than its siblings), through the environment they inherit.
-    handed = config.model_dump_json(by_alias=True)
-    if LedgerConfig.model_validate_json(handed) != config:  # a value JSON cannot carry; the models refuse those
-        raise LedgerError("the configuration cannot be handed to the workers as JSON; serve with --workers 1")
-    os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster, config=handed).to_json()
+    # JSON carries every value a LedgerConfig takes (its numbers are finite; a test round-trips deploy/ledger.toml).
+    os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster,
+                                             config=config.model_dump_json(by_alias=True)).to_json()
     db.dispose()
     uvicorn.run("api.app:create_app_for_worker", factory=True, workers=workers, host=host, port=port,
                 log_level="info", http=HTTP_PROTOCOL)
