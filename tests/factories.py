@@ -180,6 +180,17 @@ def history(path: Path, events: list[tuple[str, JSONObject, float]]) -> Path:
     return path
 
 
+CLI = [sys.executable, "-c", "from ledger.cli import main; main()"]
+"""The command line running ``dra-ledger`` under this interpreter (add the command and its options)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick for port 0)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @dataclass
 class ServedApi:
     """A ``dra-ledger serve`` process started by :func:`served_api`."""
@@ -198,12 +209,10 @@ def served_api(*args: str, database_url: str) -> Iterator[ServedApi]:
     Yields once ``/healthz`` answers 200 (or after ~30 s, when the test's own requests will say why); on leaving the
     block the process gets SIGINT (Ctrl-C) and its output is read into :attr:`ServedApi.output`.
     """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "LEDGER_DATABASE_URL": database_url}
-    process = subprocess.Popen([sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port",
-                                str(port), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([*CLI, "serve", "--port", str(port), *args], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     served = ServedApi(base=f"http://127.0.0.1:{port}", process=process)
     try:
         for _ in range(300):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from ledger.config import DEFAULT, LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
 from ledger.testing.handle import LedgerHandle
-from tests.factories import served_api, taken_port
+from tests.factories import CLI, free_port, served_api, taken_port
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
@@ -110,12 +108,8 @@ def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(se
 
 
 def test_serve_names_a_database_it_cannot_use_in_one_line_and_exits_2() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    result = subprocess.run([sys.executable, "-c", "from ledger.cli import main; main()", "serve", "--port", str(port),
-                             "--database-url", "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([*CLI, "serve", "--port", str(free_port()), "--database-url",
+                             "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,6 @@ from tests.reliability.world import READ_PATHS, client, line
 
 KILLS = 5
 CLAIMS = 200
-CLI = [sys.executable, "-c", "from ledger.cli import main; main()"]
 
 
 def busy_history(path: Path, claims: int = 400) -> Path:
@@ -55,7 +53,7 @@ def busy_history(path: Path, claims: int = 400) -> Path:
 
 def run_replay(url: str, path: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "LEDGER_DATABASE_URL": url, "LEDGER_BATCH_SIZE": "40"}
-    return subprocess.Popen([*CLI, "replay", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([*f.CLI, "replay", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def assert_batches_whole(ledger: LedgerHandle, clean: LedgerHandle) -> None:
@@ -170,7 +168,7 @@ def test_with_postgresql_down_the_cli_prints_one_line_and_exits_2(own_server: tu
     server.stop()
     env = {**os.environ, "LEDGER_DATABASE_URL": url}
     for args in (["replay", str(path)], ["occupancy"], ["claims"], ["rebuild"]):
-        result = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run([*f.CLI, *args], env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, (args, result.stderr)

@@ -10,9 +10,7 @@ import contextlib
 import io
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.store import postgres as pg
 from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
+from tests.factories import CLI
 from tests.paths import HISTORIES
 from workers.fake_apiserver import FakeApiServer, Released
 from workers.health import WorkerMetrics
@@ -257,13 +256,6 @@ def kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 FAST_ENV = {
     "LEDGER_WATCH_SERVER_TIMEOUT_S": "30", "LEDGER_WATCH_REQUEST_TIMEOUT_S": "10",
     "LEDGER_WATCH_ERROR_BACKOFFS_S": "[0.02, 0.05, 0.1]", "LEDGER_WATCH_LEASE_DURATION_S": "2",
@@ -278,7 +270,7 @@ def spawn_worker(*, server_url: str, database_url: str, directory: Path, identit
 
     ``jobs``: also run the report jobs while leader (they use the wall clock, so off by default)."""
     config = kubeconfig(directory / f"{identity}.kubeconfig", server_url)
-    argv = [sys.executable, "-c", "from ledger.cli import main; main()", "watch", "--kubeconfig", str(config),
+    argv = [*CLI, "watch", "--kubeconfig", str(config),
             "--database-url", database_url, "--cluster", CLUSTER, "--identity", identity,
             "--health-port", str(health_port), "--clock-url", server_url,
             "--leader-election" if elect else "--no-leader-election", "--jobs" if jobs else "--no-jobs"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -13,9 +12,9 @@ from pathlib import Path
 
 from ledger.recorded import WatchLine, read_history
 from ledger.testing.handle import LedgerHandle
-from tests.workers.harness import SEED_LAB, WAIT_S, free_port, kubeconfig
-
-DRA_LEDGER = [sys.executable, "-c", "from ledger.cli import main; main()"]
+from tests.factories import CLI as DRA_LEDGER
+from tests.factories import free_port
+from tests.workers.harness import SEED_LAB, WAIT_S, kubeconfig
 
 
 def _call(url: str, method: str = "GET") -> dict[str, object]:

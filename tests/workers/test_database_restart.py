@@ -21,6 +21,7 @@ from ledger.store.database import LedgerDatabase
 from ledger.testing import pg
 from ledger.testing.handle import LedgerHandle
 from ledger.translator.translate import TranslatorState
+from tests.factories import free_port
 from tests.workers.harness import (
     CLUSTER,
     SEED_LAB,
@@ -29,7 +30,6 @@ from tests.workers.harness import (
     assert_same_ledger,
     eventually,
     fake_cluster,
-    free_port,
     insert_events_failing,
     lockstep,
     lost_connection,

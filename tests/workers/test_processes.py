@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from ledger.recorded import WatchLine
 from ledger.testing.handle import LedgerHandle
+from tests.factories import free_port
 from tests.workers.harness import (
     SEED_LAB,
     WAIT_S,
@@ -21,7 +22,6 @@ from tests.workers.harness import (
     caught_up,
     eventually,
     fake_cluster,
-    free_port,
     lockstep,
     run,
     seed_lab,
