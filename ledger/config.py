@@ -131,12 +131,20 @@ class Quota(_Model):
         return value
 
 
+MAX_PRICE = 1e9
+"""The largest ``perDeviceHour`` accepted. Why a bound: a cost is device-hours x price, and a price near the
+largest float (``1e308``) made it infinite, which JSON cannot carry (the API answered ``null``, the CLI an
+invalid ``Infinity``, the CSV ``inf``). A billion a device-hour is far beyond any real price in any currency, and
+keeps the cost of a century of a million devices finite."""
+
+
 class Price(_Model):
     """Price per device-hour for a DeviceClass or a device model (exactly one of them)."""
 
     device_class: str | None = Field(default=None, alias="deviceClass")
     model: str | None = None
-    per_device_hour: float = Field(alias="perDeviceHour", ge=0, allow_inf_nan=False)
+    per_device_hour: float = Field(alias="perDeviceHour", ge=0, le=MAX_PRICE, allow_inf_nan=False)
+    """Price of one device-hour, from 0 to :data:`MAX_PRICE` in ``currency``."""
     currency: str = "USD"
 
     @model_validator(mode="after")
@@ -223,6 +231,17 @@ class LedgerConfig(_Model):
                     raise ValueError(f"deviceClassMappings: device class {cls!r} already mapped to "
                                      f"resource {first.name!r}")
                 owner.setdefault(cls, mapping)
+        priced: dict[tuple[str, str], int] = {}
+        for i, price in enumerate(self.prices):
+            key = ("deviceClass", price.device_class) if price.device_class is not None else ("model", str(price.model))
+            if key in priced:
+                # One price a DeviceClass or model: a second one silently overrode the first.
+                raise ValueError(f"prices: {key[0]} {key[1]!r} is priced twice (prices[{priced[key]}] and prices[{i}])")
+            priced[key] = i
+        currencies = sorted({price.currency for price in self.prices})
+        if len(currencies) > 1:
+            # Costs are added up across rows and classes: two currencies cannot share one total.
+            raise ValueError(f"prices: every price needs the same currency, got {', '.join(currencies)}")
         seen: set[tuple[str, str]] = set()
         for quota in self.quotas:
             if (quota.team, quota.resource_name) in seen:

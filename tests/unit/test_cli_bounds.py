@@ -68,6 +68,46 @@ def test_a_quota_or_price_that_is_not_a_finite_number_is_a_named_config_error(tm
     assert "Input should be a finite number" in str(caught.value)
 
 
+PRICE = '[[prices]]\n{key} = "{name}"\nperDeviceHour = {value}\ncurrency = "{currency}"\n'
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    # 1e308 is finite, but 9.4 device-hours at that price are not: the cost became Infinity.
+    (PRICE.format(key="deviceClass", name="gpu.example.com", value="1e308", currency="USD"),
+     r"prices\.0\.perDeviceHour.*less than or equal to 1000000000"),
+    # The second price of a class silently won (and was shown in the first one's currency).
+    (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency="USD")
+     + PRICE.format(key="deviceClass", name="gpu.example.com", value="2", currency="USD"),
+     r"prices: deviceClass 'gpu\.example\.com' is priced twice \(prices\[0\] and prices\[1\]\)"),
+    (PRICE.format(key="model", name="A100", value="1", currency="USD")
+     + PRICE.format(key="deviceClass", name="A100", value="1", currency="USD")
+     + PRICE.format(key="model", name="A100", value="3", currency="USD"),
+     r"prices: model 'A100' is priced twice \(prices\[0\] and prices\[2\]\)"),
+    # Costs of all rows add up into one total: one currency for every price.
+    (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency="USD")
+     + PRICE.format(key="model", name="A100", value="2", currency="EUR"),
+     r"prices: every price needs the same currency, got EUR, USD"),
+])
+def test_a_price_that_would_overflow_repeats_a_key_or_mixes_currencies_is_a_config_error(
+        tmp_path: Path, body: str, says: str) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(body, encoding="utf-8")
+
+    with pytest.raises(Invalid, match=says):
+        load_config(path)
+
+
+def test_a_price_of_a_billion_and_one_price_a_class_and_a_model_are_taken(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(PRICE.format(key="deviceClass", name="A100", value="1e9", currency="JPY")
+                    + PRICE.format(key="model", name="A100", value="0", currency="JPY"), encoding="utf-8")
+
+    config = load_config(path)
+
+    assert [(p.device_class, p.model, p.per_device_hour, p.currency) for p in config.prices] == [
+        ("A100", None, 1e9, "JPY"), (None, "A100", 0.0, "JPY")]
+
+
 def test_an_idle_threshold_of_exactly_100_years_is_taken(tmp_path: Path) -> None:
     path = tmp_path / "ledger.toml"
     path.write_text("[idle]\nunreservedSeconds = 3153600000\n", encoding="utf-8")
