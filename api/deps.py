@@ -13,7 +13,7 @@ from litestar.params import QueryParameter
 
 from ledger import recorded
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 from ledger.recorded import parse_query_time
 from ledger.store.database import LedgerDatabase
 
@@ -50,12 +50,22 @@ def provide_state(request: Request[Any, Any, Any]) -> AppState:
 
 
 def parse_cluster(value: str | None, ctx: AppState) -> str | None:
-    """The cluster a request asks about: ``value``, else the one the app was created for (``None``: all).
+    """The cluster a request asks about: ``value`` (``None``: every cluster), or the one the app was created for.
 
-    An empty ``?cluster=`` never gets here: the ``/v1`` guard (:func:`api.parameters.known_query_parameters`)
-    answers every parameter given empty with a 422, saying to leave it out to ask about every cluster.
+    An app created for one cluster (``serve --cluster``) answers for that cluster only: a request that leaves
+    ``cluster`` out gets it, and one that names another is refused, so a deployment for one cluster never shows
+    another's rows. An empty ``?cluster=`` never gets here: the ``/v1`` guard
+    (:func:`api.parameters.known_query_parameters`) answers every parameter given empty with a 422.
+
+    Raises:
+        Invalid: ``value`` names another cluster than the app's (the value echoed at most 100 characters long).
     """
-    return ctx.cluster if value is None else value
+    if ctx.cluster is None:
+        return value
+    if value is not None and value != ctx.cluster:
+        raise Invalid(f"cluster: this API answers for cluster {shorten(repr(ctx.cluster))} only (serve --cluster), "
+                      f"not {shorten(repr(value))}; leave cluster out")
+    return ctx.cluster
 
 
 def parse_instant(value: str | None, name: str, default: datetime | None = None) -> datetime:

@@ -811,13 +811,14 @@ def event_body(event: RecordedEvent) -> JSONObject:
 
 
 def events(db: LedgerDatabase, *, after: int = 0, limit: int = 100, types: Sequence[str] | None = None,
-           stream: str | None = None) -> list[JSONObject]:
+           stream: str | None = None, cluster: str | None = None) -> list[JSONObject]:
     """The audit log: events with ``global position > after`` in position order (table ``events``).
 
     Args:
         after: exclusive lower bound (0 = from the first event).
         limit: at most this many (1..10000).
-        types: only these event types; ``stream``: only this stream (e.g. ``claim:<uid>``).
+        types: only these event types; ``stream``: only this stream (e.g. ``claim:<uid>``); ``cluster``: only
+            this cluster's events (``None``: every cluster's).
 
     Raises:
         Invalid: ``after`` negative or ``limit`` out of range.
@@ -826,7 +827,8 @@ def events(db: LedgerDatabase, *, after: int = 0, limit: int = 100, types: Seque
         raise Invalid(f"afterPosition must be >= 0, got {after}")
     if not 1 <= limit <= 10_000:
         raise Invalid(f"limit must be between 1 and 10000, got {limit}")
-    return [event_body(e) for e in db.read_all(after=GlobalPosition(after), limit=limit, types=types, stream=stream)]
+    return [event_body(e) for e in db.read_all(after=GlobalPosition(after), limit=limit, types=types, stream=stream,
+                                               cluster=cluster)]
 
 
 def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str | None = None) -> JSONObject:
@@ -1251,9 +1253,38 @@ def idle_report_csv(body: JSONObject) -> str:
     return csv_table(IDLE_CSV_COLUMNS, cells)
 
 
-def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = None,
-                 cluster: str | None = None) -> int:
-    """Catch the projections up, then recompute the hourly usage rollups of whole hours before ``end``.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RollupChunk:
+    """One committed chunk of an hourly rollup run (:func:`rollup_chunks`)."""
+
+    start: datetime
+    """First hour of the chunk (UTC hour boundary)."""
+    end: datetime
+    """End of the chunk, exclusive (UTC hour boundary)."""
+    hours: int
+    """Hours in the chunk (>= 1)."""
+    done_hours: int
+    """Hours of the run committed so far, this chunk included."""
+    total_hours: int
+    """Hours the run covers in all (``done_hours == total_hours`` after its last chunk)."""
+
+
+FIRST_CHUNK_HOURS = 24
+"""Hours a rollup run tries in its first chunk, h; later chunks follow the pieces an hour of the previous one
+(the hourly job's usual run, the last rolled hour and the new one, is a single chunk)."""
+
+
+def rollup_chunks(db: LedgerDatabase, *, end: datetime, start: datetime | None = None, cluster: str | None = None,
+                  max_pieces: int = rollups.ROLLUP_MAX_PIECES) -> Iterator[RollupChunk]:
+    """Catch the projections up, then recompute the hourly usage rollups of whole hours before ``end``, one
+    bounded chunk at a time, oldest first.
+
+    Each chunk is its own transaction and is committed before it is yielded: stopping between chunks (not
+    asking for the next, Ctrl-C, a cancelled job) keeps every committed chunk and half-writes none, and the
+    next run without ``start`` resumes from the last rolled hour. A chunk reads at most ``max_pieces``
+    (interval, hour) pieces, or one whole hour (:func:`ledger.projections.rollups.next_chunk`), so memory does
+    not grow with how far back the oldest interval starts. No transaction is open while the generator is
+    suspended.
 
     Args:
         end: hours ending at or before ``end`` are rolled up (the current hour is left to the live
@@ -1261,6 +1292,53 @@ def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = 
         start: first hour to recompute; ``None`` = the last hour already rolled up (recomputed, so
             late events are absorbed), or the first allocation when nothing was rolled up yet.
         cluster: only this cluster.
+        max_pieces: the bound of one chunk, in pieces (a test makes it small).
+
+    Yields:
+        Each committed chunk, in hour order; nothing when there is nothing to roll up (tables
+        ``usage_rollups`` and ``usage_rollups_by_team``; idempotent).
+
+    Raises:
+        ProjectionFailed: the catch-up failed (see :func:`catch_up`); nothing was rolled up.
+    """
+    runner.catch_up(db.engine)
+    if start is None:
+        with db.engine.begin() as conn:
+            start = rollups.last_rolled_hour(conn, cluster=cluster) or rollups.first_allocation(conn, cluster=cluster)
+    if start is None:
+        return
+    h0, h1 = rollups.floor_hour(start), rollups.floor_hour(end)
+    total = max(0, (h1 - h0) // rollups.HOUR)
+    hour, hours = h0, FIRST_CHUNK_HOURS
+    while hour < h1:
+        with db.engine.begin() as conn:
+            stop, pieces = rollups.next_chunk(conn, start=hour, end=h1, hours=hours, cluster=cluster,
+                                              max_pieces=max_pieces)
+            rollups.rollup_usage(conn, start=hour, end=stop, cluster=cluster)
+        length = (stop - hour) // rollups.HOUR
+        # Next guess: as many hours as the bound allows at this chunk's pieces an hour, at most twice as many
+        # (an uncounted hour: two); next_chunk shortens it if the intervals get denser.
+        hours = 2 if pieces is None else max(1, min(2 * length, length * max_pieces // max(pieces, 1)))
+        yield RollupChunk(start=hour, end=stop, hours=length, done_hours=(stop - h0) // rollups.HOUR,
+                          total_hours=total)
+        hour = stop
+
+
+def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = None,
+                 cluster: str | None = None, max_pieces: int = rollups.ROLLUP_MAX_PIECES,
+                 progress: Callable[[RollupChunk], None] | None = None) -> int:
+    """Catch the projections up, then recompute the hourly usage rollups of whole hours before ``end``.
+
+    The chunks of :func:`rollup_chunks`, each committed on its own, all of them.
+
+    Args:
+        end: hours ending at or before ``end`` are rolled up (the current hour is left to the live
+            intervals).
+        start: first hour to recompute; ``None`` = the last hour already rolled up (recomputed, so
+            late events are absorbed), or the first allocation when nothing was rolled up yet.
+        cluster: only this cluster.
+        max_pieces: the bound of one chunk (see :func:`rollup_chunks`).
+        progress: called after each committed chunk.
 
     Returns:
         How many hours were recomputed (tables ``usage_rollups`` and ``usage_rollups_by_team``; idempotent).
@@ -1268,13 +1346,12 @@ def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = 
     Raises:
         ProjectionFailed: the catch-up failed (see :func:`catch_up`); nothing was rolled up.
     """
-    runner.catch_up(db.engine)
-    with db.engine.begin() as conn:
-        if start is None:
-            start = rollups.last_rolled_hour(conn, cluster=cluster) or rollups.first_allocation(conn, cluster=cluster)
-        if start is None:
-            return 0
-        return rollups.rollup_usage(conn, start=start, end=end, cluster=cluster)
+    done = 0
+    for chunk in rollup_chunks(db, end=end, start=start, cluster=cluster, max_pieces=max_pieces):
+        done = chunk.done_hours
+        if progress is not None:
+            progress(chunk)
+    return done
 
 
 def usage_from_rollups(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str,

@@ -49,11 +49,13 @@ class EventsController(Controller):
         event_type: Annotated[str | None, QueryParameter(name="type", description="Only this event type.")] = None,
         stream: Annotated[str | None, QueryParameter(description="Only this stream, e.g. claim:<uid>.")] = None,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
+        cluster: ClusterParam = None,
     ) -> Events:
         """Events of table ``events`` in global position order (envelope: ``globalPosition``, ``stream``,
         ``streamPosition``, ``type``, ``occurredAt``, ``recordedAt``; ``payload`` with Kubernetes field
         names). The next page starts after the last position returned. Team-limited tokens may not read the
-        audit log (403): events are not billed to teams.
+        audit log (403): events are not billed to teams. ``cluster`` keeps one cluster's events (an API served
+        for one cluster shows only its own).
 
         Raises:
             Invalid: (422, from the ``/v1`` guard) ``afterPosition`` outside 0 to
@@ -69,11 +71,13 @@ class EventsController(Controller):
             raise Invalid(f"type: no event type {shorten(repr(event_type))}; the types are {known}")
         if page_token is not None and after_position:
             raise Invalid("give afterPosition or pageToken, not both (the token already says where to go on)")
-        query = pagination.fingerprint(request.url.path, {"type": event_type, "stream": stream})
+        scope = parse_cluster(cluster, ctx)
+        query = pagination.fingerprint(request.url.path, {"type": event_type, "stream": stream, "cluster": scope})
         page = pagination.decode(page_token, query=query)
         after = page.offset if page_token is not None else after_position
         rows = services.events(
-            ctx.db, after=after, limit=limit + 1, types=[event_type] if event_type else None, stream=stream
+            ctx.db, after=after, limit=limit + 1, types=[event_type] if event_type else None, stream=stream,
+            cluster=scope,
         )
         chunk = rows[:limit]
         token = None

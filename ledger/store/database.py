@@ -271,14 +271,14 @@ class LedgerDatabase:
                 yield conn
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
-                 stream: str | None = None) -> list[RecordedEvent]:
+                 stream: str | None = None, cluster: str | None = None) -> list[RecordedEvent]:
         """Events after global position ``after`` (see :func:`ledger.store.postgres.read_all`).
 
         Raises:
             Unavailable: the database cannot be reached.
         """
         with self.reading() as conn:
-            return pg.read_all(conn, after=after, limit=limit, types=types, stream=stream)
+            return pg.read_all(conn, after=after, limit=limit, types=types, stream=stream, cluster=cluster)
 
     def read_stream(self, *, cluster: str, stream: str) -> list[RecordedEvent]:
         """One stream's events in stream position order.

@@ -14,8 +14,10 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from api.app import create_app
 from api.parameters import query_names
 from ledger import services
+from ledger.config import DEFAULT
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES, REAL
@@ -161,6 +163,31 @@ def test_a_device_of_one_name_in_two_clusters_has_entries_that_name_their_cluste
         (c, k) for c in (seeded.cluster, "lab-2") for k in ("inventory", "allocation"))
     one = ok(client, path, **window, to="2026-11-02T13:00:00Z", cluster="lab-2")["entries"]
     assert [(e["cluster"], e["kind"]) for e in one] == [("lab-2", "inventory"), ("lab-2", "allocation")]
+
+
+def test_an_api_served_for_one_cluster_answers_for_that_cluster_alone(seeded: LedgerHandle) -> None:
+    # serve --cluster lab-2 over a ledger of two clusters: every answer is lab-2's, and asking for the other
+    # cluster is refused (it was answered, and /v1/events mixed both clusters' events).
+    services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
+    with TestClient(create_app(db=seeded.db, config=DEFAULT, cluster="lab-2")) as one, \
+            TestClient(create_app(db=seeded.db, config=DEFAULT)) as every:
+        at = {"at": "2026-11-02T12:00:00Z"}
+        assert ok(one, "/v1/occupancy", **at) == ok(every, "/v1/occupancy", **at, cluster="lab-2")
+        assert ok(one, "/v1/claims", **at) == ok(every, "/v1/claims", **at, cluster="lab-2")
+        events = ok(one, "/v1/events", limit=1000)["events"]
+        both = ok(every, "/v1/events", limit=1000)["events"]
+        # The same history twice: half the events are lab-2's, in their global position order.
+        assert len(both) == 2 * len(events) and events == [e for e in both if e["cluster"] == "lab-2"]
+        assert ok(every, "/v1/events", limit=1000, cluster="lab-2")["events"] == events
+        for path, params in [("/v1/occupancy", {}), ("/v1/claims", {}), ("/v1/events", {}),
+                             ("/v1/usage", {"from": "2026-11-02T08:00:00Z", "to": "2026-11-02T12:00:00Z",
+                                            "groupBy": "team"})]:
+            refused = one.get(path, params={**params, "cluster": seeded.cluster})
+            assert refused.status_code == 422, path
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["detail"] == ("cluster: this API answers for cluster 'lab-2' only "
+                                                f"(serve --cluster), not {seeded.cluster!r}; leave cluster out")
+        assert ok(one, "/v1/events", limit=1000, cluster="lab-2")["events"] == events
 
 
 def test_walking_every_page_of_claims_and_events_returns_each_row_once(client: TestClient[Litestar]) -> None:
