@@ -601,7 +601,9 @@ def render_usage(body: JSONObject) -> None:
     """Print a usage body as a table of device-hours.
 
     A stepped body (``step`` in seconds, each row with its bucket's ``start`` / ``end``) gets the bucket as
-    the first two columns, rows in the body's order (bucket, then group), and the step in the title.
+    the first two columns, rows in the body's order (bucket, then group), and the step in the title. When a
+    price table priced any row (rows with ``cost`` and ``currency``), a last ``cost`` column gives it to two
+    decimals with its currency (``-`` for a row no price applies to), as the JSON and CSV carry it.
     """
     key = str(body["groupBy"])
     rows_in = body["rows"]
@@ -610,14 +612,22 @@ def render_usage(body: JSONObject) -> None:
     step = body.get("step")
     bucket = ["start", "end"] if isinstance(step, int | float) else []
     groups = [key] if key != "deviceClass" else []  # grouped by class: the class column says it once
-    columns = [*bucket, *groups, "deviceClass", "driver", "device-hours"]
-    rows = [[*(_s(r[c]) for c in [*bucket, *groups, "deviceClass", "driver"]), f"{r['deviceHours']:.3f}"]
+    priced = any("cost" in r for r in records)
+    columns = [*bucket, *groups, "deviceClass", "driver", "device-hours", *(["cost"] if priced else [])]
+    rows = [[*(_s(r[c]) for c in [*bucket, *groups, "deviceClass", "driver"]), f"{r['deviceHours']:.3f}",
+             *([_cost(r)] if priced else [])]
             for r in records]
     title = f"Device-hours from {body['from']} to {body['to']}"
     if isinstance(step, int | float):
         # ISO 8601 as the option takes it (PT1H), written by pydantic, which also parses it.
         title += f" in steps of {TypeAdapter(timedelta).dump_python(timedelta(seconds=step), mode='json')}"
     _table(title, columns, rows)
+
+
+def _cost(row: JSONObject) -> str:
+    """A usage row's ``cost`` to two decimals with its ``currency`` (``12.50 USD``), or ``-`` when unpriced."""
+    cost = row.get("cost")
+    return f"{cost:.2f} {_s(row.get('currency'))}" if isinstance(cost, int | float) else "-"
 
 
 def render_idle(body: JSONObject) -> None:

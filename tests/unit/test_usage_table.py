@@ -1,0 +1,44 @@
+"""The usage table of the CLI shows the cost the JSON and CSV carry."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from ledger import cli
+from ledger.types import JSONObject
+
+
+def body(*rows: JSONObject) -> JSONObject:
+    return {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "team", "rows": list(rows),
+            "nextPageToken": None}
+
+
+ROW: JSONObject = {"team": "ml", "deviceClass": "gpu.example.com", "driver": "gpu.example.com", "deviceHours": 9.3825}
+
+
+def printed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], usage: JSONObject) -> list[str]:
+    monkeypatch.setattr(cli, "out", Console(width=200, no_color=True))
+    cli.render_usage(usage)
+    return [" ".join(line.replace("│", " ").replace("┃", " ").split()) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_priced_rows_print_their_cost_with_the_currency_and_unpriced_rows_a_dash(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # 9.3825 device-hours at 2 USD a device-hour: 18.765, printed to two decimals.
+    lines = printed(monkeypatch, capsys, body({**ROW, "cost": 18.765, "currency": "USD"},
+                                              {**ROW, "team": "infra", "deviceClass": "nic.example.com",
+                                               "driver": "nic.example.com", "deviceHours": 2.0}))
+
+    assert "team deviceClass driver device-hours cost" in lines
+    assert "ml gpu.example.com gpu.example.com 9.383 18.77 USD" in lines
+    assert "infra nic.example.com nic.example.com 2.000 -" in lines
+
+
+def test_without_prices_the_table_has_no_cost_column(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    lines = printed(monkeypatch, capsys, body(ROW))
+
+    assert "team deviceClass driver device-hours" in lines
+    assert "ml gpu.example.com gpu.example.com 9.383" in lines
+    assert not any("cost" in line for line in lines)
