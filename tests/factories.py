@@ -206,8 +206,9 @@ class ServedApi:
 def served_api(*args: str, database_url: str) -> Iterator[ServedApi]:
     """``dra-ledger serve`` with ``args`` on a free loopback port, in a process of its own, over ``database_url``.
 
-    Yields once ``/healthz`` answers 200 (or after ~30 s, when the test's own requests will say why); on leaving the
-    block the process gets SIGINT (Ctrl-C) and its output is read into :attr:`ServedApi.output`.
+    Yields once ``/healthz`` answers 200 (or once the process ended, or after 120 s, when the test's own requests
+    will say why: on a machine busy with other jobs two workers took over 30 s to start); on leaving the block the
+    process gets SIGINT (Ctrl-C) and its output is read into :attr:`ServedApi.output`.
     """
     port = free_port()
     env = {**os.environ, "LEDGER_DATABASE_URL": database_url}
@@ -215,7 +216,8 @@ def served_api(*args: str, database_url: str) -> Iterator[ServedApi]:
                                stderr=subprocess.STDOUT, text=True)
     served = ServedApi(base=f"http://127.0.0.1:{port}", process=process)
     try:
-        for _ in range(300):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
             try:
                 if httpx.get(f"{served.base}/healthz", timeout=1).status_code == 200:
                     break
