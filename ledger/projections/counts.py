@@ -13,10 +13,11 @@ aggregate at T (a test compares both at every change instant of recorded histori
 
 * a *unit* is a device, or every device consuming one counter set (``device_inventory.counter_set``):
   one piece of hardware; a device held while no inventory row covers it (off-slice) is its own unit;
-* a unit is *present* while an inventory row of one of its devices, or an allocation of an off-slice
-  device, covers the instant; *allocated* while a non-``adminAccess`` allocation holds one of its
-  devices; *shared* while a device of it is held by two non-``adminAccess`` allocations at once, or by
-  one whose claim has more than one live consumer (``claim_consumers`` rows that are live: not pods,
+* a unit is *present* while an inventory row of one of its devices, or a non-``adminAccess`` allocation
+  of an off-slice device, covers the instant (``adminAccess`` never occupies: a device held by it alone
+  after leaving its slice is not present); *allocated* while a non-``adminAccess`` allocation holds one
+  of its devices; *shared* while a device of it is held by two non-``adminAccess`` allocations at once,
+  or by one whose claim has more than one live consumer (``claim_consumers`` rows that are live: not pods,
   pods never observed, or pods observed in a non-terminal phase then);
 * per unit and kind, the covering pieces are merged (``range_agg``); every merged range adds one at
   its lower bound and removes one at its upper bound, and a running sum over the instants gives the
@@ -85,10 +86,12 @@ live AS (
 {_at_least_two('multi', 'live', 'claim_uid')},
 busy AS (SELECT driver, pool, device, r FROM alloc WHERE NOT admin_access),
 {_at_least_two('doubly_held', 'busy', 'driver, pool, device')},
--- Pieces per device and kind: present (any allocation; counts where no inventory row covers the
--- device), allocated (non-adminAccess), shared (two at once, or one of a claim with several consumers).
+-- Pieces per device and kind: held (any allocation, adminAccess included: only to count the off-slice
+-- devices a page lists), allocated (non-adminAccess; also makes the device present where no inventory
+-- row covers it, since adminAccess never occupies), shared (two at once, or one of a claim with several
+-- consumers).
 pieces AS (
-    SELECT 'p' AS kind, driver, pool, device, r FROM alloc
+    SELECT 'h' AS kind, driver, pool, device, r FROM alloc
     UNION ALL SELECT 'a', driver, pool, device, r FROM busy
     UNION ALL SELECT 's', driver, pool, device, r FROM doubly_held
     UNION ALL SELECT 's', a.driver, a.pool, a.device, a.r * m.r FROM alloc a
@@ -98,13 +101,16 @@ outside AS (
     SELECT k.kind, k.driver, k.pool, k.device, unnest(multirange(k.r) - coalesce(c.m, '{{}}'::tstzmultirange)) AS r
     FROM pieces k LEFT JOIN cover c ON c.driver = k.driver AND c.pool = k.pool AND c.device = k.device),
 -- The same pieces per unit: inside an inventory row the row's unit, outside every row the device itself.
+-- Present: an inventory row, or outside every row a non-adminAccess allocation (DESIGN §11.4).
 unit_pieces AS (
     SELECT 'p' AS kind, driver, pool, unit, r FROM inv
     UNION ALL SELECT k.kind, i.driver, i.pool, i.unit, k.r * i.r FROM pieces k JOIN inv i
-        ON i.driver = k.driver AND i.pool = k.pool AND i.device = k.device AND i.r && k.r WHERE k.kind <> 'p'
-    UNION ALL SELECT kind, driver, pool, 'device:' || device, r FROM outside
-    -- Off-slice devices (held, no inventory row): counted apart, so a page can skip looking for them.
-    UNION ALL SELECT 'o', driver, pool, device, r FROM outside WHERE kind = 'p'),
+        ON i.driver = k.driver AND i.pool = k.pool AND i.device = k.device AND i.r && k.r WHERE k.kind <> 'h'
+    UNION ALL SELECT kind, driver, pool, 'device:' || device, r FROM outside WHERE kind <> 'h'
+    UNION ALL SELECT 'p', driver, pool, 'device:' || device, r FROM outside WHERE kind = 'a'
+    -- Off-slice devices (held by any allocation, no inventory row): counted apart, so a page can skip
+    -- looking for them; one held by adminAccess alone is listed although it is not present.
+    UNION ALL SELECT 'o', driver, pool, device, r FROM outside WHERE kind = 'h'),
 unit_ranges AS (
     SELECT kind, unnest(range_agg(r)) AS r FROM unit_pieces WHERE NOT isempty(r) GROUP BY kind, driver, pool, unit),
 steps AS (
@@ -238,7 +244,8 @@ def totals_at(conn: Connection, at: datetime, cluster: str | None) -> dict[str, 
 
     Returns:
         ``{"devices", "allocated", "shared", "off_slice"}``: counts of units (see the module docstring),
-        and of devices held while no inventory row covers them.
+        and of devices held (by any allocation, ``adminAccess`` included: the devices a page lists
+        off-slice) while no inventory row covers them.
     """
     row = conn.execute(text(TOTALS_AT_SQL), {"at": at, "cluster": cluster}).one()
     if row.clusters == 0 or row.covered < row.clusters:

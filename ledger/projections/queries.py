@@ -239,12 +239,19 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
     shared = ("(h.holding > 1 OR (h.holding = 1 AND EXISTS (SELECT 1 FROM multi m "
               "WHERE m.cluster = h.cluster AND m.claim_uid = h.claim_uid)))")
     if scope.teams is not None:
-        # Team-limited: the devices holding a visible allocation, each counted on its own.
+        # Team-limited: the devices holding a visible allocation, each counted on its own. One held off-slice
+        # (no inventory row at T, the test :func:`_holders` makes) counts only while a visible
+        # non-adminAccess allocation holds it: adminAccess never occupies (DESIGN §5, §11.4).
+        on_slice = ("EXISTS (SELECT 1 FROM device_inventory i WHERE i.cluster = h.cluster AND i.driver = h.driver "
+                    f"AND i.pool = h.pool AND i.device = h.device AND i.valid @> :at{scope.where('i', members=False)})")
         return (f"WITH multi AS ({_multi_consumer_claims(scope)}), held AS ({held}) "
-                "SELECT count(*) AS devices, count(*) FILTER (WHERE h.holding > 0) AS allocated, "
+                f"SELECT count(*) FILTER (WHERE h.holding > 0 OR {on_slice}) AS devices, "
+                "count(*) FILTER (WHERE h.holding > 0) AS allocated, "
                 f"count(*) FILTER (WHERE {shared}) AS shared FROM held h")
     # Devices consuming one counter set are one unit (one piece of hardware); an allocation whose device
-    # left its slice (no inventory row at T) is its own unit, named as the old Python code named it.
+    # left its slice (no inventory row at T) is its own unit, named as the old Python code named it, but
+    # only while a non-adminAccess allocation holds it: adminAccess never occupies, so a device held by
+    # adminAccess alone after leaving its slice is neither in the inventory nor occupied (DESIGN §5, §11.4).
     return (
         f"WITH multi AS ({_multi_consumer_claims(scope)}), held AS ({held}), "
         "inv AS (SELECT i.cluster, i.driver, i.pool, i.device, i.counter_set FROM device_inventory i "
@@ -254,7 +261,7 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
         " coalesce(i.counter_set, 'device:' || coalesce(i.device, h.device)) AS unit, "
         f" coalesce(h.holding, 0) > 0 AS allocated, coalesce({shared}, false) AS shared "
         " FROM inv i FULL JOIN held h ON h.cluster = i.cluster AND h.driver = i.driver AND h.pool = i.pool "
-        "  AND h.device = i.device), "
+        "  AND h.device = i.device WHERE i.device IS NOT NULL OR h.holding > 0), "
         "units AS (SELECT bool_or(allocated) AS allocated, bool_or(shared) AS shared FROM dev "
         " GROUP BY cluster, driver, pool, unit) "
         "SELECT count(*) AS devices, count(*) FILTER (WHERE allocated) AS allocated, "
@@ -290,11 +297,13 @@ def occupancy_totals(conn: Connection, *, at: datetime, scope: OccupancyScope = 
     Returns:
         ``{"devices", "allocated", "free", "shared"}``, counts (ints). Without ``scope.teams``: a unit is
         a device, or every device consuming one counter set (counted once); ``devices`` counts the units
-        in the inventory at T plus devices held off-slice; ``allocated`` the units with a
+        in the inventory at T plus devices held off-slice by a non-``adminAccess`` allocation (one held
+        by ``adminAccess`` alone is listed, not counted); ``allocated`` the units with a
         non-``adminAccess`` allocation; ``shared`` the units with a device held by more than one
         non-``adminAccess`` allocation or by one whose claim has more than one live consumer;
         ``free = devices - allocated`` (never negative). With ``scope.teams``: the same per device,
-        over the devices holding an allocation of those teams and over those allocations only.
+        over the devices holding an allocation of those teams (an off-slice one only while a visible
+        non-``adminAccess`` allocation holds it) and over those allocations only.
         ``counted``: :func:`cluster_counts` already read by the caller (default: read here).
     """
     if counted == LOOK_UP:
@@ -669,7 +678,9 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         (cluster, driver, pool, device), allocations by (namespace, claim, request, shareID);
         ``consumedCapacity`` maps capacity name -> Quantity string (``{}`` for a whole device). Devices
         allocated after leaving their slice appear with ``offSlice: true`` and count in
-        ``totals.devices``; devices consuming the same counter set count once (one piece of hardware).
+        ``totals.devices`` while a non-``adminAccess`` allocation holds them (held by ``adminAccess``
+        alone they are listed but neither counted nor free); devices consuming the same counter set
+        count once (one piece of hardware).
         ``free`` is never negative; ``adminAccess`` never occupies.
 
     Raises:

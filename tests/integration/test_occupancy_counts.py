@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, text
 
@@ -17,7 +18,7 @@ from ledger.simulate import write_history
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject
 from tests.factories import at as minutes_after_t0
-from tests.factories import claim, dig, gpu, history, pod, resource_slice, stamp, uid
+from tests.factories import claim, dig, gpu, history, namespace, pod, resource_slice, stamp, uid
 from tests.integration.test_simulate import SMALL
 from tests.paths import HISTORIES
 
@@ -129,6 +130,46 @@ def test_a_device_held_while_its_slice_is_gone_is_counted_and_listed_off_slice(l
     at_gone, at_back = assert_pages_equal_the_aggregate_path(ledger, [gone, back])
     assert listed(at_gone) == [("gpu-0", True)]
     assert listed(at_back) == [("gpu-0", False), ("gpu-1", False)]
+
+
+def test_a_device_held_off_slice_only_by_admin_access_is_listed_but_neither_counted_nor_free(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # gpu-1 is held by "train" and gpu-2 by the adminAccess claim "monitor" from minute 5; the slice
+    # publishing both is deleted at minute 20. Afterwards gpu-1 is held off-slice (a device, allocated)
+    # and gpu-2 is in no inventory and occupied by nobody: listed with its holder, but not a device, so
+    # not free either (DESIGN §5: adminAccess never occupies; §11.4: only held devices count off-slice).
+    published = resource_slice(name="s", devices=[gpu("gpu-1"), gpu("gpu-2")], slice_uid=uid("slice"))
+    monitor = claim(name="monitor", claim_uid=uid("claim"), results=["gpu-2"], allocated_at=5)
+    results = dig(monitor, "status", "allocation", "devices")["results"]
+    assert isinstance(results, list) and isinstance(results[0], dict)
+    results[0]["adminAccess"] = True
+    ledger.replay(history(tmp_path / "admin.jsonl", [
+        ("ADDED", namespace("ml", "vision"), 0), ("ADDED", published, 0),
+        ("ADDED", claim(name="train", claim_uid=uid("claim"), results=["gpu-1"], allocated_at=5), 5),
+        ("ADDED", monitor, 5), ("DELETED", published, 20)]))
+    on, gone = minutes_after_t0(10), minutes_after_t0(25)
+    # By hand. Minute 10: 2 devices in the inventory, gpu-1 allocated -> 2 / 1 / free 1. Minute 25: no
+    # inventory; gpu-1 held off-slice by train counts, gpu-2 held by monitor alone does not -> 1 / 1 / free 0.
+    before = {"devices": 2, "allocated": 1, "free": 1, "shared": 0}
+    after = {"devices": 1, "allocated": 1, "free": 0, "shared": 0}
+    aggregate_only: Any = ledger.occupancy(gone)  # counts not refreshed yet: the aggregate answers
+    assert aggregate_only["totals"] == after
+    services.refresh_occupancy_counts(ledger.db)
+    with ledger.engine.connect() as conn:
+        assert counts.totals_at(conn, on, ledger.cluster) == {"devices": 2, "allocated": 1, "shared": 0,
+                                                               "off_slice": 0}
+        # off_slice still counts both held devices: it tells a page to look for them, and both are listed.
+        assert counts.totals_at(conn, gone, ledger.cluster) == {"devices": 1, "allocated": 1, "shared": 0,
+                                                                 "off_slice": 2}
+        assert counts.totals_at(conn, gone, ledger.cluster) == aggregated(conn, gone, ledger.cluster)
+        # A team-limited token (team "vision" holds both claims) gets the same totals.
+        scoped = queries.occupancy_all(conn, at=gone, cluster=ledger.cluster, teams=["vision"])
+        assert scoped["totals"] == after
+    at_on, at_gone = assert_pages_equal_the_aggregate_path(ledger, [on, gone])
+    assert at_on["totals"] == before and at_gone["totals"] == after
+    assert listed(at_gone) == [("gpu-1", True), ("gpu-2", True)]
+    body: Any = at_gone
+    assert [(a["claim"], a["adminAccess"]) for a in body["devices"][1]["allocations"]] == [("monitor", True)]
 
 
 def listed(body: JSONObject) -> list[tuple[object, object]]:

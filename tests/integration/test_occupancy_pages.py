@@ -52,14 +52,15 @@ def _units(ledger: LedgerHandle, at: datetime) -> dict[tuple[str, str, str, str]
 
 
 def _by_hand(devices: list[Any], units: dict[tuple[str, str, str, str], str]) -> dict[str, int]:
-    """DESIGN §5 totals: a counter set is one unit; adminAccess never occupies; shared = more than one
-    holding allocation, or more than one live consumer among them."""
+    """DESIGN §5 totals: a counter set is one unit; adminAccess never occupies (an off-slice device it alone
+    holds is no unit); shared = more than one holding allocation, or more than one live consumer among them."""
     every, allocated, shared = set(), set(), set()
     for d in devices:
         key = (d["cluster"], d["driver"], d["pool"], d["device"])
         unit = (d["cluster"], d["driver"], d["pool"], f"device:{d['device']}" if d["offSlice"] else units[key])
-        every.add(unit)
         holding = [a for a in d["allocations"] if not a["adminAccess"]]
+        if holding or not d["offSlice"]:
+            every.add(unit)
         if holding:
             allocated.add(unit)
         if len(holding) > 1 or sum(len(a["consumers"]) for a in holding) > 1:
@@ -79,7 +80,9 @@ def _scoped_by_hand(devices: list[Any], teams: frozenset[str]) -> tuple[list[Any
     shared = [d for d in mine
               if len(h := [a for a in d["allocations"] if not a["adminAccess"]]) > 1
               or sum(len(a["consumers"]) for a in h) > 1]
-    return mine, {"devices": len(mine), "allocated": len(allocated), "free": len(mine) - len(allocated),
+    # An off-slice device counts only while a visible non-adminAccess allocation holds it.
+    counted = [d for d in mine if not d["offSlice"] or any(not a["adminAccess"] for a in d["allocations"])]
+    return mine, {"devices": len(counted), "allocated": len(allocated), "free": len(counted) - len(allocated),
                   "shared": len(shared)}
 
 

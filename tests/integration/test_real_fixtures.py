@@ -158,10 +158,11 @@ def test_all_files_together_give_the_hand_counted_totals(ledger: LedgerHandle) -
     # Hardware units on slices: example-driver 8 (the v1 and v1beta1 files are one slice, same uid) +
     # vks-v1.35 12 + vks-v1.36 2 + cni eth0 1 + devicenetwork 1 (2 devices, one counter set) + tpu 2 +
     # kep4815 1 (5 devices, one counter set) + k8s-api-testdata 1 = 28. Held off-slice (no slice of their
-    # pool in the corpus): dranet 8 + nvidia MIG 1 + tutorial gpu-4 1 + kubevirt pgpu-0 1 + k8s-api-testdata
-    # deviceValue 1 = 12. Allocated: those off-slice ones except the adminAccess deviceValue (11), plus
-    # vks-v1.36 gpu-0 and the devicenetwork macvlan = 13.
-    assert body["totals"] == {"devices": 40, "allocated": 13, "free": 27, "shared": 0}
+    # pool in the corpus) by a non-adminAccess allocation: dranet 8 + nvidia MIG 1 + tutorial gpu-4 1 +
+    # kubevirt pgpu-0 1 = 11 (k8s-api-testdata deviceValue, held by adminAccess alone, is listed but is no
+    # device: adminAccess never occupies). Allocated: those 11, plus vks-v1.36 gpu-0 and the devicenetwork
+    # macvlan = 13.
+    assert body["totals"] == {"devices": 39, "allocated": 13, "free": 26, "shared": 0}
 
 
 def test_resource_claim_templates_are_accepted_and_record_nothing(ledger: LedgerHandle) -> None:
@@ -471,8 +472,9 @@ def test_the_every_field_claim_is_recorded_as_sent(ledger: LedgerHandle) -> None
                                  "consumedCapacity": {"consumedCapacityKey": "0"}, "adminAccess": True}]
     # reservedFor names a non-pod consumer (resourceValue/nameValue): a live holder of its own kind (§11.2).
     assert claim["consumers"] == ["nameValue"]
-    # adminAccess never occupies: the device is listed (off-slice) but not allocated.
-    assert body["totals"] == {"devices": 1, "allocated": 0, "free": 1, "shared": 0}
+    # adminAccess never occupies: the device is listed (off-slice) but is neither allocated nor, being in
+    # no ResourceSlice, a device that could be free (DESIGN §11.4).
+    assert body["totals"] == {"devices": 0, "allocated": 0, "free": 0, "shared": 0}
     assert body["devices"][0]["offSlice"] is True
 
 
