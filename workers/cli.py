@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -15,7 +16,7 @@ import typer
 import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import SettingsError
 
 from ledger import cli, services
@@ -77,7 +78,8 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
     """A kubernetes-asyncio client from ``kubeconfig``/``context``, in-cluster config in a pod, else ~/.kube/config.
 
     Raises:
-        kubernetes_asyncio.config.ConfigException: no usable configuration.
+        kubernetes_asyncio.config.ConfigException: no usable configuration; a kubeconfig that is not YAML, or is
+            YAML but no mapping (an empty file, a list), is named in the message.
     """
     if kubeconfig is not None and not kubeconfig.is_file():
         raise k8s_config.ConfigException(f"kubeconfig {kubeconfig} does not exist or is not a file")
@@ -89,9 +91,56 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
             return k8s.ApiClient(configuration)
         except k8s_config.ConfigException:
             pass  # not in a pod: fall back to ~/.kube/config
-    await k8s_config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
-                                      client_configuration=configuration, persist_config=False)
+    named = kubeconfig or os.path.expanduser(k8s_config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
+    try:
+        await k8s_config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
+                                          client_configuration=configuration, persist_config=False)
+    except yaml.YAMLError as e:
+        raise k8s_config.ConfigException(f"kubeconfig {named} is not valid YAML: {_yaml_problem(e)}") from e
+    except (TypeError, AttributeError) as e:
+        # YAML of another shape: kubernetes-asyncio indexes whatever it parsed as a mapping and fails inside.
+        raise k8s_config.ConfigException(f"kubeconfig {named} is not a kubeconfig (a YAML mapping of clusters, "
+                                         f"users and contexts): {e}") from e
     return k8s.ApiClient(configuration)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """The YAML error on one line, with its 1-based line and column when the parser gave them."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem:
+        where = error.problem_mark
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        return f"{error.context + ': ' if error.context else ''}{error.problem}{at}"
+    return " ".join(str(error).split())
+
+
+def check_output(output: Path) -> None:
+    """Refuse, before any work, an output file that cannot be written: say why on one line, exit code 2.
+
+    Checks that ``output`` is no directory and that its folder exists and is writable (a file already there is
+    overwritten, so it must be writable too). Only a check: the file is neither made nor truncated here.
+
+    Raises:
+        typer.Exit: code 2, after ``error: cannot write <output>: <reason>`` on stderr.
+    """
+    folder = output.parent
+    if output.is_dir():
+        reason = "it is a directory"
+    elif not folder.is_dir():
+        reason = f"no such directory: {folder}"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        reason = f"the directory {folder} is not writable"
+    elif output.exists() and not os.access(output, os.W_OK):
+        reason = "the file is not writable"
+    else:
+        return
+    typer.echo(f"error: cannot write {output}: {reason}", err=True)
+    raise typer.Exit(2)
+
+
+positive_seconds: Callable[[str], float] = TypeAdapter(
+    Annotated[float, Field(gt=0, allow_inf_nan=False)]).validate_python
+"""A Typer ``parser=`` for a duration option, s: a finite number above 0 (as :func:`ledger.cli.finite_float`,
+whose bound is inclusive); Typer reports a refused one as an invalid value for the option (exit code 2)."""
 
 
 @contextlib.asynccontextmanager
@@ -248,26 +297,32 @@ def register(app: typer.Typer) -> None:
             "{observedAt, type, object} per line).")],
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
-        duration_s: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds "
-                                                         "(default: until Ctrl-C / SIGTERM).")] = None,
+        duration_s: Annotated[float | None, typer.Option("--duration", parser=positive_seconds,
+                                                         help="Stop after this many seconds, a finite number "
+                                                         "above 0 (default: until Ctrl-C / SIGTERM).")] = None,
         clock_url: ClockOpt = None,
     ) -> None:
-        """Record the live list/watch streams of the watched kinds to a file that `dra-ledger replay` reads."""
+        """Record the live list/watch streams of the watched kinds to a file that `dra-ledger replay` reads.
+
+        Exit code 2, before the cluster is contacted, for an ``--output`` that cannot be written (a directory, or
+        in a folder that does not exist or is not writable) or a ``--duration`` not above 0.
+        """
+        check_output(output)
         configure_logging()
 
         async def main() -> None:
             api_client = await api_client_for(kubeconfig, context)
-            with output.open("w", encoding="utf-8") as out:
-                sink = RecordSink(out)
-                try:
+            try:  # closed however the recording ends, opening the file included
+                with output.open("w", encoding="utf-8") as out:
+                    sink = RecordSink(out)
                     async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
                         if duration_s is not None:
                             asyncio.get_running_loop().call_later(duration_s, stop.set)
                         await run_worker(api_client=api_client, sink=sink, settings=WatchSettings(), stop=stop,
                                          clock=clock, elect=False)
-                finally:
-                    await api_client.close()
-                typer.echo(f"recorded {sink.lines} lines to {output}", err=True)
+            finally:
+                await api_client.close()
+            typer.echo(f"recorded {sink.lines} lines to {output}", err=True)
 
         run_command(main)
 
@@ -292,6 +347,9 @@ def register(app: typer.Typer) -> None:
         few named on stderr (they are not served).
         """
         versions = served_versions(serve)
+        if history.is_dir():
+            typer.echo(f"error: {history} is a directory; give a history file (JSON Lines)", err=True)
+            raise typer.Exit(2)
         if not history.is_file():
             typer.echo(f"error: no such file: {history}", err=True)
             raise typer.Exit(2)

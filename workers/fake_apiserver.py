@@ -30,13 +30,14 @@ import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TypeGuard, get_args
 
 import aiohttp
 from aiohttp import web
 
+from ledger.errors import Invalid, shorten
 from ledger.recorded import BrokenLine, WatchLine, parse_time
 from ledger.types import JSONObject, JSONValue
 from workers.k8s.kinds import BY_KIND, BY_PLURAL, DRA_GROUP, DRA_VERSIONS
@@ -48,12 +49,21 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEFAULT_WATCH_TIMEOUT_S = 1800
 """Watch length when the client asks no ``timeoutSeconds``, s (kube-apiserver picks 30-60 minutes)."""
 
+FaultAction = Literal["status", "drop", "expire", "line"]
+FaultVerb = Literal["list", "watch", "get", "update", "create"]
+FAULT_KINDS: tuple[str, ...] = (*BY_KIND, "Lease")
+"""The kinds a fault may name: those served, and Lease."""
+
+
+def _refuse(name: str, expected: str, value: object) -> ValueError:
+    return ValueError(f"{name} must be {expected}; got {shorten(repr(value))}")
+
 
 @dataclass(slots=True, kw_only=True)
 class Fault:
     """One injected fault; matching requests consume it (``times`` of them), in injection order."""
 
-    action: Literal["status", "drop", "expire", "line"]
+    action: FaultAction
     """``status``: answer the request with HTTP ``status``; ``drop``: cut a watch stream after
     ``after_events`` events; ``expire``: send an in-stream ERROR 410 after ``after_events`` events;
     ``line``: send ``line`` as one more line of a watch stream after ``after_events`` events, then go on."""
@@ -62,7 +72,7 @@ class Fault:
     """``Retry-After`` header of a ``status`` answer, s."""
     kind: str | None = None
     """Only requests for this kind (``Lease`` included); ``None``: any."""
-    verb: Literal["list", "watch", "get", "update", "create"] | None = None
+    verb: FaultVerb | None = None
     after_events: int = 0
     """Events sent in the stream before a ``drop``/``expire`` fires."""
     partial: bool = False
@@ -75,6 +85,58 @@ class Fault:
     """A ``status`` answer's body as is, with Content-Type ``text/html`` (a proxy's login or error page),
     instead of a JSON Status; with ``status`` 200 it stands in for a watch or list answer."""
     times: int = 1
+
+    @classmethod
+    def from_json(cls, body: JSONValue) -> Fault:
+        """A fault from its JSON form (``POST /fake/faults``): an object of the fields above, by name; only
+        ``action`` is required. Checked here, so that no fault that would fail the request it meets is queued.
+
+        Raises:
+            ValueError: ``body`` is not an object, has an unknown field, or a field of the wrong type or out of
+                range: ``status`` 200..599, ``retry_after_s`` and ``after_events`` 0 or more, ``times`` 1 or more,
+                ``kind`` one of :data:`FAULT_KINDS`, ``line`` a single line encodable as UTF-8 (see ``line``).
+                The message names the field and what it accepts.
+        """
+        if not isinstance(body, dict):
+            raise ValueError(f"must be a JSON object; got {shorten(repr(body))}")
+        names = [f.name for f in fields(cls)]
+        if unknown := [k for k in body if k not in names]:
+            raise ValueError(f"unknown field {', '.join(map(repr, unknown))}; the fields are {', '.join(names)}")
+        action, verb, kind = body.get("action"), body.get("verb"), body.get("kind")
+        if action not in get_args(FaultAction):
+            raise _refuse("action", f"one of {', '.join(get_args(FaultAction))}", action)
+        if verb is not None and verb not in get_args(FaultVerb):
+            raise _refuse("verb", f"null or one of {', '.join(get_args(FaultVerb))}", verb)
+        if kind is not None and kind not in FAULT_KINDS:
+            raise _refuse("kind", f"null or one of {', '.join(FAULT_KINDS)}", kind)
+        status = body.get("status", 500)
+        if not _is_int(status) or not 200 <= status <= 599:  # aiohttp refuses a status outside 100..999
+            raise _refuse("status", "an HTTP status code, an integer from 200 to 599", status)
+        retry_after_s, after_events, times = (body.get("retry_after_s"), body.get("after_events", 0),
+                                              body.get("times", 1))
+        if retry_after_s is not None and (not _is_int(retry_after_s) or retry_after_s < 0):
+            raise _refuse("retry_after_s", "null or an integer, 0 or more (seconds)", retry_after_s)
+        if not _is_int(after_events) or after_events < 0:
+            raise _refuse("after_events", "an integer, 0 or more", after_events)
+        if not _is_int(times) or times < 1:
+            raise _refuse("times", "an integer, 1 or more", times)
+        partial, line, page = body.get("partial", False), body.get("line", ""), body.get("page")
+        if not isinstance(partial, bool):
+            raise _refuse("partial", "true or false", partial)
+        if not isinstance(line, str):
+            raise _refuse("line", "a string", line)
+        if "\n" in line:
+            raise _refuse("line", "a single line (no newline; one is sent after it)", line)
+        try:
+            line.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise _refuse("line", "encodable as UTF-8 (lone surrogates only U+DC80..U+DCFF)", line) from None
+        if page is not None and not isinstance(page, str):
+            raise _refuse("page", "null or a string", page)
+        # The checks above narrow each field to its declared type; mypy cannot follow them through get_args
+        # and negated guards.
+        return cls(action=action, verb=verb, kind=kind, retry_after_s=retry_after_s,  # type: ignore[arg-type]
+                   status=status, after_events=after_events, times=times, partial=partial, line=line, page=page)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,8 +169,8 @@ def _status(code: int, message: str, reason: str) -> JSONObject:
             "reason": reason, "code": code}
 
 
-_REASONS = {404: "NotFound", 409: "Conflict", 410: "Expired", 429: "TooManyRequests", 500: "InternalError",
-            503: "ServiceUnavailable"}
+_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 410: "Expired", 429: "TooManyRequests",
+            500: "InternalError", 503: "ServiceUnavailable"}
 
 
 def _meta(obj: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
@@ -539,12 +601,17 @@ class FakeApiServer:
                                   "remaining": self.remaining})
 
     async def _advance(self, request: web.Request) -> web.Response:
-        until = request.query.get("until")
-        count = _int(request.query.get("count"))
-        if _flag(request.query.get("all")):
-            played = self.advance(None)
-        else:
-            played = self.advance(count or 1, until=parse_time(until) if until else None)
+        """``POST /fake/advance?count=N|until=T|all=1``: ``count`` a whole number, 1 or more (default 1); ``until``
+        an RFC 3339 time with a zone. A bad one answers 400 naming it, and nothing is played."""
+        until_text, count_text = request.query.get("until"), request.query.get("count")
+        try:
+            until = parse_time(until_text) if until_text is not None else None
+        except Invalid as e:
+            return _bad_request(f"until: {e}; give an RFC 3339 time with a zone, e.g. 2026-11-02T09:00:00Z")
+        count = _int(count_text) if count_text is not None else 1
+        if count is None or count < 1:
+            return _bad_request(f"count must be a whole number, 1 or more; got {shorten(repr(count_text))}")
+        played = self.advance(None) if _flag(request.query.get("all")) else self.advance(count, until=until)
         return web.json_response({"played": [{**asdict(p), "observed_at": p.observed_at.isoformat()} for p in played]})
 
     async def _expire(self, _: web.Request) -> web.Response:
@@ -552,9 +619,25 @@ class FakeApiServer:
         return web.json_response({"compacted": str(self._compacted)})
 
     async def _faults(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.inject(*(Fault(**f) for f in (body if isinstance(body, list) else [body])))
+        """``POST /fake/faults``: one fault (:meth:`Fault.from_json`) or a list of them. Bad JSON or a bad fault
+        answers 400 naming it, and none of the faults posted is queued."""
+        try:
+            body = json.loads(await request.read())
+        except ValueError:  # not JSON, or not UTF-8
+            return _bad_request("the body must be a JSON fault object or a list of them, e.g. "
+                                '{"action": "status", "status": 429, "kind": "Pod", "verb": "list"}')
+        faults: list[Fault] = []
+        for n, item in enumerate(body if isinstance(body, list) else [body]):
+            try:
+                faults.append(Fault.from_json(item))
+            except ValueError as e:  # refused before any is queued: a list is taken whole or not at all
+                return _bad_request(f"fault {n}: {e}" if isinstance(body, list) else str(e))
+        self.inject(*faults)
         return web.json_response({"queued": len(self.faults)})
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response(_status(400, message, "BadRequest"), status=400)
 
 
 def _flag(value: str | None) -> bool:
@@ -562,10 +645,14 @@ def _flag(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "t", "true")
 
 
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if _is_int(value):
         return value
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():  # "²".isdigit() too, but int() refuses it
         return int(value)
     return None
 

@@ -1,0 +1,135 @@
+"""``record``, ``watch`` and ``fake-apiserver`` refuse bad input on one line with exit code 2, naming what is
+wrong: an output that cannot be written or a duration not above 0 before the cluster is contacted, a kubeconfig
+that is not one by its file name, a history that is a directory as a directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import config as k8s_config
+from typer.testing import CliRunner, Result
+
+from tests.factories import plugin_commands
+from tests.workers.harness import SEED_LAB, kubeconfig
+from workers.cli import api_client_for
+from workers.testing import ThreadedFakeApiServer
+
+Start = Callable[..., ThreadedFakeApiServer]
+WIDE = {"COLUMNS": "300"}
+"""A terminal wide enough that Typer's error box keeps each message on one line."""
+
+
+def _invoke(args: list[str]) -> Result:
+    with plugin_commands() as app:
+        return CliRunner().invoke(app, args, env=WIDE)
+
+
+def test_record_into_a_folder_that_does_not_exist_is_refused_before_the_cluster_is_contacted(
+        fake_apiserver: Start, tmp_path: Path) -> None:
+    server = fake_apiserver(SEED_LAB)
+    out = tmp_path / "nonexistent-dir" / "x.jsonl"
+
+    result = _invoke(["record", "--kubeconfig", str(kubeconfig(tmp_path / "kc", server.url)), "--output", str(out),
+                      "--duration", "1"])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: cannot write {out}: no such directory: {out.parent}"
+    assert server.requests == []  # not even discovery
+    assert not out.parent.exists()
+
+
+def test_record_onto_a_directory_is_refused(fake_apiserver: Start, tmp_path: Path) -> None:
+    server = fake_apiserver(SEED_LAB)
+
+    result = _invoke(["record", "--kubeconfig", str(kubeconfig(tmp_path / "kc", server.url)), "--output",
+                      str(tmp_path)])
+
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot write {tmp_path}: it is a directory" in result.output
+    assert server.requests == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any directory")
+def test_record_into_a_folder_it_may_not_write_is_refused(fake_apiserver: Start, tmp_path: Path) -> None:
+    server = fake_apiserver(SEED_LAB)
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o500)
+
+    result = _invoke(["record", "--kubeconfig", str(kubeconfig(tmp_path / "kc", server.url)), "--output",
+                      str(folder / "x.jsonl")])
+
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot write {folder / 'x.jsonl'}: the directory {folder} is not writable" in result.output
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(("duration", "said"), [
+    ("-5", "Input should be greater than 0"),
+    ("0", "Input should be greater than 0"),
+    ("nan", "Input should be a finite number"),
+    ("inf", "Input should be a finite number"),
+])
+def test_record_refuses_a_duration_that_is_not_a_finite_number_above_zero(
+        fake_apiserver: Start, tmp_path: Path, duration: str, said: str) -> None:
+    server = fake_apiserver(SEED_LAB)
+    out = tmp_path / "x.jsonl"
+
+    result = _invoke(["record", "--kubeconfig", str(kubeconfig(tmp_path / "kc", server.url)), "--output", str(out),
+                      "--duration", duration])
+
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '--duration': {said}" in result.output
+    assert server.requests == []
+    assert not out.exists()
+
+
+BAD_KUBECONFIGS = [
+    ("apiVersion: v1\nclusters: [{name: fake\n",
+     "is not valid YAML: while parsing a flow mapping: expected ',' or '}', but got '<stream end>' "
+     "(line 3, column 1)"),
+    ("apiVersion: v1\nclusters: {name: fake, cluster: {server: http://x}\n", "is not valid YAML: "),
+    ("- one\n- two\n", "is not a kubeconfig (a YAML mapping of clusters, users and contexts)"),
+    ("", "is not a kubeconfig (a YAML mapping of clusters, users and contexts)"),
+]
+
+
+@pytest.mark.parametrize(("text", "said"), BAD_KUBECONFIGS)
+def test_record_names_a_kubeconfig_that_is_not_one(tmp_path: Path, text: str, said: str) -> None:
+    bad = tmp_path / "kube.yaml"
+    bad.write_text(text, encoding="utf-8")
+
+    result = _invoke(["record", "--kubeconfig", str(bad), "--output", str(tmp_path / "x.jsonl")])
+
+    assert result.exit_code == 2, result.output
+    assert f"error: ConfigException: kubeconfig {bad} {said}" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("text", "said"), BAD_KUBECONFIGS)
+def test_the_client_of_watch_and_record_names_a_kubeconfig_that_is_not_one(tmp_path: Path, text: str,
+                                                                             said: str) -> None:
+    bad = tmp_path / "kube.yaml"
+    bad.write_text(text, encoding="utf-8")
+
+    with pytest.raises(k8s_config.ConfigException) as refused:
+        asyncio.run(api_client_for(bad, None))
+
+    assert f"kubeconfig {bad} {said}" in str(refused.value)
+
+
+def test_fake_apiserver_says_a_history_that_is_a_directory_is_one(tmp_path: Path) -> None:
+    result = _invoke(["fake-apiserver", "--history", str(tmp_path), "--port", "0"])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {tmp_path} is a directory; give a history file (JSON Lines)"
+
+
+def test_fake_apiserver_still_says_a_missing_history_is_missing(tmp_path: Path) -> None:
+    result = _invoke(["fake-apiserver", "--history", str(tmp_path / "h.jsonl"), "--port", "0"])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: no such file: {tmp_path / 'h.jsonl'}"
