@@ -12,7 +12,7 @@ import gc
 import io
 import json
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -1275,7 +1275,7 @@ FIRST_CHUNK_HOURS = 24
 
 
 def rollup_chunks(db: LedgerDatabase, *, end: datetime, start: datetime | None = None, cluster: str | None = None,
-                  max_pieces: int = rollups.ROLLUP_MAX_PIECES) -> Iterator[RollupChunk]:
+                  max_pieces: int = rollups.ROLLUP_MAX_PIECES) -> Generator[RollupChunk, None, None]:
     """Catch the projections up, then recompute the hourly usage rollups of whole hours before ``end``, one
     bounded chunk at a time, oldest first.
 

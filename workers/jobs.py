@@ -66,12 +66,25 @@ class JobSettings(BaseSettings):
 
 
 async def run_rollups(db: LedgerDatabase, *, cluster: str | None = None, clock: Clock = utc_now,
-                      start: datetime | None = None) -> int:
+                      start: datetime | None = None,
+                      progress: Callable[[services.RollupChunk], None] | None = None) -> int:
     """Recompute the hourly usage rollups up to the current hour; returns the hours recomputed.
 
-    ``start`` (default: the last rolled hour) recomputes from an earlier hour, e.g. after a rebuild.
+    ``start`` (default: the last rolled hour) recomputes from an earlier hour, e.g. after a rebuild. The
+    hours are rolled up in bounded chunks (:func:`ledger.services.rollup_chunks`), each run in a worker
+    thread and committed on its own; ``progress`` is called on the event loop after each. Cancelling the
+    task (the scheduler's shutdown, Ctrl-C under ``asyncio.run``) stops it between chunks: the chunk in
+    flight finishes and commits in its thread, none is started after it, and the next run resumes from the
+    last rolled hour.
     """
-    hours = await asyncio.to_thread(services.rollup_usage, db, end=clock(), start=start, cluster=cluster)
+    chunks = services.rollup_chunks(db, end=clock(), start=start, cluster=cluster)
+    hours = 0
+    # One chunk per thread hop: an await between chunks is where a cancellation lands. The generator holds
+    # no transaction while suspended, and only one thread advances it at a time (each hop is awaited).
+    while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+        hours = chunk.done_hours
+        if progress is not None:
+            progress(chunk)
     log.info("usage rollups: %d hour(s) recomputed", hours)
     return hours
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from ledger import cli, services
 from ledger.config import load_config
@@ -40,11 +42,42 @@ async def _run_forever(settings: Settings, config_path: Path | None, cluster: st
         scheduler.shutdown(wait=False)
 
 
+ROLLUP_PROGRESS_MIN_HOURS = 1000
+"""A ``--once`` run rolling up at least this many hours shows a progress bar on a terminal (as ``replay``
+does for long files); the hourly run, an hour or two, shows none."""
+
+
+@contextlib.contextmanager
+def _rollup_progress() -> Iterator[Callable[[services.RollupChunk], None]]:
+    """A callback for :func:`run_rollups` that draws a bar of hours rolled up on stderr, started on the first
+    chunk of a long run when stderr is a terminal, and stopped when the block ends."""
+    bar: Progress | None = None
+    task: TaskID | None = None
+
+    def advance(chunk: services.RollupChunk) -> None:
+        nonlocal bar, task
+        if bar is None:
+            if chunk.total_hours < ROLLUP_PROGRESS_MIN_HOURS or not cli.err.is_terminal:
+                return
+            bar = Progress(TextColumn("rollup hours"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                           console=cli.err)
+            bar.start()
+            task = bar.add_task("rollup hours", total=chunk.total_hours)
+        assert task is not None
+        bar.update(task, completed=chunk.done_hours)
+
+    try:
+        yield advance
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
 async def _run_once(settings: Settings, config_path: Path | None, cluster: str | None,
-                    rollup_from: datetime | None) -> dict[str, int]:
+                    rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None]) -> dict[str, int]:
     db = services.open_ledger(settings)
     config = load_config(config_path)
-    hours = await run_rollups(db, cluster=cluster, start=rollup_from)
+    hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
     counts = await run_snapshots(db, config=config, cluster=cluster)
     written = await run_occupancy_counts(db, cluster=cluster)
     return {"hours": hours, **counts, "occupancyCountRows": sum(written.values())}
@@ -82,7 +115,14 @@ def register(app: typer.Typer) -> None:
         try:
             if once:
                 start = parse_time(rollup_from) if rollup_from else None
-                counts = asyncio.run(_run_once(settings, config, cluster, start))
+                try:
+                    with _rollup_progress() as progress:
+                        counts = asyncio.run(_run_once(settings, config, cluster, start, progress))
+                except KeyboardInterrupt:
+                    # asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit.
+                    typer.echo("interrupted: the rollup hours committed so far are kept; run `dra-ledger jobs "
+                               "--once` again to roll up the rest (it resumes from the last rolled hour)", err=True)
+                    raise typer.Exit(130) from None
                 typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
                            f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "
                            f"{counts['occupancyCountRows']} occupancy count rows")
