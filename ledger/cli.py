@@ -430,8 +430,9 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def finite_float(*, ge: float, le: float | None = None) -> Callable[[str], float]:
-    """A Typer ``parser=`` for a float option: a finite number in ``[ge, le]``.
+def finite_float(*, ge: float | None = None, gt: float | None = None,
+                 le: float | None = None) -> Callable[[str], float]:
+    """A Typer ``parser=`` for a float option: a finite number in ``[ge, le]`` (``(gt, le]`` with ``gt``).
 
     pydantic reads the text (``Annotated[float, Field(ge=..., le=..., allow_inf_nan=False)]``). Typer's own
     ``min=``/``max=`` let ``inf`` through where there is no ``max``, and refuse ``nan`` with a misleading
@@ -439,14 +440,15 @@ def finite_float(*, ge: float, le: float | None = None) -> Callable[[str], float
     refused as "Input should be a finite number" (exit code 2, as any bad option value).
 
     Args:
-        ge: the smallest value accepted (inclusive), in the option's own unit.
+        ge: the smallest value accepted (inclusive), in the option's own unit; ``None`` for none.
+        gt: a value every accepted one is above (exclusive; a duration above 0, say), or ``None``.
         le: the largest value accepted (inclusive), or ``None`` for no upper bound.
 
     Returns:
         A function from the option's text to its value; it raises ``pydantic.ValidationError``, which
         Typer reports as an invalid value for the option.
     """
-    adapter: TypeAdapter[float] = TypeAdapter(Annotated[float, Field(ge=ge, le=le, allow_inf_nan=False)])
+    adapter: TypeAdapter[float] = TypeAdapter(Annotated[float, Field(ge=ge, gt=gt, le=le, allow_inf_nan=False)])
     return adapter.validate_python
 
 

@@ -16,7 +16,7 @@ import typer
 import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from ledger import cli, services
@@ -135,12 +135,6 @@ def check_output(output: Path) -> None:
         return
     typer.echo(f"error: cannot write {output}: {reason}", err=True)
     raise typer.Exit(2)
-
-
-positive_seconds: Callable[[str], float] = TypeAdapter(
-    Annotated[float, Field(gt=0, allow_inf_nan=False)]).validate_python
-"""A Typer ``parser=`` for a duration option, s: a finite number above 0 (as :func:`ledger.cli.finite_float`,
-whose bound is inclusive); Typer reports a refused one as an invalid value for the option (exit code 2)."""
 
 
 @contextlib.asynccontextmanager
@@ -297,7 +291,7 @@ def register(app: typer.Typer) -> None:
             "{observedAt, type, object} per line).")],
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
-        duration_s: Annotated[float | None, typer.Option("--duration", parser=positive_seconds,
+        duration_s: Annotated[float | None, typer.Option("--duration", parser=cli.finite_float(gt=0),
                                                          help="Stop after this many seconds, a finite number "
                                                          "above 0 (default: until Ctrl-C / SIGTERM).")] = None,
         clock_url: ClockOpt = None,
