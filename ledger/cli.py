@@ -26,7 +26,7 @@ from typing import Annotated
 import typer
 from pydantic import Field, TypeAdapter, ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -214,14 +214,49 @@ def reported_errors() -> Iterator[None]:
 
 
 @contextmanager
+def progress_bar(label: str, *, min_total: int) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr for long work whose size may be known only once it has begun.
+
+    Yields ``update(done, total)``: the first call whose ``total`` is at least ``min_total`` starts the bar,
+    when stderr is a terminal (nothing is drawn otherwise, nor for short work); later calls move it to
+    ``done`` of ``total``. The bar stops when the block ends, however it ends.
+    """
+    bar: Progress | None = None
+    task: TaskID | None = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar, task
+        if bar is None:
+            if total < min_total or not err.is_terminal:
+                return
+            bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err)
+            bar.start()
+            task = bar.add_task(label, total=total)
+        assert task is not None
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+@contextmanager
 def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] | None]:
     if total is None or total < PROGRESS_MIN_LINES or not err.is_terminal:
         yield None
         return
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+    with progress_bar(label, min_total=PROGRESS_MIN_LINES) as update:
+        done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            update(done, total)
+
+        update(0, total)
+        yield advance
 
 
 def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:

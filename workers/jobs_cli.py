@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from ledger import cli, services
 from ledger.config import load_config
@@ -49,28 +48,9 @@ does for long files); the hourly run, an hour or two, shows none."""
 
 @contextlib.contextmanager
 def _rollup_progress() -> Iterator[Callable[[services.RollupChunk], None]]:
-    """A callback for :func:`run_rollups` that draws a bar of hours rolled up on stderr, started on the first
-    chunk of a long run when stderr is a terminal, and stopped when the block ends."""
-    bar: Progress | None = None
-    task: TaskID | None = None
-
-    def advance(chunk: services.RollupChunk) -> None:
-        nonlocal bar, task
-        if bar is None:
-            if chunk.total_hours < ROLLUP_PROGRESS_MIN_HOURS or not cli.err.is_terminal:
-                return
-            bar = Progress(TextColumn("rollup hours"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                           console=cli.err)
-            bar.start()
-            task = bar.add_task("rollup hours", total=chunk.total_hours)
-        assert task is not None
-        bar.update(task, completed=chunk.done_hours)
-
-    try:
-        yield advance
-    finally:
-        if bar is not None:
-            bar.stop()
+    """A callback for :func:`run_rollups` that draws a bar of hours rolled up (:func:`ledger.cli.progress_bar`)."""
+    with cli.progress_bar("rollup hours", min_total=ROLLUP_PROGRESS_MIN_HOURS) as update:
+        yield lambda chunk: update(chunk.done_hours, chunk.total_hours)
 
 
 async def _run_once(settings: Settings, config_path: Path | None, cluster: str | None,
