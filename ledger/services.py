@@ -1332,12 +1332,7 @@ def rollup_usage(db: LedgerDatabase, *, end: datetime, start: datetime | None = 
     The chunks of :func:`rollup_chunks`, each committed on its own, all of them.
 
     Args:
-        end: hours ending at or before ``end`` are rolled up (the current hour is left to the live
-            intervals).
-        start: first hour to recompute; ``None`` = the last hour already rolled up (recomputed, so
-            late events are absorbed), or the first allocation when nothing was rolled up yet.
-        cluster: only this cluster.
-        max_pieces: the bound of one chunk (see :func:`rollup_chunks`).
+        end, start, cluster, max_pieces: as for :func:`rollup_chunks`.
         progress: called after each committed chunk.
 
     Returns:
