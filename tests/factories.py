@@ -82,10 +82,11 @@ def claim(*, name: str, namespace: str = "ml", claim_uid: str, count: int = 1,
           device_class: str = "gpu.example.com", results: list[str] | None = None,
           allocated_at: float | None = None, reserved: list[tuple[str, str]] | None = None,
           deletion: float | None = None, annotations: dict[str, JSONValue] | None = None,
-          pool: str = "node-a", driver: str = "gpu.example.com") -> JSONObject:
-    """A v1 ResourceClaim; ``results`` are device names, ``reserved`` (pod name, pod uid) pairs."""
+          pool: str = "node-a", driver: str = "gpu.example.com", created_at: float = 0) -> JSONObject:
+    """A v1 ResourceClaim; ``results`` are device names, ``reserved`` (pod name, pod uid) pairs; times are
+    minutes after T0."""
     metadata: JSONObject = {"name": name, "namespace": namespace, "uid": claim_uid, "resourceVersion": rv(),
-                            "creationTimestamp": stamp(0)}
+                            "creationTimestamp": stamp(created_at)}
     if annotations:
         metadata["annotations"] = annotations
     if deletion is not None:

@@ -622,7 +622,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         return
     if new_results is not None and state.get("results") is None:
         stamp = opt_str(obj, "status.allocation.allocationTimestamp")
-        at = parse_k8s_time(stamp, "status.allocation.allocationTimestamp") if stamp else changed_at
+        at = _allocation_time(stamp, created=_created_time(obj, observed), observed=observed, fallback=changed_at)
         em.emit(key, stream, ev.ClaimAllocated(
             uid=uid, namespace=namespace, name=name, results=new_results, node=_allocation_node(obj),
             allocation_timestamp=stamp), at, pos_holder=state)
@@ -633,6 +633,25 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         em.emit(key, stream, ev.ClaimReserved(uid=uid, consumer=consumer), changed_at, pos_holder=state)
         old_consumers[ckey] = consumer
     em.state.put(key, state)
+
+
+def _allocation_time(stamp: str | None, *, created: datetime, observed: datetime, fallback: datetime) -> datetime:
+    """When a ClaimAllocated happened: ``status.allocation.allocationTimestamp``, kept between the claim's
+    ``creationTimestamp`` and the time the allocation was first seen; ``fallback`` without a stamp.
+
+    Why the bounds: the stamp is the scheduler's clock. A claim cannot hold devices before it existed, so a stamp
+    older than the claim (a skewed or reset clock, an object edited by hand) would bill hours that never were;
+    and an allocation seen at ``observed`` existed then, so a stamp ahead of it (a clock running fast) would
+    shorten, or empty, the interval its release closes. ``observed`` never bounds below ``created``: a replay
+    ``--at`` earlier than the object keeps the object's own times.
+
+    Raises:
+        InvalidObject: the stamp is not an RFC 3339 time with a zone.
+    """
+    if not stamp:
+        return fallback
+    at = parse_k8s_time(stamp, "status.allocation.allocationTimestamp")
+    return min(max(at, created), max(observed, created))
 
 
 def _on_claim_any(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -> None:

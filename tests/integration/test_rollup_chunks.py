@@ -1,6 +1,6 @@
 """The hourly rollup in bounded chunks: an allocation dated years back, stopping between chunks, Ctrl-C.
 
-A claim whose ``allocationTimestamp`` lies years before anything else (a user trial set it to year 1) makes
+A claim created and allocated years before anything else (a user trial set its times to year 1) makes
 the rollup cover every hour since then. The run must stay bounded in memory (chunks of at most
 ``max_pieces`` interval-hours, each its own transaction), add up to the hand-computed device-hours, and
 stop between chunks with what it committed kept, so that the next run resumes and ends with the same rows.
@@ -56,7 +56,7 @@ ROW_COLUMNS = "cluster, hour, team, namespace, device_class, model, node, driver
 def years_back(ledger: LedgerHandle, tmp_path: Path) -> LedgerHandle:
     """One GPU held by one claim allocated three years (and 30 minutes) before T0, released at T0 + 90 min."""
     held = claim(name="pick-seven", namespace="ml-train", claim_uid=uid("claim"), results=["gpu-0"],
-                 allocated_at=-(YEARS_BACK_H * 60 + 30))
+                 allocated_at=-(YEARS_BACK_H * 60 + 30), created_at=-(YEARS_BACK_H * 60 + 30))
     lines: list[tuple[str, Any, float]] = [
         ("ADDED", namespace("ml-train", "vision"), 0.0),
         ("ADDED", resource_slice(name="node-a-gpus", devices=[gpu("gpu-0")]), 0.0),
@@ -236,10 +236,11 @@ def test_ctrl_c_in_jobs_once_is_exit_130_with_one_line_and_the_rerun_finishes_th
 
 def test_sigint_stops_jobs_once_between_chunks_of_a_rollup_from_year_one(ledger: LedgerHandle,
                                                                           tmp_path: Path) -> None:
-    # The user trial: allocationTimestamp 0001-01-01T00:00:00Z, ~17.7 M hours to roll up. SIGINT must end
-    # the run with exit code 130 while it rolls up, keeping whole chunks only.
+    # The user trial: a claim created and allocated 0001-01-01T00:00:00Z, ~17.7 M hours to roll up. SIGINT must
+    # end the run with exit code 130 while it rolls up, keeping whole chunks only.
     held = claim(name="pick-seven", namespace="ml-train", claim_uid=uid("claim"), results=["gpu-0"])
     dig(held, "status", "allocation")["allocationTimestamp"] = "0001-01-01T00:00:00Z"
+    dig(held, "metadata")["creationTimestamp"] = "0001-01-01T00:00:00Z"
     lines: list[tuple[str, Any, float]] = [
         ("ADDED", namespace("ml-train", "vision"), 0.0),
         ("ADDED", resource_slice(name="node-a-gpus", devices=[gpu("gpu-0")]), 0.0), ("ADDED", held, 1.0)]

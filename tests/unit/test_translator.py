@@ -18,7 +18,7 @@ from ledger.recorded import WatchLine, read_history
 from ledger.simulate import FleetSpec, write_history
 from ledger.translator.translate import Observation, TranslatorState, translate
 from ledger.types import JSONValue
-from tests.factories import Feed, at, claim, dig, gpu, namespace, pod, resource_slice, types, uid
+from tests.factories import Feed, at, claim, dig, gpu, namespace, pod, resource_slice, stamp, types, uid
 
 SEED_LAB = Path(__file__).parents[2] / "ledger" / "data" / "seed-lab.jsonl"
 
@@ -38,6 +38,25 @@ def test_allocation_is_dated_by_allocation_timestamp_and_release_by_observation(
     assert types(released) == ["ClaimDeallocated"]
     assert released[0].occurred_at == at(40)
     assert [e.stream_position for e in allocated + released] == [2, 3]
+
+
+@pytest.mark.parametrize(("created", "stamped", "observed", "expected"), [
+    (0, -600, 3, 0),     # a stamp ten hours before the claim existed: from creationTimestamp
+    (0, 2.5, 3, 2.5),    # a stamp between creation and the observation: as stamped
+    (0, 0, 3, 0),        # the stamp at creation exactly
+    (0, 90, 3, 3),       # a stamp ahead of the observation (a fast clock): when first seen allocated
+    (10, 20, 3, 10),     # a replay --at before the object: the object's own times, never before creation
+])
+def test_allocation_time_is_the_stamp_kept_between_creation_and_first_sight(
+        created: float, stamped: float, observed: float, expected: float) -> None:
+    feed, cid = Feed(), uid("claim")
+    events = feed("ADDED", claim(name="c", claim_uid=cid, results=["gpu-0"], allocated_at=stamped,
+                                 created_at=created), observed)
+    assert types(events) == ["ClaimCreated", "ClaimAllocated"]
+    assert events[1].occurred_at == at(expected)
+    event = events[1].event
+    assert isinstance(event, ev.ClaimAllocated)
+    assert event.allocation_timestamp == stamp(stamped)  # the payload keeps the stamp as sent
 
 
 def test_a_second_pod_reserving_the_claim_adds_one_reservation() -> None:
