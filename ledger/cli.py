@@ -1083,32 +1083,6 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
 
         with reported_errors():
             require_port("127.0.0.1", port, doing="serve the API")  # said before the replay, not after it
-    with reported_errors():
-        if not settings.database_url:
-            from ledger.embedded import EmbeddedPostgres, default_data_dir
-
-            server = EmbeddedPostgres(settings.data_dir or default_data_dir())
-            server.start()
-            err.print(f"embedded PostgreSQL 18 in {server.data_dir}")
-        db = services.open_ledger(settings)
-        if not settings.database_url:
-            err.print(f"ledger database: {db.url}")
-        times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
-        report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
-        _print_report(report)
-        services.refresh_occupancy_counts(db, cluster=DEMO_CLUSTER)  # what the occupancy-counts job keeps up
-        start, end = min(times), max(times)
-        busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
-        out.rule(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
-        c = DEMO_CLUSTER
-        render_occupancy(services.occupancy_all(db, at=busy, cluster=c))
-        out.print("Pending claims (requested more devices than are free):")
-        render_claims(services.claims(db, at=busy, state="pending", cluster=c))
-        out.print("After train-0 finished and the shared claim's pods went away:")
-        render_occupancy(services.occupancy_all(db, at=end, cluster=c))
-        render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
-                                    group_by="team", cluster=c))
-        render_idle(services.idle_report(db, at=end, config=DEFAULT_CONFIG, cluster=c))
     me = command_name(sys.argv[0], shutil.which("dra-ledger"))
     # The hints name the ledger the demo used: without them a query would start (or ask) another one. A URL
     # from LEDGER_DATABASE_URL needs no flag: the next command reads the same variable.
@@ -1116,9 +1090,44 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
     # By the member's name: Typer releases differ in whose ParameterSource enum they use (click's or their own).
     source = ctx.get_parameter_source("url")
     from_env = source is not None and source.name == "ENVIRONMENT"
-    where = (f"the embedded server keeps running for the next command (stop it with `{me} db stop{same}`)"
-             if not settings.database_url
-             else f"it is in the database {'LEDGER_DATABASE_URL' if from_env else '--database-url'} names")
+    stop = f"stop it with `{me} db stop{same}`"
+    named = f"the database {'LEDGER_DATABASE_URL' if from_env else '--database-url'} names"
+    where = (f"the embedded server keeps running for the next command ({stop})" if not settings.database_url
+             else f"it is in {named}")
+    where_interrupted = (f"the embedded server, if it started, keeps running ({stop})" if not settings.database_url
+                         else f"the ledger is in {named}")
+    try:
+        with reported_errors():
+            if not settings.database_url:
+                from ledger.embedded import EmbeddedPostgres, default_data_dir
+
+                server = EmbeddedPostgres(settings.data_dir or default_data_dir())
+                server.start()
+                err.print(f"embedded PostgreSQL 18 in {server.data_dir}")
+            db = services.open_ledger(settings)
+            if not settings.database_url:
+                err.print(f"ledger database: {db.url}")
+            times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
+            report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
+            _print_report(report)
+            services.refresh_occupancy_counts(db, cluster=DEMO_CLUSTER)  # what the occupancy-counts job keeps up
+            start, end = min(times), max(times)
+            busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
+            out.rule(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
+            c = DEMO_CLUSTER
+            render_occupancy(services.occupancy_all(db, at=busy, cluster=c))
+            out.print("Pending claims (requested more devices than are free):")
+            render_claims(services.claims(db, at=busy, state="pending", cluster=c))
+            out.print("After train-0 finished and the shared claim's pods went away:")
+            render_occupancy(services.occupancy_all(db, at=end, cluster=c))
+            render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,
+                                        group_by="team", cluster=c))
+            render_idle(services.idle_report(db, at=end, config=DEFAULT_CONFIG, cluster=c))
+    except KeyboardInterrupt:
+        # Ctrl-C while the embedded server starts (the first start runs initdb) ends pg_ctl, not the server: say so.
+        err.print(f"interrupted: what was replayed so far is kept (running the demo again adds nothing twice); "
+                  f"{where_interrupted}", soft_wrap=True)
+        raise typer.Exit(130) from None
     if url and not from_env:
         same += " --database-url ...  (the same URL)"  # not printed: it may carry a password
     out.print(f"The seed-lab history stays in the ledger as cluster 'seed-lab'; {where}. Try:\n"

@@ -151,6 +151,54 @@ def test_an_interrupted_replay_says_how_to_resume_and_the_next_run_records_the_r
     assert f"39 lines: {39 - stored} recorded, {stored} already recorded" in resumed.output
 
 
+def test_an_interrupted_demo_says_where_the_ledger_is_and_its_rerun_adds_the_rest(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections.abc import Iterator
+
+    from ledger import services
+    from ledger.recorded import BrokenLine, WatchLine, read_history
+
+    def cut_after_20_lines(path: Path, **kwargs: object) -> Iterator[WatchLine | BrokenLine]:
+        for n, line in enumerate(read_history(path, **kwargs), 1):  # type: ignore[arg-type]
+            if n > 20:
+                raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
+            yield line
+
+    url = _url(ledger_engine)
+    monkeypatch.setattr(services, "read_history", cut_after_20_lines)
+    interrupted = CliRunner().invoke(app, ["demo", "--no-serve", "--database-url", url])
+    monkeypatch.undo()
+    with ledger_engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM observations")).scalar_one()
+    again = CliRunner().invoke(app, ["demo", "--no-serve", "--database-url", url])
+
+    assert interrupted.exit_code == 130, interrupted.output
+    assert interrupted.output.startswith("interrupted: what was replayed so far is kept")
+    assert "the ledger is in the database --database-url names" in interrupted.output
+    assert "Traceback" not in interrupted.output and "devices 8" not in interrupted.output
+    # The demo replays its 39 lines in one batch (of 5,000): cut at line 21, none of it had been handed to a write.
+    assert stored == 0
+    assert again.exit_code == 0, again.output
+    assert "39 lines: 39 recorded, 0 already recorded, 0 rejected" in again.output
+
+
+def test_ctrl_c_while_the_demos_embedded_server_starts_names_the_stop_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.embedded import EmbeddedPostgres
+
+    def interrupted_start(self: EmbeddedPostgres) -> str:
+        raise KeyboardInterrupt  # Ctrl-C during initdb or pg_ctl start: pg_ctl ends, a started server does not
+
+    monkeypatch.delenv("LEDGER_DATABASE_URL", raising=False)
+    monkeypatch.setattr(EmbeddedPostgres, "start", interrupted_start)
+    result = CliRunner().invoke(app, ["demo", "--no-serve", "--data-dir", str(tmp_path / "pg")])
+
+    assert result.exit_code == 130, result.output
+    assert "the embedded server, if it started, keeps running (stop it with `dra-ledger db stop --data-dir " \
+           f"{tmp_path / 'pg'}`)" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_the_demo_stops_before_replaying_when_its_api_port_is_taken(ledger_engine: Engine) -> None:
     served: list[int] = []
     cli.DEMO_FOLLOWUPS.append(lambda settings, port: served.append(port))  # what the API plugin adds
