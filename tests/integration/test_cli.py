@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from ledger import cli
 from ledger.cli import app
+from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.testing.pg import create_database, drop_database
 from tests.factories import taken_port
 
@@ -118,25 +120,26 @@ def test_simulate_into_a_missing_directory_is_a_one_line_error(tmp_path: Path) -
     assert "Traceback" not in result.output
 
 
+def _interrupted_after(lines: int) -> Callable[..., Iterator[WatchLine | BrokenLine]]:
+    """A ``read_history`` that raises ``KeyboardInterrupt`` (what Ctrl-C raises in the main thread) after ``lines``."""
+    def read(path: Path, **kwargs: object) -> Iterator[WatchLine | BrokenLine]:
+        for n, line in enumerate(read_history(path, **kwargs), 1):  # type: ignore[arg-type]
+            if n > lines:
+                raise KeyboardInterrupt
+            yield line
+
+    return read
+
+
 def test_an_interrupted_replay_says_how_to_resume_and_the_next_run_records_the_rest(
         ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from collections.abc import Iterator
-
     from ledger import services
-    from ledger.recorded import BrokenLine, WatchLine, read_history
     from tests.paths import HISTORIES
 
     seed = HISTORIES / "seed-lab.jsonl"
-
-    def cut_after_30_lines(path: Path, **kwargs: object) -> Iterator[WatchLine | BrokenLine]:
-        for n, line in enumerate(read_history(path, **kwargs), 1):  # type: ignore[arg-type]
-            if n > 30:
-                raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
-            yield line
-
     url = _url(ledger_engine)
     monkeypatch.setenv("LEDGER_BATCH_SIZE", "10")
-    monkeypatch.setattr(services, "read_history", cut_after_30_lines)
+    monkeypatch.setattr(services, "read_history", _interrupted_after(30))
     interrupted = CliRunner().invoke(app, ["replay", str(seed), "--database-url", url])
     monkeypatch.undo()
     with ledger_engine.connect() as conn:
@@ -153,19 +156,10 @@ def test_an_interrupted_replay_says_how_to_resume_and_the_next_run_records_the_r
 
 def test_an_interrupted_demo_says_where_the_ledger_is_and_its_rerun_adds_the_rest(
         ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from collections.abc import Iterator
-
     from ledger import services
-    from ledger.recorded import BrokenLine, WatchLine, read_history
-
-    def cut_after_20_lines(path: Path, **kwargs: object) -> Iterator[WatchLine | BrokenLine]:
-        for n, line in enumerate(read_history(path, **kwargs), 1):  # type: ignore[arg-type]
-            if n > 20:
-                raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
-            yield line
 
     url = _url(ledger_engine)
-    monkeypatch.setattr(services, "read_history", cut_after_20_lines)
+    monkeypatch.setattr(services, "read_history", _interrupted_after(20))
     interrupted = CliRunner().invoke(app, ["demo", "--no-serve", "--database-url", url])
     monkeypatch.undo()
     with ledger_engine.connect() as conn:
