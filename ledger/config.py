@@ -44,11 +44,13 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from ledger.errors import Invalid
 from ledger.quantities import parse_quantity
@@ -145,7 +147,9 @@ class Price(_Model):
     model: str | None = None
     per_device_hour: float = Field(alias="perDeviceHour", ge=0, le=MAX_PRICE, allow_inf_nan=False)
     """Price of one device-hour, from 0 to :data:`MAX_PRICE` in ``currency``."""
-    currency: str = "USD"
+    currency: str = Field(default="USD", min_length=1, max_length=32, pattern=r"^\S(.*\S)?$")
+    """What the price is in, printed beside every cost (an ISO 4217 code such as ``USD``, or an in-house unit):
+    1 to 32 characters, no blank at either end (an empty one printed costs with no unit)."""
 
     @model_validator(mode="after")
     def _one_key(self) -> Price:
@@ -312,7 +316,7 @@ def load_config(path: Path | str | None) -> LedgerConfig:
         if path.suffix == ".toml":
             data: object = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # a SafeLoader: plain data only (see the class)
         else:
             raise Invalid(f"{path}: the configuration file must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
@@ -320,6 +324,36 @@ def load_config(path: Path | str | None) -> LedgerConfig:
     try:
         return LedgerConfig.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
-                             for err in e.errors())
-        raise Invalid(f"{path}: {problems}") from e
+        raise Invalid(f"{path}: {'; '.join(_problem(err) for err in e.errors())}") from e
+
+
+def _problem(err: ErrorDetails) -> str:
+    """One validation error as ``location: message``, the message as the check wrote it (pydantic prefixes the
+    text of a ``ValueError`` with ``Value error, ``); a check of the whole file has no location."""
+    message = str(err["ctx"]["error"]) if err["type"] == "value_error" and "ctx" in err else err["msg"]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {message}" if where else message
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only, no Python objects), refusing a mapping that holds a key twice.
+
+    Why: YAML says keys are unique, but PyYAML keeps the last of two silently, so a second ``prices:`` or a
+    ``currency`` given twice replaced the first without a word (TOML refuses the same file). The check uses the
+    loader's own hook and error type, so the message names the line as PyYAML's other errors do. Merge keys
+    (``<<``) are left to PyYAML: a key they bring in may be overridden, as YAML allows.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        """The mapping of ``node``; raises ``yaml.constructor.ConstructorError`` for a key given twice."""
+        seen: set[Hashable] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)

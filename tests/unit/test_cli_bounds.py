@@ -87,6 +87,11 @@ PRICE = '[[prices]]\n{key} = "{name}"\nperDeviceHour = {value}\ncurrency = "{cur
     (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency="USD")
      + PRICE.format(key="model", name="A100", value="2", currency="EUR"),
      r"prices: every price needs the same currency, got EUR, USD"),
+    # A cost printed with no unit, or with a unit that differs from another price's by a blank only.
+    (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency=""),
+     r"prices\.0\.currency: String should have at least 1 character"),
+    (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency="USD "),
+     r"prices\.0\.currency: String should match pattern"),
 ])
 def test_a_price_that_would_overflow_repeats_a_key_or_mixes_currencies_is_a_config_error(
         tmp_path: Path, body: str, says: str) -> None:
@@ -95,6 +100,54 @@ def test_a_price_that_would_overflow_repeats_a_key_or_mixes_currencies_is_a_conf
 
     with pytest.raises(Invalid, match=says):
         load_config(path)
+
+
+def test_a_check_of_the_whole_file_reads_as_the_check_wrote_it(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(PRICE.format(key="deviceClass", name="a.b", value="1", currency="USD")
+                    + PRICE.format(key="deviceClass", name="c.d", value="1", currency="EUR"), encoding="utf-8")
+
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+
+    # Not "(top): Value error, prices: ...": no location for the whole file, and no prefix of pydantic's.
+    assert str(caught.value) == f"{path}: prices: every price needs the same currency, got EUR, USD"
+
+
+@pytest.mark.parametrize(("body", "key", "line"), [
+    # A second prices list replaced the first: billed at 100 instead of 2.5 without a word.
+    ("prices:\n  - deviceClass: gpu.example.com\n    perDeviceHour: 2.5\n"
+     "prices:\n  - deviceClass: gpu.example.com\n    perDeviceHour: 100\n", "prices", 4),
+    ("prices:\n  - deviceClass: gpu.example.com\n    perDeviceHour: 2.5\n    currency: USD\n    currency: EUR\n",
+     "currency", 5),
+    ("teams:\n  overrides:\n    ml-train: alpha\n    ml-train: beta\n", "ml-train", 4),
+])
+def test_a_key_given_twice_in_a_yaml_file_is_refused_as_toml_refuses_it(tmp_path: Path, body: str, key: str,
+                                                                        line: int) -> None:
+    path = tmp_path / "ledger.yaml"
+    path.write_text(body, encoding="utf-8")
+
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not valid YAML: ")
+    assert f"found the key {key!r} twice" in message and f"line {line}, column" in message
+    toml = tmp_path / "ledger.toml"
+    toml.write_text('[teams.overrides]\nml-train = "alpha"\nml-train = "beta"\n', encoding="utf-8")
+    with pytest.raises(Invalid, match="not valid TOML"):
+        load_config(toml)
+
+
+def test_yaml_merge_keys_may_still_override_what_they_bring_in(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.yaml"
+    path.write_text("prices:\n  - &gpu {deviceClass: gpu.example.com, perDeviceHour: 2.5, currency: EUR}\n"
+                    "  - <<: *gpu\n    deviceClass: nic.example.com\n", encoding="utf-8")
+
+    config = load_config(path)
+
+    assert [(p.device_class, p.per_device_hour, p.currency) for p in config.prices] == [
+        ("gpu.example.com", 2.5, "EUR"), ("nic.example.com", 2.5, "EUR")]
 
 
 def test_a_price_of_a_billion_and_one_price_a_class_and_a_model_are_taken(tmp_path: Path) -> None:
