@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -218,16 +219,24 @@ def progress_bar(label: str, *, min_total: int) -> Iterator[Callable[[int, int],
     """A progress bar on stderr for long work whose size may be known only once it has begun.
 
     Yields ``update(done, total)``: the first call whose ``total`` is at least ``min_total`` starts the bar,
-    when stderr is a terminal (nothing is drawn otherwise, nor for short work); later calls move it to
-    ``done`` of ``total``. The bar stops when the block ends, however it ends.
+    when stderr is a terminal (nothing is drawn for short work); later calls move it to ``done`` of ``total``.
+    The bar stops when the block ends, however it ends. When stderr is not a terminal (a log file, a Job's
+    output) a line ``<label>: <done> of <total>`` is written each tenth of the way instead, for work of at
+    least :data:`PLAIN_PROGRESS_FACTOR` times ``min_total``: a long replay in a pipeline is not silent.
     """
     bar: Progress | None = None
     task: TaskID | None = None
+    tenths_said = 0
 
     def update(done: int, total: int) -> None:
-        nonlocal bar, task
+        nonlocal bar, task, tenths_said
+        if not err.is_terminal:
+            if total >= PLAIN_PROGRESS_FACTOR * min_total and (tenths := done * 10 // total) > tenths_said:
+                tenths_said = tenths
+                err.print(f"{label}: {done:,} of {total:,}", soft_wrap=True)
+            return
         if bar is None:
-            if total < min_total or not err.is_terminal:
+            if total < min_total:
                 return
             bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err)
             bar.start()
@@ -242,9 +251,13 @@ def progress_bar(label: str, *, min_total: int) -> Iterator[Callable[[int, int],
             bar.stop()
 
 
+PLAIN_PROGRESS_FACTOR = 10
+"""Work this many times a bar's ``min_total`` or more reports its progress in lines when stderr is no terminal."""
+
+
 @contextmanager
 def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] | None]:
-    if total is None or total < PROGRESS_MIN_LINES or not err.is_terminal:
+    if total is None or total < PROGRESS_MIN_LINES:
         yield None
         return
     with progress_bar(label, min_total=PROGRESS_MIN_LINES) as update:
@@ -257,6 +270,18 @@ def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] |
 
         update(0, total)
         yield advance
+
+
+def _catch_up_read_models(db: LedgerDatabase) -> None:
+    """Catch the read models up after a replay, saying so on stderr when there are many events to apply (after a
+    large replay this takes seconds, with nothing else to show)."""
+    lag = max(services.projection_lag(db).values(), default=0)
+    if lag >= PROGRESS_MIN_LINES:
+        err.print(f"read models: applying {lag:,} events ...")
+    started = time.monotonic()
+    applied = services.catch_up(db)
+    if lag >= PROGRESS_MIN_LINES:
+        err.print(f"read models: {applied:,} events applied in {time.monotonic() - started:.1f} s")
 
 
 def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:
@@ -392,11 +417,12 @@ def replay(
     with reported_errors():
         db = services.open_ledger(settings)
         try:
-            with _progress(_count_lines(files), "replay") as progress:
+            with _progress(_count_lines(files), "replay lines") as progress:
                 report = services.replay_files(
                     db, files, cluster=cluster or settings.cluster, at=when,
                     settings=TranslatorSettings(team_label=settings.team_label), batch_size=settings.batch_size,
-                    progress=progress)
+                    progress=progress, catch_up=False)
+            _catch_up_read_models(db)
         except KeyboardInterrupt:
             # Every committed batch stays; the run that follows skips it by digest.
             err.print("interrupted: the batches committed so far are kept; run the same command again to record "

@@ -517,7 +517,7 @@ def _describe(item: WatchLine) -> str:
 
 def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at: datetime | None = None,
                  settings: TranslatorSettings = TranslatorSettings(), batch_size: int = 5000,
-                 progress: Progress | None = None) -> IngestReport:
+                 progress: Progress | None = None, catch_up: bool = True) -> IngestReport:
     """Replay recorded histories (DESIGN §9), kubectl watch output or kubectl Lists, then catch up.
 
     Files are read in the order given. Replaying the same file again adds no rows.
@@ -527,16 +527,20 @@ def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at:
             ``kubectl get -o yaml|json`` Lists / single objects treated as ADDED).
         at: receive time for lines without one (Lists); ``None`` = the objects' own timestamps where
             they have them, else now.
+        catch_up: bring the read models up to the new events afterwards (``False``: the caller does, with
+            :func:`catch_up`, to report on it).
 
     Raises:
         OSError: a file cannot be read.
+        ProjectionFailed: the catch-up met an event it cannot apply (the events stay recorded).
     """
     report = IngestReport()
     state = db.load_state(cluster)
     for path in paths:
         report.merge(ingest(db, read_history(path, at=at), cluster=cluster, settings=settings, at=at,
                             batch_size=batch_size, progress=progress, state=state))
-    runner.catch_up(db.engine)
+    if catch_up:
+        runner.catch_up(db.engine)
     return report
 
 

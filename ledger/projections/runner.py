@@ -8,6 +8,7 @@ global positions become visible in order and reading ``global_position > checkpo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -27,6 +28,7 @@ from ledger.store.postgres import read_all
 from ledger.types import GlobalPosition
 
 Progress = Callable[[int], None]
+_log = logging.getLogger(__name__)
 ALLOCATIONS = "device_allocations"
 """The projection whose rows the hourly usage rollups sum."""
 COUNTED = frozenset({"device_inventory", ALLOCATIONS, "claim_consumers", "pod_phases"})
@@ -75,15 +77,29 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
                          {"pos": last, "now": now, "p": projection.name})
 
 
+WHOLE_HISTORY_FROM = 20_000
+"""Default of :func:`catch_up`'s ``whole_history_from``: below it a whole-history build saves little (its fixed
+statements cost about what a few batches do), and the test histories keep exercising the batch path."""
+
+
 def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 2000,
-             progress: Progress | None = None) -> int:
+             progress: Progress | None = None, whole_history_from: int = WHOLE_HISTORY_FROM) -> int:
     """Apply every event after each projection's checkpoint.
+
+    Read models that have applied nothing yet (every checkpoint at 0) while the store already holds
+    ``whole_history_from`` events or more (read off the newest global position) are built from the whole
+    history at once, as :func:`rebuild` builds them, and then caught up as usual: after a first replay of a
+    large file that is several times faster than applying the events batch after batch (191,046 events:
+    ~2 s against ~12 s). Should that build fail (an event it cannot take), it rolls back and the batches
+    apply the events instead, stopping before the bad one as they always do.
 
     Args:
         engine: the ledger database.
         projections: which read models (default: all, in their dependency order).
         batch_size: events per transaction.
-        progress: called with the number of events applied after each batch.
+        progress: called with the number of events applied after each batch (once for a whole-history build).
+        whole_history_from: the store size, in events, from which read models that applied nothing are built
+            from the whole history (``0``: never).
 
     Returns:
         How many events were applied (0 = already caught up).
@@ -95,8 +111,8 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         sqlalchemy.exc.SQLAlchemyError: the database could not be reached (``connection_lost``), or reading
             the checkpoints or the events failed.
     """
-    applied = 0
     names = [p.name for p in projections]
+    applied = _build_if_empty(engine, projections, names, progress=progress, from_events=whole_history_from)
     while True:
         span: tuple[int, int] | None = None  # global positions: the checkpoint, the batch's last event
         try:
@@ -116,6 +132,29 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         applied += len(batch)
         if progress is not None:
             progress(len(batch))
+
+
+def _build_if_empty(engine: Engine, projections: Sequence[Projection], names: list[str], *,
+                    progress: Progress | None, from_events: int) -> int:
+    """Build ``projections`` from the whole history if none applied an event yet and the store holds at least
+    ``from_events`` events; returns the events applied (0: not built, the batches apply them)."""
+    if from_events <= 0 or not whole.supports(names):
+        return 0
+    try:
+        with engine.begin() as conn:
+            positions = _lock_checkpoints(conn, names)  # FOR UPDATE: one runner at a time, as the batches
+            newest = int(conn.execute(text("SELECT coalesce(max(global_position), 0) FROM events")).scalar_one())
+            if any(positions.values()) or newest < from_events:
+                return 0
+            _reset(conn, projections, positions)
+            return _build_whole(conn, names, progress=progress)
+    except BATCH_FAILURES as e:
+        if isinstance(e, DBAPIError) and connection_lost(e):
+            raise
+        # Rolled back: the batches apply the events up to the bad one and report it with its positions.
+        _log.warning("building the read models from the whole history failed (%s); applying the events in "
+                     "batches instead", first_line(e) if isinstance(e, DBAPIError) else f"{type(e).__name__}: {e}")
+        return 0
 
 
 BATCH_FAILURES = (DBAPIError, LedgerError, LookupError, ValueError, TypeError, AttributeError, ArithmeticError)
@@ -160,33 +199,9 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
     with engine.begin() as conn:
         names = [p.name for p in projections]
         positions = _lock_checkpoints(conn, names)
-        tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
-        if COUNTED & set(names):
-            # Before the TRUNCATE: a refresh holds the coverage rows and then reads these tables, so taking the
-            # rows first keeps one lock order (the hourly job then computes the counts again).
-            counts.forget_all(conn)
-        # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
-        # DDL rights (SECURITY.md); row ids carry no meaning.
-        conn.execute(text(f"TRUNCATE {tables}"))
-        if ALLOCATIONS in names:
-            # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
-            # again; until then usage reads the live intervals).
-            forget_all_rolled_hours(conn)
-        for name in names:
-            positions[name] = 0
-        conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})
+        _reset(conn, projections, positions)
         if set_based and whole_history and whole.supports(names):
-            # One snapshot of the head for every statement of the build (see whole_history's docstring).
-            count, head = conn.execute(text(
-                "SELECT count(*), coalesce(max(global_position), 0) FROM events")).one()
-            if count:
-                whole.build(conn, names=names, head=GlobalPosition(int(head)))
-                conn.execute(text("UPDATE checkpoints SET position = :pos, updated_at = :now "
-                                  "WHERE projection = ANY(:names)"),
-                             {"pos": int(head), "now": datetime.now(UTC), "names": names})
-                if progress is not None:
-                    progress(int(count))
-            return int(count)
+            return _build_whole(conn, names, progress=progress)
         after = GlobalPosition(0)
         while batch := read_all(conn, after=after, limit=batch_size, with_source=False):
             _apply_batch(conn, projections, positions, batch, set_based=set_based)
@@ -195,6 +210,41 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
             if progress is not None:
                 progress(len(batch))
     return applied
+
+
+def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[str, int]) -> None:
+    """Empty the read models ``projections`` and what is derived from them, and set their checkpoints to 0 (the
+    caller holds the checkpoint rows)."""
+    names = [p.name for p in projections]
+    tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
+    if COUNTED & set(names):
+        # Before the TRUNCATE: a refresh holds the coverage rows and then reads these tables, so taking the
+        # rows first keeps one lock order (the hourly job then computes the counts again).
+        counts.forget_all(conn)
+    # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
+    # DDL rights (SECURITY.md); row ids carry no meaning.
+    conn.execute(text(f"TRUNCATE {tables}"))
+    if ALLOCATIONS in names:
+        # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
+        # again; until then usage reads the live intervals).
+        forget_all_rolled_hours(conn)
+    for name in names:
+        positions[name] = 0
+    conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})
+
+
+def _build_whole(conn: Connection, names: Sequence[str], *, progress: Progress | None) -> int:
+    """Build the (emptied) read models ``names`` from every event up to the head, with their checkpoints at the
+    head; returns how many events that was."""
+    # One snapshot of the head for every statement of the build (see whole_history's docstring).
+    count, head = conn.execute(text("SELECT count(*), coalesce(max(global_position), 0) FROM events")).one()
+    if count:
+        whole.build(conn, names=list(names), head=GlobalPosition(int(head)))
+        conn.execute(text("UPDATE checkpoints SET position = :pos, updated_at = :now WHERE projection = ANY(:names)"),
+                     {"pos": int(head), "now": datetime.now(UTC), "names": list(names)})
+        if progress is not None:
+            progress(int(count))
+    return int(count)
 
 
 def lag(engine: Engine) -> dict[str, int]:

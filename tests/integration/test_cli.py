@@ -154,6 +154,30 @@ def test_an_interrupted_replay_says_how_to_resume_and_the_next_run_records_the_r
     assert f"39 lines: {39 - stored} recorded, {stored} already recorded" in resumed.output
 
 
+def test_a_long_replay_without_a_terminal_reports_its_lines_and_the_read_models_catch_up(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.paths import HISTORIES
+
+    # The seed lab's 39 lines stand for a long file: progress from 1 x 10 lines on, batches of 10.
+    monkeypatch.setattr(cli, "PROGRESS_MIN_LINES", 10)
+    monkeypatch.setattr(cli, "PLAIN_PROGRESS_FACTOR", 1)
+    monkeypatch.setenv("LEDGER_BATCH_SIZE", "10")
+    result = CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--database-url",
+                                      _url(ledger_engine)])
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    # A line each tenth of the way passed (10 of 39 is past the second tenth), then the 51 events applied.
+    assert lines[:4] == ["replay lines: 10 of 39", "replay lines: 20 of 39", "replay lines: 30 of 39",
+                         "replay lines: 39 of 39"]
+    assert lines[4] == "read models: applying 51 events ..."
+    assert lines[5].startswith("read models: 51 events applied in ")
+    assert lines[6] == "39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended"
+    again = CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--database-url",
+                                     _url(ledger_engine)])
+    assert "read models" not in again.output  # nothing to apply: nothing said
+
+
 def test_an_interrupted_demo_says_where_the_ledger_is_and_its_rerun_adds_the_rest(
         ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     from ledger import services
