@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import Field, TypeAdapter, ValidationError
@@ -92,6 +92,23 @@ def refuse_empty_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[
         return value
 
     return read
+
+
+def refuse_empty_filter(value: str | None) -> str | None:
+    """A Typer callback for a filter option (``--node``, ``--driver``, ``--pool``, ``--namespace``): an empty
+    value is a usage error (exit code 2), as ``node=`` is a 422 in the REST API.
+
+    Why: ``--node "$NODE"`` with the variable unset filtered on a node called "" and printed an empty fleet
+    (``devices 0``), an answer indistinguishable from a real one.
+    """
+    if value == "":
+        raise typer.BadParameter("empty; leave the option out to keep every one")
+    return value
+
+
+def _filter_option(help_text: str) -> Any:  # what typer.Option returns (Typer types it Any)
+    """A filter option's ``typer.Option``: ``help_text``, and an empty value refused (:func:`refuse_empty_filter`)."""
+    return typer.Option(help=help_text, callback=refuse_empty_filter)
 
 
 WriteClusterOpt = Annotated[str | None, typer.Option(
@@ -311,7 +328,7 @@ def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Print the schema revision of the database and the one this code needs; exit 1 when they differ.
 
-    An embedded data dir where no ledger was ever made is refused (exit 2, see :func:`require_embedded_ledger`):
+    An embedded data dir where no ledger was ever made is refused (exit code 2):
     a check must not initdb and migrate a new cluster and then report it current.
     """
     settings = settings_from(url, data_dir)
@@ -437,7 +454,7 @@ def replay(
 def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Rebuild every read model from the events (global position 0) and swap it in atomically.
 
-    An embedded data dir where no ledger was ever made is refused (exit 2, see :func:`require_embedded_ledger`):
+    An embedded data dir where no ledger was ever made is refused (exit code 2):
     there are no events to rebuild from, and a new, empty server would be left behind.
     """
     settings = settings_from(url, data_dir)
@@ -732,9 +749,9 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
 
 
 @app.command()
-def occupancy(at: AtOpt = None, node: Annotated[str | None, typer.Option(help="Only this node.")] = None,
-              driver: Annotated[str | None, typer.Option(help="Only this driver.")] = None,
-              pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+def occupancy(at: AtOpt = None, node: Annotated[str | None, _filter_option("Only this node.")] = None,
+              driver: Annotated[str | None, _filter_option("Only this driver.")] = None,
+              pool: Annotated[str | None, _filter_option("Only this pool.")] = None,
               device_class: Annotated[str | None, typer.Option(
                   "--device-class", help="Only devices in this DeviceClass at T (its CEL selectors match them).")
               ] = None,
@@ -802,7 +819,7 @@ class ClaimState(enum.StrEnum):
 
 @app.command()
 def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = ClaimState.all,
-           at: AtOpt = None, namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
+           at: AtOpt = None, namespace: Annotated[str | None, _filter_option("Only this namespace.")] = None,
            config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
            url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Claims at T with state, origin, team (after the configured overrides), requested devices, allocated

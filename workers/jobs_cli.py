@@ -86,9 +86,14 @@ def register(app: typer.Typer) -> None:
 
         Without a database URL the jobs use the embedded ledger in ``--data-dir`` (``LEDGER_DATA_DIR``, else
         the default one); a data dir where no ledger was ever made is refused with exit code 2 before any
-        server starts (``ledger.cli.require_embedded_ledger``): the jobs only read and summarise a ledger.
+        server starts: the jobs only read and summarise a ledger.
         A bad ``LEDGER_*`` setting is exit code 2 too.
         """
+        if rollup_from is not None and not once:
+            # The scheduler rolls up from the last rolled hour on its own: without --once the option was ignored
+            # and the jobs started, silent, as if it had been taken.
+            raise typer.BadParameter("only with --once (the scheduled rollup resumes from the last rolled hour)",
+                                     param_hint="--rollup-from")
         settings = cli.settings_from(url, data_dir)
         if not settings.database_url:
             cli.require_embedded_ledger(settings.data_dir)

@@ -1,6 +1,7 @@
 """An empty cluster name is refused by every command that takes ``--cluster`` (exit code 2), whether it came
 from the option or from ``LEDGER_CLUSTER``, before any database is opened: the recording commands used to
-key their rows by ``default`` (``replay``) or by ``""`` (``watch``) without a word."""
+key their rows by ``default`` (``replay``) or by ``""`` (``watch``) without a word. Empty filters are refused the
+same way, and ``jobs --rollup-from`` without ``--once``."""
 
 from __future__ import annotations
 
@@ -59,3 +60,27 @@ def test_serve_refuses_an_empty_cluster() -> None:
 
     assert result.exit_code == 2, result.output
     assert "--cluster is empty; leave it out to serve every cluster" in result.output
+
+
+@pytest.mark.parametrize(("command", "option"), [
+    (["occupancy"], "--node"), (["occupancy"], "--driver"), (["occupancy"], "--pool"), (["claims"], "--namespace"),
+])
+def test_an_empty_filter_is_refused_as_the_api_refuses_it_not_answered_with_an_empty_fleet(
+        command: list[str], option: str) -> None:
+    # `--node "$NODE"` with NODE unset printed "devices 0, allocated 0, free 0" for a node called "".
+    from ledger.cli import app
+
+    result = CliRunner().invoke(app, [*command, option, "", "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': empty; leave the option out to keep every one" in result.output
+
+
+def test_jobs_refuses_rollup_from_without_once_instead_of_starting_the_scheduler_silently() -> None:
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["jobs", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url", NOWHERE],
+                                    env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert ("Invalid value for --rollup-from: only with --once (the scheduled rollup resumes from the last rolled "
+            "hour)") in result.output
