@@ -20,8 +20,9 @@ DEFAULT_PORT = cli.DEMO_PORT
 """The API's default port (8472): unassigned by IANA, so it rarely collides with other local services."""
 HTTP_PROTOCOL = "h11"
 """uvicorn's HTTP implementation, named rather than left to uvicorn's pick (httptools when installed): h11 refuses a
-request head still incomplete past 16 KiB (``h11_max_incomplete_event_size``), httptools takes heads of any size (a
-300 MB header took minutes of CPU and ~750 MB of memory), before any token is checked."""
+request head still incomplete once 16 KiB of it are buffered (``h11_max_incomplete_event_size``; a head that arrives
+whole in one read of up to 64 KiB is taken), httptools takes heads of any size (a 300 MB header took minutes of CPU
+and ~750 MB of memory), before any token is checked."""
 MAX_WORKERS = 64
 """Most worker processes ``serve`` starts: each holds a connection pool (up to 15 connections, SQLAlchemy's
 default), so 64 workers may open ~1,000, past PostgreSQL's default ``max_connections`` of 100 well before."""
