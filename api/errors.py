@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -30,6 +31,8 @@ PROBLEM_JSON = "application/problem+json"
 
 
 def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> Response[Any]:
+    """A problem details answer (RFC 9457) of type ``about:blank``: ``title`` is the status phrase, ``detail`` says
+    what was wrong."""
     return Response(
         {"type": "about:blank", "status": status, "title": title, "detail": detail},
         status_code=status,
@@ -44,7 +47,7 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
     if isinstance(exc, Conflict):
         return _problem(409, "Conflict", str(exc))
     if isinstance(exc, Invalid):
-        return _problem(422, "Invalid parameter", str(exc))
+        return _problem(422, UNPROCESSABLE, str(exc))
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)
         return _problem(
@@ -116,15 +119,17 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         # "Missing required query parameter 'from' for path /v1/usage?to=...": the path (with the query
         # string Litestar appends) repeats what the client sent; the parameter's name is the news.
         detail = detail.split(" for path ", 1)[0]
-    title = {
-        400: "Bad Request",
-        401: "Unauthorized",
-        403: "Forbidden",
-        404: "Not Found",
-        405: "Method Not Allowed",
-        422: "Invalid parameter",
-    }.get(status, "Error")
-    return _problem(status, title, str(detail), headers=exc.headers or None)
+    return _problem(status, _phrase(status), str(detail), headers=exc.headers or None)
+
+
+def _phrase(status: int) -> str:
+    """The HTTP status phrase of ``status`` (RFC 9110): the title RFC 9457 asks for with type ``about:blank``."""
+    return UNPROCESSABLE if status == 422 else HTTPStatus(status).phrase if status in _KNOWN_STATUSES else "Error"
+
+
+UNPROCESSABLE = "Unprocessable Content"
+"""RFC 9110's phrase for 422 (Python 3.11's ``HTTPStatus`` still says "Unprocessable Entity", RFC 4918's)."""
+_KNOWN_STATUSES = frozenset(s.value for s in HTTPStatus)
 
 
 def html_error_as_problem(response: Response[Any]) -> Response[Any]:

@@ -158,3 +158,18 @@ def test_a_page_token_holding_a_lone_surrogate_is_a_422_not_a_500(client: TestCl
     response = client.get("/v1/occupancy", params={"at": AT, "limit": 1, "pageToken": _token(token)})
     assert response.status_code == 422, response.text
     assert response.json()["detail"] == "pageToken is not a token this API issued"
+
+
+@pytest.mark.parametrize(("method", "path", "status", "title"), [
+    ("GET", "/v1/occupancy?at=yesterday", 422, "Unprocessable Content"),       # a value Litestar cannot take
+    ("GET", "/v1/occupancy?deviceClass=no.such.class", 404, "Not Found"),     # a ledger error
+    ("GET", "/v1/usage?from=2026-11-02T10:00:00Z&to=2026-11-02T09:00:00Z", 422, "Unprocessable Content"),
+    ("DELETE", "/v1/occupancy", 405, "Method Not Allowed"),
+])
+def test_a_problems_title_is_the_status_phrase_as_rfc_9457_asks_for_type_about_blank(
+        client: TestClient[Litestar], method: str, path: str, status: int, title: str) -> None:
+    got = client.request(method, path)
+
+    body = got.json()
+    assert (got.status_code, body["type"], body["status"], body["title"]) == (status, "about:blank", status, title)
+    assert body["detail"]  # what was wrong is said in the detail
