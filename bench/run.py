@@ -549,7 +549,7 @@ def phase_queries(report: Report, db: LedgerDatabase, *, samples: int, seed: int
         p50, p99 = statistics.median(took), took[min(len(took) - 1, int(len(took) * 0.99))]
         size = (f"{devices:,} devices, {events:,} events, {samples} random instants; first page of "
                 f"{queries.OCCUPANCY_DEFAULT_LIMIT} devices + totals over all, as the API serves it; "
-                f"occupancy counts refreshed first in {counts_s:.1f} s (rows written per cluster, 0 = already "
+                f"occupancy counts refreshed first in {counts_s:.1f} s (rows written per cluster, none if already "
                 f"covered: {written})")
         report.add(Figure("occupancy at random T, p50", p50, "ms", "≤ 20 ms", p50 <= 20, size))
         report.add(Figure("occupancy at random T, p99", p99, "ms", "≤ 100 ms", p99 <= 100, size))

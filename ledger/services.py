@@ -617,7 +617,8 @@ def refresh_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) 
     ``device_inventory``, ``device_allocations``, ``claim_consumers`` and ``pod_phases`` intervals.
 
     Returns:
-        Rows written per cluster (0 for a cluster already covered).
+        Rows written per cluster refreshed (a cluster already covered, or one the ledger holds nothing of, is left
+        out).
 
     Raises:
         StoreUnavailable: the database cannot be reached.
@@ -629,13 +630,27 @@ def refresh_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) 
         runner.catch_up(db.engine)
         with db.engine.connect() as conn:
             # Every cluster with rows in the four tables has a coverage row (the runner and migration 0004
-            # make them), so the uncovered ones are listed there, without reading the events.
-            names = [cluster] if cluster is not None else counts.uncovered_clusters(conn)
+            # make them), so the uncovered ones are listed there, without reading the events. A named cluster
+            # without one has nothing to count: no coverage row is made for it (a mistyped name left one).
+            uncovered = counts.uncovered_clusters(conn)
+            names = uncovered if cluster is None else [cluster] if cluster in uncovered else []
         written: dict[str, int] = {}
         for name in names:
             with db.engine.begin() as conn:
                 written[name] = counts.refresh(conn, name)
         return written
+
+
+def has_events(db: LedgerDatabase, cluster: str) -> bool:
+    """Whether the ledger holds any event of ``cluster`` (table ``events``; one probe of its ``(cluster, type)``
+    index). Commands that take ``--cluster`` use it to warn about a name nothing was recorded under, which
+    answers like an empty cluster.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error():
+        return db.has_events(cluster)
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:

@@ -57,6 +57,9 @@ async def _run_once(settings: Settings, config_path: Path | None, cluster: str |
                     rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None]) -> dict[str, int]:
     db = services.open_ledger(settings)
     config = load_config(config_path)
+    if cluster is not None and not services.has_events(db, cluster):
+        typer.echo(f"warning: the ledger holds no event of cluster {cluster!r}: nothing to roll up or count",
+                   err=True)
     hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
     counts = await run_snapshots(db, config=config, cluster=cluster)
     written = await run_occupancy_counts(db, cluster=cluster)

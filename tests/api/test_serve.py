@@ -153,3 +153,27 @@ def test_a_worker_without_a_spec_serve_wrote_is_refused_by_name(spec: str | None
         monkeypatch.setenv(WORKER_SPEC_ENV, spec)
     with pytest.raises(Invalid, match=f"^{WORKER_SPEC_ENV}"):
         create_app_for_worker()
+
+
+def test_serving_a_cluster_the_ledger_holds_nothing_of_warns_and_serves(
+        ledger: LedgerHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import uvicorn
+
+    import api.app
+    from tests.paths import HISTORIES
+
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    served: list[object] = []
+    # Neither built nor run: a Litestar app sets up logging to the stderr of the moment, which capsys closes after.
+    monkeypatch.setattr(api.app, "create_app", lambda **kwargs: kwargs["cluster"])
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    settings = Settings(database_url=ledger.db.url)
+
+    serve_api(settings, host="127.0.0.1", port=free_port(), allow_open=False, cluster="nope")
+    serve_api(settings, host="127.0.0.1", port=free_port(), allow_open=False, cluster=ledger.cluster)
+
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1
+    assert ("warning: the ledger holds no event of cluster 'nope' yet: every answer will be empty until something "
+            "is recorded under that name") in err
+    assert served == ["nope", ledger.cluster]  # served anyway: the workers may record it later

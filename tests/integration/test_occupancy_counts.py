@@ -291,3 +291,18 @@ def stored_rows(ledger: LedgerHandle, cluster: str) -> int:
     with ledger.engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM occupancy_counts WHERE cluster = :c"),
                                 {"c": cluster}).scalar_one())
+
+
+def test_a_cluster_the_ledger_holds_nothing_of_gets_no_counts_and_no_coverage_row(ledger: LedgerHandle) -> None:
+    # `jobs --once --cluster nope` left a coverage row (and "1 occupancy count rows") for a mistyped name.
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    assert services.has_events(ledger.db, ledger.cluster)
+    assert not services.has_events(ledger.db, "nope")
+
+    assert services.refresh_occupancy_counts(ledger.db, cluster="nope") == {}
+    first = services.refresh_occupancy_counts(ledger.db, cluster=ledger.cluster)
+    assert list(first) == [ledger.cluster] and first[ledger.cluster] > 0
+    assert services.refresh_occupancy_counts(ledger.db, cluster=ledger.cluster) == {}  # covered: nothing to do
+    with ledger.engine.connect() as conn:
+        assert conn.execute(text("SELECT cluster FROM occupancy_count_coverage ORDER BY cluster")).scalars().all() \
+            == [ledger.cluster]
