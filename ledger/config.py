@@ -41,6 +41,7 @@ Example (TOML)::
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import tomllib
@@ -61,6 +62,11 @@ QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9
 """Kubernetes qualified name (label-key syntax), as Kueue requires for mapping and class names."""
 
 
+Name = Annotated[str, Field(min_length=1)]
+"""A team, namespace, label or other name: never empty (an empty team billed its hours to no team, and an empty
+namespace key matched nothing)."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -68,9 +74,9 @@ class _Model(BaseModel):
 class TeamsConfig(_Model):
     """How namespaces map to teams."""
 
-    label: str = "team"
+    label: Name = "team"
     """Namespace label whose value names the team; the namespace name when absent."""
-    overrides: dict[str, str] = Field(default_factory=dict)
+    overrides: dict[Name, Name] = Field(default_factory=dict)
     """namespace -> team, winning over the label."""
 
 
@@ -117,7 +123,7 @@ class DeviceClassMapping(_Model):
 class Quota(_Model):
     """Nominal quota of a team for one logical resource name (a count, like Kueue's nominalQuota)."""
 
-    team: str
+    team: Name
     resource_name: str = Field(alias="resourceName")
     nominal_quota: float = Field(alias="nominalQuota", ge=0, allow_inf_nan=False)
     """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources."""
@@ -143,13 +149,20 @@ keeps the cost of a century of a million devices finite."""
 class Price(_Model):
     """Price per device-hour for a DeviceClass or a device model (exactly one of them)."""
 
-    device_class: str | None = Field(default=None, alias="deviceClass")
-    model: str | None = None
+    device_class: Name | None = Field(default=None, alias="deviceClass")
+    model: Name | None = None
     per_device_hour: float = Field(alias="perDeviceHour", ge=0, le=MAX_PRICE, allow_inf_nan=False)
     """Price of one device-hour, from 0 to :data:`MAX_PRICE` in ``currency``."""
-    currency: str = Field(default="USD", min_length=1, max_length=32, pattern=r"^\S(.*\S)?$")
+    currency: str = Field(default="USD", min_length=1, max_length=32)
     """What the price is in, printed beside every cost (an ISO 4217 code such as ``USD``, or an in-house unit):
     1 to 32 characters, no blank at either end (an empty one printed costs with no unit)."""
+
+    @field_validator("currency")
+    @classmethod
+    def _no_blank_ends(cls, value: str) -> str:
+        if value != value.strip():
+            raise ValueError("no blank at either end")
+        return value
 
     @model_validator(mode="after")
     def _one_key(self) -> Price:
@@ -177,7 +190,7 @@ class ApiToken(_Model):
     name: str
     token: str | None = Field(default=None, min_length=16)
     token_env: str | None = Field(default=None, alias="tokenEnv")
-    teams: list[str] | None = None
+    teams: list[Name] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiToken:
@@ -316,7 +329,9 @@ def load_config(path: Path | str | None) -> LedgerConfig:
         if path.suffix == ".toml":
             data: object = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml"):
-            data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # a SafeLoader: plain data only (see the class)
+            stream = io.StringIO(text)
+            stream.name = str(path)  # PyYAML names the file in its messages by this attribute
+            data = yaml.load(stream, Loader=_UniqueKeyLoader) or {}  # a SafeLoader: plain data only (see the class)
         else:
             raise Invalid(f"{path}: the configuration file must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
@@ -331,7 +346,7 @@ def _problem(err: ErrorDetails) -> str:
     """One validation error as ``location: message``, the message as the check wrote it (pydantic prefixes the
     text of a ``ValueError`` with ``Value error, ``); a check of the whole file has no location."""
     message = str(err["ctx"]["error"]) if err["type"] == "value_error" and "ctx" in err else err["msg"]
-    where = ".".join(str(p) for p in err["loc"])
+    where = ".".join('""' if p == "" else str(p) for p in err["loc"])  # an empty key shown, not left out
     return f"{where}: {message}" if where else message
 
 
