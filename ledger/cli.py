@@ -1137,8 +1137,6 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
     named = f"the database {'LEDGER_DATABASE_URL' if from_env else '--database-url'} names"
     where = (f"the embedded server keeps running for the next command ({stop})" if not settings.database_url
              else f"it is in {named}")
-    where_interrupted = (f"the embedded server, if it started, keeps running ({stop})" if not settings.database_url
-                         else f"the ledger is in {named}")
     try:
         with reported_errors():
             if not settings.database_url:
@@ -1167,9 +1165,10 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
                                         group_by="team", cluster=c))
             render_idle(services.idle_report(db, at=end, config=DEFAULT_CONFIG, cluster=c))
     except KeyboardInterrupt:
-        # Ctrl-C while the embedded server starts (the first start runs initdb) ends pg_ctl, not the server: say so.
+        # Ctrl-C while the embedded server starts (the first start runs initdb) ends pg_ctl, not a server it started:
+        # say whether one runs, and how to stop it.
         err.print(f"interrupted: what was replayed so far is kept (running the demo again adds nothing twice); "
-                  f"{where_interrupted}", soft_wrap=True)
+                  f"{_where_after_interrupt(settings, stop=stop, named=named)}", soft_wrap=True)
         raise typer.Exit(130) from None
     if url and not from_env:
         same += " --database-url ...  (the same URL)"  # not printed: it may carry a password
@@ -1181,6 +1180,19 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
         with reported_errors():
             for followup in DEMO_FOLLOWUPS:
                 followup(settings, port)
+
+
+def _where_after_interrupt(settings: Settings, *, stop: str, named: str) -> str:
+    """Where an interrupted demo leaves the ledger: the database named, or whether the embedded server runs."""
+    if settings.database_url:
+        return f"the ledger is in {named}"
+    from ledger.embedded import EmbeddedPostgres, default_data_dir
+
+    try:
+        running = EmbeddedPostgres(settings.data_dir or default_data_dir()).is_running()
+    except (OSError, LedgerError):
+        running = True  # cannot tell: say how to stop it
+    return f"the embedded server keeps running ({stop})" if running else "no embedded server was left running"
 
 
 def command_name(invoked: str, on_path: str | None) -> str:

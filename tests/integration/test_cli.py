@@ -200,8 +200,9 @@ def test_an_interrupted_demo_says_where_the_ledger_is_and_its_rerun_adds_the_res
     assert "39 lines: 39 recorded, 0 already recorded, 0 rejected" in again.output
 
 
-def test_ctrl_c_while_the_demos_embedded_server_starts_names_the_stop_command(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("running", [True, False])
+def test_ctrl_c_while_the_demos_embedded_server_starts_says_whether_it_runs_and_how_to_stop_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: bool) -> None:
     from ledger.embedded import EmbeddedPostgres
 
     def interrupted_start(self: EmbeddedPostgres) -> str:
@@ -209,11 +210,16 @@ def test_ctrl_c_while_the_demos_embedded_server_starts_names_the_stop_command(
 
     monkeypatch.delenv("LEDGER_DATABASE_URL", raising=False)
     monkeypatch.setattr(EmbeddedPostgres, "start", interrupted_start)
+    monkeypatch.setattr(EmbeddedPostgres, "is_running", lambda self: running)  # pg_ctl had started it, or not yet
     result = CliRunner().invoke(app, ["demo", "--no-serve", "--data-dir", str(tmp_path / "pg")])
 
     assert result.exit_code == 130, result.output
-    assert "the embedded server, if it started, keeps running (stop it with `dra-ledger db stop --data-dir " \
-           f"{tmp_path / 'pg'}`)" in result.output
+    if running:
+        assert "the embedded server keeps running (stop it with `dra-ledger db stop --data-dir " \
+               f"{tmp_path / 'pg'}`)" in result.output
+    else:  # initdb had not finished: nothing to stop, and `db stop` would say there is no ledger there
+        assert result.output.rstrip().endswith("no embedded server was left running"), result.output
+        assert "db stop" not in result.output
     assert "Traceback" not in result.output
 
 

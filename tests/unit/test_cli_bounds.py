@@ -215,3 +215,25 @@ def test_an_empty_team_namespace_label_or_class_name_is_a_named_config_error(tmp
         load_config(path)
 
     assert "String should have at least 1 character" in str(caught.value)
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # `dra-ledger` imports SQLAlchemy, pydantic and Rich before any command runs; a Ctrl-C then printed a traceback.
+    import importlib.abc
+    import sys
+
+    from ledger import entry
+
+    class InterruptedImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, *_: object) -> None:
+            if name == "ledger.cli":
+                raise KeyboardInterrupt  # what Ctrl-C raises in the middle of an import
+
+    monkeypatch.delitem(sys.modules, "ledger.cli")
+    monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
+    with pytest.raises(SystemExit) as exited:
+        entry.main()
+
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == "interrupted\n"
