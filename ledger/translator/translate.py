@@ -616,13 +616,17 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     if old_results is not None and old_results != new_results:
         em.emit(key, stream, ev.ClaimDeallocated(uid=uid), observed, pos_holder=state)
         state["results"] = None
+        state["released"] = observed.isoformat()  # a later allocation of this claim never starts before it
     if em.obs.type == "DELETED":
         em.emit(key, stream, ev.ClaimDeleted(uid=uid), observed, pos_holder=state)
         em.state.put(key, {"pos": state["pos"], "deleted": True, "rv": rv})
         return
     if new_results is not None and state.get("results") is None:
         stamp = opt_str(obj, "status.allocation.allocationTimestamp")
-        at = _allocation_time(stamp, created=_created_time(obj, observed), observed=observed, fallback=changed_at)
+        released = state.get("released")
+        not_before = max(_created_time(obj, observed), datetime.fromisoformat(released)) \
+            if isinstance(released, str) else _created_time(obj, observed)
+        at = _allocation_time(stamp, created=not_before, observed=observed, fallback=changed_at)
         em.emit(key, stream, ev.ClaimAllocated(
             uid=uid, namespace=namespace, name=name, results=new_results, node=_allocation_node(obj),
             allocation_timestamp=stamp), at, pos_holder=state)
@@ -636,14 +640,17 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
 
 
 def _allocation_time(stamp: str | None, *, created: datetime, observed: datetime, fallback: datetime) -> datetime:
-    """When a ClaimAllocated happened: ``status.allocation.allocationTimestamp``, kept between the claim's
-    ``creationTimestamp`` and the time the allocation was first seen; ``fallback`` without a stamp.
+    """When a ClaimAllocated happened: ``status.allocation.allocationTimestamp``, kept between ``created`` (the
+    claim's ``creationTimestamp``, or the moment its previous allocation was seen released, whichever is later)
+    and the time the allocation was first seen; ``fallback`` without a stamp.
 
     Why the bounds: the stamp is the scheduler's clock. A claim cannot hold devices before it existed, so a stamp
-    older than the claim (a skewed or reset clock, an object edited by hand) would bill hours that never were;
-    and an allocation seen at ``observed`` existed then, so a stamp ahead of it (a clock running fast) would
-    shorten, or empty, the interval its release closes. ``observed`` never bounds below ``created``: a replay
-    ``--at`` earlier than the object keeps the object's own times.
+    older than the claim (a skewed or reset clock, an object edited by hand) would bill hours that never were,
+    and a stamp older than the claim's own last release would overlap that allocation (the claim listed twice on
+    a device); an allocation seen at ``observed`` existed then, so a stamp ahead of it (a clock running fast)
+    would shorten, or empty, the interval its release closes. ``observed`` never bounds below ``created``: a
+    replay ``--at`` earlier than the object keeps the object's own times, and with clocks skewed the other way
+    (the claim created after the allocation was seen) the creation wins.
 
     Raises:
         InvalidObject: the stamp is not an RFC 3339 time with a zone.

@@ -59,6 +59,22 @@ def test_allocation_time_is_the_stamp_kept_between_creation_and_first_sight(
     assert event.allocation_timestamp == stamp(stamped)  # the payload keeps the stamp as sent
 
 
+def test_a_claim_allocated_again_starts_no_earlier_than_its_previous_release_was_seen() -> None:
+    # Released (seen at 30), allocated again with a stamp of 20: dated 20, the claim was listed twice on gpu-0
+    # between 20 and 30, and the device counted as shared.
+    feed, cid = Feed(), uid("claim")
+    first = feed("ADDED", claim(name="r", claim_uid=cid, results=["gpu-0"], allocated_at=5), 6)
+    released = feed("MODIFIED", claim(name="r", claim_uid=cid), 30)
+    again = feed("MODIFIED", claim(name="r", claim_uid=cid, results=["gpu-0"], allocated_at=20), 40)
+    later = feed("MODIFIED", claim(name="r", claim_uid=cid), 50)
+    once_more = feed("MODIFIED", claim(name="r", claim_uid=cid, results=["gpu-0"], allocated_at=55), 60)
+
+    assert [(types(x), [e.occurred_at for e in x]) for x in (first, released, again, later, once_more)] == [
+        (["ClaimCreated", "ClaimAllocated"], [at(0), at(5)]), (["ClaimDeallocated"], [at(30)]),
+        (["ClaimAllocated"], [at(30)]), (["ClaimDeallocated"], [at(50)]),
+        (["ClaimAllocated"], [at(55)])]  # a stamp after the last release is kept as stamped
+
+
 def test_a_second_pod_reserving_the_claim_adds_one_reservation() -> None:
     feed, cid = Feed(), uid("claim")
     pod_a, pod_b = ("a", uid("pod")), ("b", uid("pod"))
