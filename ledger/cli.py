@@ -753,8 +753,8 @@ def occupancy(at: AtOpt = None, node: Annotated[str | None, _filter_option("Only
               driver: Annotated[str | None, _filter_option("Only this driver.")] = None,
               pool: Annotated[str | None, _filter_option("Only this pool.")] = None,
               device_class: Annotated[str | None, typer.Option(
-                  "--device-class", help="Only devices in this DeviceClass at T (its CEL selectors match them).")
-              ] = None,
+                  "--device-class", help="Only devices in this DeviceClass at T (its CEL selectors match them).",
+                  callback=refuse_empty_filter)] = None,
               config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
               url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Every device at T with its holders and the totals devices / allocated / free / shared.

@@ -97,12 +97,19 @@ def register(app: typer.Typer) -> None:
             # and the jobs started, silent, as if it had been taken.
             raise typer.BadParameter("only with --once (the scheduled rollup resumes from the last rolled hour)",
                                      param_hint="--rollup-from")
+        start: datetime | None = None
+        if rollup_from is not None:
+            # Read before anything starts, and named: an empty value rolled up from the last rolled hour, as if left
+            # out, and a bad one said "not an RFC 3339 time" without saying which option.
+            try:
+                start = parse_time(rollup_from)
+            except LedgerError as e:
+                raise typer.BadParameter(str(e), param_hint="--rollup-from") from e
         settings = cli.settings_from(url, data_dir)
         if not settings.database_url:
             cli.require_embedded_ledger(settings.data_dir)
         try:
             if once:
-                start = parse_time(rollup_from) if rollup_from else None
                 try:
                     with _rollup_progress() as progress:
                         counts = asyncio.run(_run_once(settings, config, cluster, start, progress))

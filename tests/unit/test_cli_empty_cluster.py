@@ -63,7 +63,8 @@ def test_serve_refuses_an_empty_cluster() -> None:
 
 
 @pytest.mark.parametrize(("command", "option"), [
-    (["occupancy"], "--node"), (["occupancy"], "--driver"), (["occupancy"], "--pool"), (["claims"], "--namespace"),
+    (["occupancy"], "--node"), (["occupancy"], "--driver"), (["occupancy"], "--pool"),
+    (["occupancy"], "--device-class"), (["claims"], "--namespace"),
 ])
 def test_an_empty_filter_is_refused_as_the_api_refuses_it_not_answered_with_an_empty_fleet(
         command: list[str], option: str) -> None:
@@ -84,3 +85,12 @@ def test_jobs_refuses_rollup_from_without_once_instead_of_starting_the_scheduler
     assert result.exit_code == 2, result.output
     assert ("Invalid value for --rollup-from: only with --once (the scheduled rollup resumes from the last rolled "
             "hour)") in result.output
+
+
+def test_jobs_refuses_an_empty_rollup_from_instead_of_rolling_up_from_the_last_hour() -> None:
+    # `--rollup-from "" --once` rolled up 776 hours from the last rolled hour, as if the option were left out.
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["jobs", "--once", "--rollup-from", "", "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --rollup-from: not an RFC 3339 time with a zone: ''" in result.output
