@@ -552,7 +552,7 @@ def simulate(
                                        help="Teams (2 namespaces each).")] = 6,
     start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339).")] = "2026-11-01T00:00:00Z",
 ) -> None:
-    """Write a deterministic simulated fleet history (see ledger.simulate for every behaviour).
+    """Write a deterministic simulated fleet history (what it holds: the README, "Benchmarks and the fleet simulator").
 
     The file appears only once complete (written beside it, then renamed): an earlier file of that name
     survives a failure, Ctrl-C (exit code 130) or SIGTERM (exit code 143), and the partial file is removed.
