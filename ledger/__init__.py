@@ -4,8 +4,6 @@ The domain lives here: the translator (watch events to domain events), the event
 projections (read models) and the use cases in :mod:`ledger.services`.
 """
 
-import importlib.metadata
-
 DISTRIBUTION = "dra-ledger"
 """Distribution name (``[project].name`` in pyproject.toml) whose metadata gives :func:`version`."""
 
@@ -17,4 +15,6 @@ def version() -> str:
     Raises:
         importlib.metadata.PackageNotFoundError: the package is not installed (run from a bare source tree).
     """
+    import importlib.metadata  # here, not at the top: ``dra-ledger`` imports this package before its Ctrl-C guard
+
     return importlib.metadata.version(DISTRIBUTION)

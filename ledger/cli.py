@@ -1227,12 +1227,13 @@ def _load_plugins() -> None:
 def main() -> None:
     """Console-script entry point of ``dra-ledger``: load command plugins, then run.
 
-    Ctrl-C while the plugins load (their imports take a second or two) ends the process with exit code 130
-    and one line, as Ctrl-C inside a command does, instead of a traceback of whatever module was importing.
+    Ctrl-C while the plugins load (their imports take a second or two), or while Typer builds the commands from
+    their signatures, ends the process with exit code 130 and one line, as Ctrl-C inside a command does, instead
+    of a traceback of whatever was running. (Inside a command, Click or the command itself handles it first.)
     """
     try:
         _load_plugins()
+        app()
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         raise SystemExit(130) from None
-    app()

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from ledger.errors import Invalid
@@ -62,9 +62,18 @@ QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9
 """Kubernetes qualified name (label-key syntax), as Kueue requires for mapping and class names."""
 
 
-Name = Annotated[str, Field(min_length=1)]
-"""A team, namespace, label or other name: never empty (an empty team billed its hours to no team, and an empty
-namespace key matched nothing)."""
+def _no_blanks(value: str) -> str:
+    if not value.strip():
+        raise ValueError("only blanks")
+    if value != value.strip():
+        raise ValueError("a blank at the start or the end")
+    return value
+
+
+Name = Annotated[str, Field(min_length=1), AfterValidator(_no_blanks)]
+"""A team, namespace, label, class, resource or token name: never empty, blank, or padded with blanks (an empty
+team billed its hours to no team, an empty namespace key matched nothing, and `" gpu.example.com"` priced no
+class while the cost column silently went away)."""
 
 
 class _Model(BaseModel):
@@ -124,7 +133,7 @@ class Quota(_Model):
     """Nominal quota of a team for one logical resource name (a count, like Kueue's nominalQuota)."""
 
     team: Name
-    resource_name: str = Field(alias="resourceName")
+    resource_name: Name = Field(alias="resourceName")
     nominal_quota: float = Field(alias="nominalQuota", ge=0, allow_inf_nan=False)
     """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources."""
 
@@ -153,16 +162,9 @@ class Price(_Model):
     model: Name | None = None
     per_device_hour: float = Field(alias="perDeviceHour", ge=0, le=MAX_PRICE, allow_inf_nan=False)
     """Price of one device-hour, from 0 to :data:`MAX_PRICE` in ``currency``."""
-    currency: str = Field(default="USD", min_length=1, max_length=32)
+    currency: Annotated[str, Field(min_length=1, max_length=32), AfterValidator(_no_blanks)] = "USD"
     """What the price is in, printed beside every cost (an ISO 4217 code such as ``USD``, or an in-house unit):
     1 to 32 characters, no blank at either end (an empty one printed costs with no unit)."""
-
-    @field_validator("currency")
-    @classmethod
-    def _no_blank_ends(cls, value: str) -> str:
-        if value != value.strip():
-            raise ValueError("no blank at either end")
-        return value
 
     @model_validator(mode="after")
     def _one_key(self) -> Price:
@@ -187,7 +189,7 @@ class IdleConfig(_Model):
 class ApiToken(_Model):
     """A bearer token of the REST API; ``teams`` limits what it sees (``None`` = every team)."""
 
-    name: str
+    name: Name
     token: str | None = Field(default=None, min_length=16)
     token_env: str | None = Field(default=None, alias="tokenEnv")
     teams: list[Name] | None = None

@@ -58,8 +58,10 @@ async def _run_once(settings: Settings, config_path: Path | None, cluster: str |
     db = services.open_ledger(settings)
     config = load_config(config_path)
     if cluster is not None and not services.has_events(db, cluster):
+        # Nothing to do, and nothing done: --rollup-from made the rollup "recompute" its hours for nobody.
         typer.echo(f"warning: the ledger holds no event of cluster {cluster!r}: nothing to roll up or count",
                    err=True)
+        return {"hours": 0, "idleClaims": 0, "quotaRows": 0, "pendingClasses": 0, "occupancyCountRows": 0}
     hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
     counts = await run_snapshots(db, config=config, cluster=cluster)
     written = await run_occupancy_counts(db, cluster=cluster)

@@ -290,9 +290,11 @@ def test_a_long_rollup_draws_a_bar_of_hours_on_a_terminal_and_a_short_one_none(
 
 def test_jobs_once_for_a_cluster_the_ledger_holds_nothing_of_warns_and_writes_nothing(years_back: LedgerHandle) -> None:
     url = years_back.engine.url.render_as_string(hide_password=False)
-    result = CliRunner().invoke(_jobs_app(), ["jobs", "--once", "--cluster", "nope", "--database-url", url])
+    result = CliRunner().invoke(_jobs_app(), ["jobs", "--once", "--cluster", "nope", "--rollup-from",
+                                              "2026-11-02T09:00:00Z", "--database-url", url])
 
     assert result.exit_code == 0, result.output
+    assert "rolled up 0 hour(s); snapshots: 0 idle claims, 0 quota rows, 0 pending classes" in result.output
     assert "warning: the ledger holds no event of cluster 'nope': nothing to roll up or count" in result.output
     assert "rolled up 0 hour(s)" in result.output and "0 occupancy count rows" in result.output
     with years_back.engine.connect() as conn:

@@ -91,7 +91,7 @@ PRICE = '[[prices]]\n{key} = "{name}"\nperDeviceHour = {value}\ncurrency = "{cur
     (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency=""),
      r"prices\.0\.currency: String should have at least 1 character"),
     (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency="USD "),
-     r"prices\.0\.currency: no blank at either end"),
+     r"prices\.0\.currency: a blank at the start or the end"),
 ])
 def test_a_price_that_would_overflow_repeats_a_key_or_mixes_currencies_is_a_config_error(
         tmp_path: Path, body: str, says: str) -> None:
@@ -184,6 +184,26 @@ def test_ctrl_c_while_the_plugins_load_is_one_line_and_exit_code_130(monkeypatch
     assert capsys.readouterr().err == "interrupted\n"
 
 
+def test_ctrl_c_while_typer_builds_the_commands_is_one_line_and_exit_code_130(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # After the plugins loaded, Typer reads every command's signature before Click runs one: a Ctrl-C there printed
+    # a 50-line traceback ending in inspect.get_annotations.
+    import typer.main
+
+    from ledger import cli
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_load_plugins", lambda: None)
+    monkeypatch.setattr(typer.main, "get_command", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
 @pytest.mark.parametrize(("value", "taken"), [("9998-12-31T23:59:59.999999Z", True),
                                                ("9999-01-01T00:00:00Z", False),
                                                ("9999-12-31T23:59:59.999999Z", False)])
@@ -205,6 +225,8 @@ def test_the_cli_takes_the_times_the_api_takes(value: str, taken: bool, tmp_path
     ('[[quotas]]\nteam = ""\nresourceName = "gpu"\nnominalQuota = 4\n', r"quotas\.0\.team"),
     ('[[prices]]\ndeviceClass = ""\nperDeviceHour = 1\n', r"prices\.0\.deviceClass"),
     ('[[api.tokens]]\nname = "ci"\ntoken = "0123456789abcdef"\nteams = [""]\n', r"api\.tokens\.0\.teams\.0"),
+    ('[[api.tokens]]\nname = ""\ntoken = "0123456789abcdef"\n', r"api\.tokens\.0\.name"),
+    ('[[quotas]]\nteam = "a"\nresourceName = ""\nnominalQuota = 4\n', r"quotas\.0\.resourceName"),
 ])
 def test_an_empty_team_namespace_label_or_class_name_is_a_named_config_error(tmp_path: Path, body: str,
                                                                             where: str) -> None:
@@ -237,3 +259,19 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
 
     assert exited.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    # A team of blanks billed 9.4 device-hours to a team that printed as nothing.
+    ('[teams.overrides]\nml-train = "  "\n', r"teams\.overrides\.ml-train: only blanks"),
+    ('[[quotas]]\nteam = " "\nresourceName = "gpu"\nnominalQuota = 4\n', r"quotas\.0\.team: only blanks"),
+    # A padded class priced nothing, and the cost column went away without a word.
+    ('[[prices]]\ndeviceClass = " gpu.example.com"\nperDeviceHour = 1\n',
+     r"prices\.0\.deviceClass: a blank at the start or the end"),
+])
+def test_a_name_of_blanks_or_padded_with_blanks_is_a_named_config_error(tmp_path: Path, body: str, says: str) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(body, encoding="utf-8")
+
+    with pytest.raises(Invalid, match=says):
+        load_config(path)
