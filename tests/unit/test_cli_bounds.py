@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,23 +50,46 @@ def test_an_idle_threshold_past_100_years_or_infinite_is_a_named_config_error(tm
     assert problem in str(caught.value)
 
 
-@pytest.mark.parametrize(("body", "where"), [
-    ('[[quotas]]\nteam = "a"\nresourceName = "gpu"\nnominalQuota = inf\n', r"quotas\.0\.nominalQuota"),
-    ('[[quotas]]\nteam = "a"\nresourceName = "gpu"\nnominalQuota = nan\n', r"quotas\.0\.nominalQuota"),
-    ('[[quotas]]\nteam = "a"\nresourceName = "mem"\nnominalQuota = "1e400"\n', r"quotas\.0\.nominalQuota"),
-    ('[[prices]]\ndeviceClass = "gpu.example.com"\nperDeviceHour = inf\n', r"prices\.0\.perDeviceHour"),
-    ('[[prices]]\nmodel = "A100"\nperDeviceHour = nan\n', r"prices\.0\.perDeviceHour"),
-])
-def test_a_quota_or_price_that_is_not_a_finite_number_is_a_named_config_error(tmp_path: Path, body: str,
-                                                                             where: str) -> None:
-    # An infinite or NaN quota or price has no meaning, and JSON (serve's hand-over to its workers) cannot carry it.
+def _config_error(tmp_path: Path, body: str) -> str:
+    """The message of the ``Invalid`` that loading ``body`` as ``ledger.toml`` raises (failing if none is)."""
     path = tmp_path / "ledger.toml"
     path.write_text(body, encoding="utf-8")
-
-    with pytest.raises(Invalid, match=where) as caught:
+    with pytest.raises(Invalid) as caught:
         load_config(path)
+    return str(caught.value)
 
-    assert "Input should be a finite number" in str(caught.value)
+
+FINITE = "Input should be a finite number"
+NOT_EMPTY = "String should have at least 1 character"
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    # An infinite or NaN quota or price has no meaning, and JSON (serve's hand-over to its workers) cannot carry it.
+    ('[[quotas]]\nteam = "a"\nresourceName = "gpu"\nnominalQuota = inf\n', rf"quotas\.0\.nominalQuota: {FINITE}"),
+    ('[[quotas]]\nteam = "a"\nresourceName = "gpu"\nnominalQuota = nan\n', rf"quotas\.0\.nominalQuota: {FINITE}"),
+    ('[[quotas]]\nteam = "a"\nresourceName = "mem"\nnominalQuota = "1e400"\n',
+     rf"quotas\.0\.nominalQuota: .*{FINITE}"),
+    ('[[prices]]\ndeviceClass = "gpu.example.com"\nperDeviceHour = inf\n', rf"prices\.0\.perDeviceHour: {FINITE}"),
+    ('[[prices]]\nmodel = "A100"\nperDeviceHour = nan\n', rf"prices\.0\.perDeviceHour: {FINITE}"),
+    # An empty team billed its hours to no team (usage showed "-", the JSON null); other empty names matched nothing.
+    ('[teams.overrides]\nml-train = ""\n', rf"teams\.overrides\.ml-train: {NOT_EMPTY}"),
+    ('[teams.overrides]\n"" = "vision"\n', rf'teams\.overrides\.""\.\[key\]: {NOT_EMPTY}'),
+    ('[teams]\nlabel = ""\n', rf"teams\.label: {NOT_EMPTY}"),
+    ('[[quotas]]\nteam = ""\nresourceName = "gpu"\nnominalQuota = 4\n', rf"quotas\.0\.team: {NOT_EMPTY}"),
+    ('[[quotas]]\nteam = "a"\nresourceName = ""\nnominalQuota = 4\n', rf"quotas\.0\.resourceName: {NOT_EMPTY}"),
+    ('[[prices]]\ndeviceClass = ""\nperDeviceHour = 1\n', rf"prices\.0\.deviceClass: {NOT_EMPTY}"),
+    ('[[api.tokens]]\nname = "ci"\ntoken = "0123456789abcdef"\nteams = [""]\n',
+     rf"api\.tokens\.0\.teams\.0: {NOT_EMPTY}"),
+    ('[[api.tokens]]\nname = ""\ntoken = "0123456789abcdef"\n', rf"api\.tokens\.0\.name: {NOT_EMPTY}"),
+    # Names of blanks, or padded: a team printed as nothing; a padded class priced nothing, and the cost went away.
+    ('[teams.overrides]\nml-train = "  "\n', r"teams\.overrides\.ml-train: only blanks"),
+    ('[[quotas]]\nteam = " "\nresourceName = "gpu"\nnominalQuota = 4\n', r"quotas\.0\.team: only blanks"),
+    ('[[prices]]\ndeviceClass = " gpu.example.com"\nperDeviceHour = 1\n',
+     r"prices\.0\.deviceClass: a blank at the start or the end"),
+])
+def test_a_bad_value_in_the_configuration_is_an_error_naming_its_location(tmp_path: Path, body: str,
+                                                                        says: str) -> None:
+    assert re.search(says, _config_error(tmp_path, body)), _config_error(tmp_path, body)
 
 
 PRICE = '[[prices]]\n{key} = "{name}"\nperDeviceHour = {value}\ncurrency = "{currency}"\n'
@@ -217,28 +241,6 @@ def test_the_cli_takes_the_times_the_api_takes(value: str, taken: bool, tmp_path
         is not taken
 
 
-@pytest.mark.parametrize(("body", "where"), [
-    # Billed to no team: the usage table showed team "-" and the JSON "team": null for 9.4 device-hours.
-    ('[teams.overrides]\nml-train = ""\n', r"teams\.overrides\.ml-train"),
-    ('[teams.overrides]\n"" = "vision"\n', r'teams\.overrides\.""\.\[key\]'),
-    ('[teams]\nlabel = ""\n', r"teams\.label"),
-    ('[[quotas]]\nteam = ""\nresourceName = "gpu"\nnominalQuota = 4\n', r"quotas\.0\.team"),
-    ('[[prices]]\ndeviceClass = ""\nperDeviceHour = 1\n', r"prices\.0\.deviceClass"),
-    ('[[api.tokens]]\nname = "ci"\ntoken = "0123456789abcdef"\nteams = [""]\n', r"api\.tokens\.0\.teams\.0"),
-    ('[[api.tokens]]\nname = ""\ntoken = "0123456789abcdef"\n', r"api\.tokens\.0\.name"),
-    ('[[quotas]]\nteam = "a"\nresourceName = ""\nnominalQuota = 4\n', r"quotas\.0\.resourceName"),
-])
-def test_an_empty_team_namespace_label_or_class_name_is_a_named_config_error(tmp_path: Path, body: str,
-                                                                            where: str) -> None:
-    path = tmp_path / "ledger.toml"
-    path.write_text(body, encoding="utf-8")
-
-    with pytest.raises(Invalid, match=where) as caught:
-        load_config(path)
-
-    assert "String should have at least 1 character" in str(caught.value)
-
-
 def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     # `dra-ledger` imports SQLAlchemy, pydantic and Rich before any command runs; a Ctrl-C then printed a traceback.
@@ -259,19 +261,3 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
 
     assert exited.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
-
-
-@pytest.mark.parametrize(("body", "says"), [
-    # A team of blanks billed 9.4 device-hours to a team that printed as nothing.
-    ('[teams.overrides]\nml-train = "  "\n', r"teams\.overrides\.ml-train: only blanks"),
-    ('[[quotas]]\nteam = " "\nresourceName = "gpu"\nnominalQuota = 4\n', r"quotas\.0\.team: only blanks"),
-    # A padded class priced nothing, and the cost column went away without a word.
-    ('[[prices]]\ndeviceClass = " gpu.example.com"\nperDeviceHour = 1\n',
-     r"prices\.0\.deviceClass: a blank at the start or the end"),
-])
-def test_a_name_of_blanks_or_padded_with_blanks_is_a_named_config_error(tmp_path: Path, body: str, says: str) -> None:
-    path = tmp_path / "ledger.toml"
-    path.write_text(body, encoding="utf-8")
-
-    with pytest.raises(Invalid, match=says):
-        load_config(path)
