@@ -26,6 +26,7 @@ from ledger.projections import counts, queries, rollups, runner, settled, snapsh
 from ledger.projections import pending as pending_demand
 from ledger.projections import quotas as quota_counting
 from ledger.projections import shared as sharing
+from ledger.projections.base import clusters as recorded_clusters
 from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
@@ -642,15 +643,15 @@ def refresh_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None) 
 
 
 def has_events(db: LedgerDatabase, cluster: str) -> bool:
-    """Whether the ledger holds any event of ``cluster`` (table ``events``; one probe of its ``(cluster, type)``
-    index). Commands that take ``--cluster`` use it to warn about a name nothing was recorded under, which
-    answers like an empty cluster.
+    """Whether the ledger holds any event of ``cluster`` (table ``events``, through
+    :func:`ledger.projections.base.clusters`). Commands that take ``--cluster`` use it to warn about a name nothing
+    was recorded under, which answers like an empty cluster.
 
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    with unavailable_as_error():
-        return db.has_events(cluster)
+    with unavailable_as_error(), db.reading(autocommit=True) as conn:
+        return cluster in recorded_clusters(conn)
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:

@@ -293,12 +293,6 @@ class LedgerDatabase:
         """Close every pooled connection."""
         self.engine.dispose()
 
-    def has_events(self, cluster: str) -> bool:
-        """Whether table ``events`` holds a row of ``cluster`` (one probe of index ``events_type_idx``)."""
-        with self.reading(autocommit=True) as conn:
-            return bool(conn.execute(text("SELECT EXISTS (SELECT 1 FROM events WHERE cluster = :c)"),
-                                     {"c": cluster}).scalar_one())
-
     def load_watch_checkpoints(self, cluster: str) -> list[pg.WatchCheckpointRow]:
         """Every watch checkpoint of ``cluster`` (table ``watch_checkpoints``), ordered by kind."""
         with self.engine.connect() as conn:
