@@ -112,12 +112,22 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
             the checkpoints or the events failed.
     """
     names = [p.name for p in projections]
-    applied = _build_if_empty(engine, projections, names, progress=progress, from_events=whole_history_from)
+    applied = 0
+    # Asked once, in the first transaction, and only when every checkpoint is 0: read models already built pay
+    # nothing for it (catch_up runs on every query command and every tick of the worker's catch-up loop).
+    may_build = whole_history_from > 0 and whole.supports(names)
     while True:
         span: tuple[int, int] | None = None  # global positions: the checkpoint, the batch's last event
         try:
             with engine.begin() as conn:
                 positions = _lock_checkpoints(conn, names)
+                if may_build and not any(positions.values()):
+                    built = _build_from_nothing(conn, projections, positions, from_events=whole_history_from,
+                                                progress=progress)
+                    if built:
+                        applied += built
+                        continue  # committed; the batches apply what was appended since
+                may_build = False
                 after = min(positions.values())
                 batch = read_all(conn, after=GlobalPosition(after), limit=batch_size, with_source=False)
                 if not batch:
@@ -134,24 +144,23 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
             progress(len(batch))
 
 
-def _build_if_empty(engine: Engine, projections: Sequence[Projection], names: list[str], *,
-                    progress: Progress | None, from_events: int) -> int:
-    """Build ``projections`` from the whole history if none applied an event yet and the store holds at least
-    ``from_events`` events; returns the events applied (0: not built, the batches apply them)."""
-    if from_events <= 0 or not whole.supports(names):
+def _build_from_nothing(conn: Connection, projections: Sequence[Projection], positions: dict[str, int], *,
+                        from_events: int, progress: Progress | None) -> int:
+    """In the caller's transaction (checkpoints locked, all at 0): build ``projections`` from the whole history if
+    the store holds at least ``from_events`` events; returns the events applied (0: not built, the batches apply
+    them). A build that fails is rolled back to a savepoint, logged, and left to the batches."""
+    newest = int(conn.execute(text("SELECT coalesce(max(global_position), 0) FROM events")).scalar_one())
+    if newest < from_events:
         return 0
     try:
-        with engine.begin() as conn:
-            positions = _lock_checkpoints(conn, names)  # FOR UPDATE: one runner at a time, as the batches
-            newest = int(conn.execute(text("SELECT coalesce(max(global_position), 0) FROM events")).scalar_one())
-            if any(positions.values()) or newest < from_events:
-                return 0
+        with conn.begin_nested():
             _reset(conn, projections, positions)
-            return _build_whole(conn, names, progress=progress)
+            return _build_whole(conn, [p.name for p in projections], progress=progress)
     except BATCH_FAILURES as e:
         if isinstance(e, DBAPIError) and connection_lost(e):
             raise
-        # Rolled back: the batches apply the events up to the bad one and report it with its positions.
+        # Rolled back to the savepoint, the checkpoints at 0 as ``positions`` says: the batches apply the events up
+        # to the bad one and report it with its positions.
         _log.warning("building the read models from the whole history failed (%s); applying the events in "
                      "batches instead", first_line(e) if isinstance(e, DBAPIError) else f"{type(e).__name__}: {e}")
         return 0
