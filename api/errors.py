@@ -30,11 +30,11 @@ _log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
 
 
-def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> Response[Any]:
-    """A problem details answer (RFC 9457) of type ``about:blank``: ``title`` is the status phrase, ``detail`` says
-    what was wrong."""
+def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> Response[Any]:
+    """A problem details answer (RFC 9457) of type ``about:blank``: its title is the status phrase
+    (:func:`_phrase`), ``detail`` says what was wrong."""
     return Response(
-        {"type": "about:blank", "status": status, "title": title, "detail": detail},
+        {"type": "about:blank", "status": status, "title": _phrase(status), "detail": detail},
         status_code=status,
         media_type=PROBLEM_JSON,
         headers=headers,
@@ -43,21 +43,16 @@ def _problem(status: int, title: str, detail: str, headers: dict[str, str] | Non
 
 def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
     if isinstance(exc, NotFound):
-        return _problem(404, "Not Found", str(exc))
+        return _problem(404, str(exc))
     if isinstance(exc, Conflict):
-        return _problem(409, "Conflict", str(exc))
+        return _problem(409, str(exc))
     if isinstance(exc, Invalid):
-        return _problem(422, UNPROCESSABLE, str(exc))
+        return _problem(422, str(exc))
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)
-        return _problem(
-            503,
-            "Service Unavailable",
-            "the ledger database is not reachable; retry later",
-            headers={"Retry-After": "5"},
-        )
+        return _problem(503, "the ledger database is not reachable; retry later", headers={"Retry-After": "5"})
     _log.error("unmapped ledger error: %s", exc)
-    return _problem(500, "Internal Server Error", "the ledger failed to answer; see the server log")
+    return _problem(500, "the ledger failed to answer; see the server log")
 
 
 def _field(request: Request[Any, Any, Any], key: object) -> Any:
@@ -119,7 +114,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         # "Missing required query parameter 'from' for path /v1/usage?to=...": the path (with the query
         # string Litestar appends) repeats what the client sent; the parameter's name is the news.
         detail = detail.split(" for path ", 1)[0]
-    return _problem(status, _phrase(status), str(detail), headers=exc.headers or None)
+    return _problem(status, str(detail), headers=exc.headers or None)
 
 
 def _phrase(status: int) -> str:
@@ -141,13 +136,13 @@ def html_error_as_problem(response: Response[Any]) -> Response[Any]:
     """
     media_type = response.media_type  # a str, or a MediaType member (a str whose str() is its name)
     if response.status_code == 404 and isinstance(media_type, str) and media_type.startswith("text/html"):
-        return _problem(404, "Not Found", "no such page; the API description is at /schema (/schema/openapi.json)")
+        return _problem(404, "no such page; the API description is at /schema (/schema/openapi.json)")
     return response
 
 
 def _internal(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     _log.exception("unhandled error", exc_info=exc)
-    return _problem(500, "Internal Server Error", "the ledger failed to answer; see the server log")
+    return _problem(500, "the ledger failed to answer; see the server log")
 
 
 EXCEPTION_HANDLERS: dict[int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]] = {
