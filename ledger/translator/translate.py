@@ -588,17 +588,18 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
                             f"{state.get('namespace')}/{state.get('name')}, not {namespace}/{name}")
     if state is not None and em.obs.type != "DELETED" and rv is not None and state.get("rv") == rv:
         return  # a relist or a repeated delivery of what we already recorded
+    created = _created_time(obj, observed)
     if state is None:
         origin, owner, owner_uid = _origin(obj)
         state = {"pos": 0, "namespace": namespace, "name": name, "results": None, "consumers": {},
                  "deletion": None, "rv": None}
         em.emit(key, stream, ev.ClaimCreated(
             uid=uid, namespace=namespace, name=name, origin=origin, owner_pod=owner,
-            owner_pod_uid=owner_uid, requests=list(requests)), _created_time(obj, observed),
+            owner_pod_uid=owner_uid, requests=list(requests)), created,
             pos_holder=state)
     state["rv"] = rv
     # Never before the claim existed (a replay --at earlier than creationTimestamp, say).
-    changed_at = max(_change_time(obj, observed), _created_time(obj, observed))
+    changed_at = max(_change_time(obj, observed), created)
     if deletion is not None and state.get("deletion") is None:
         em.emit(key, stream, ev.ClaimDeletionRequested(uid=uid, deletion_timestamp=deletion),
                 parse_k8s_time(deletion, "metadata.deletionTimestamp"), pos_holder=state)
@@ -624,9 +625,8 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     if new_results is not None and state.get("results") is None:
         stamp = opt_str(obj, "status.allocation.allocationTimestamp")
         released = state.get("released")
-        not_before = max(_created_time(obj, observed), datetime.fromisoformat(released)) \
-            if isinstance(released, str) else _created_time(obj, observed)
-        at = _allocation_time(stamp, created=not_before, observed=observed, fallback=changed_at)
+        not_before = max(created, datetime.fromisoformat(released)) if isinstance(released, str) else created
+        at = _allocation_time(stamp, not_before=not_before, observed=observed, fallback=changed_at)
         em.emit(key, stream, ev.ClaimAllocated(
             uid=uid, namespace=namespace, name=name, results=new_results, node=_allocation_node(obj),
             allocation_timestamp=stamp), at, pos_holder=state)
@@ -639,8 +639,8 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     em.state.put(key, state)
 
 
-def _allocation_time(stamp: str | None, *, created: datetime, observed: datetime, fallback: datetime) -> datetime:
-    """When a ClaimAllocated happened: ``status.allocation.allocationTimestamp``, kept between ``created`` (the
+def _allocation_time(stamp: str | None, *, not_before: datetime, observed: datetime, fallback: datetime) -> datetime:
+    """When a ClaimAllocated happened: ``status.allocation.allocationTimestamp``, kept between ``not_before`` (the
     claim's ``creationTimestamp``, or the moment its previous allocation was seen released, whichever is later)
     and the time the allocation was first seen; ``fallback`` without a stamp.
 
@@ -648,7 +648,7 @@ def _allocation_time(stamp: str | None, *, created: datetime, observed: datetime
     older than the claim (a skewed or reset clock, an object edited by hand) would bill hours that never were,
     and a stamp older than the claim's own last release would overlap that allocation (the claim listed twice on
     a device); an allocation seen at ``observed`` existed then, so a stamp ahead of it (a clock running fast)
-    would shorten, or empty, the interval its release closes. ``observed`` never bounds below ``created``: a
+    would shorten, or empty, the interval its release closes. ``observed`` never bounds below ``not_before``: a
     replay ``--at`` earlier than the object keeps the object's own times, and with clocks skewed the other way
     (the claim created after the allocation was seen) the creation wins.
 
@@ -658,7 +658,7 @@ def _allocation_time(stamp: str | None, *, created: datetime, observed: datetime
     if not stamp:
         return fallback
     at = parse_k8s_time(stamp, "status.allocation.allocationTimestamp")
-    return min(max(at, created), max(observed, created))
+    return min(max(at, not_before), max(observed, not_before))
 
 
 def _on_claim_any(em: _Emitter, obj: JSONObject, settings: TranslatorSettings) -> None:
