@@ -95,8 +95,8 @@ def refuse_empty_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[
 
 
 def refuse_empty_filter(value: str | None) -> str | None:
-    """A Typer callback for a filter option (``--node``, ``--driver``, ``--pool``, ``--namespace``): an empty
-    value is a usage error (exit code 2), as ``node=`` is a 422 in the REST API.
+    """A Typer callback for a filter option (``--node``, ``--driver``, ``--pool``, ``--device-class``,
+    ``--namespace``): an empty value is a usage error (exit code 2), as ``node=`` is a 422 in the REST API.
 
     Why: ``--node "$NODE"`` with the variable unset filtered on a node called "" and printed an empty fleet
     (``devices 0``), an answer indistinguishable from a real one.
@@ -106,9 +106,10 @@ def refuse_empty_filter(value: str | None) -> str | None:
     return value
 
 
-def _filter_option(help_text: str) -> Any:  # what typer.Option returns (Typer types it Any)
-    """A filter option's ``typer.Option``: ``help_text``, and an empty value refused (:func:`refuse_empty_filter`)."""
-    return typer.Option(help=help_text, callback=refuse_empty_filter)
+def _filter_option(help_text: str, *names: str) -> Any:  # what typer.Option returns (Typer types it Any)
+    """A filter option's ``typer.Option``: its ``names`` (default: from the parameter), ``help_text``, and an empty
+    value refused (:func:`refuse_empty_filter`)."""
+    return typer.Option(*names, help=help_text, callback=refuse_empty_filter)
 
 
 WriteClusterOpt = Annotated[str | None, typer.Option(
@@ -752,9 +753,8 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
 def occupancy(at: AtOpt = None, node: Annotated[str | None, _filter_option("Only this node.")] = None,
               driver: Annotated[str | None, _filter_option("Only this driver.")] = None,
               pool: Annotated[str | None, _filter_option("Only this pool.")] = None,
-              device_class: Annotated[str | None, typer.Option(
-                  "--device-class", help="Only devices in this DeviceClass at T (its CEL selectors match them).",
-                  callback=refuse_empty_filter)] = None,
+              device_class: Annotated[str | None, _filter_option(
+                  "Only devices in this DeviceClass at T (its CEL selectors match them).", "--device-class")] = None,
               config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
               url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Every device at T with its holders and the totals devices / allocated / free / shared.
