@@ -51,8 +51,13 @@ db_app = typer.Typer(help="Database: schema migrations and the embedded PostgreS
                      no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-out = Console()
-err = Console(stderr=True)
+# Status lines are never broken by Rich (soft_wrap): a terminal folds a long line itself, and a log or a pipe
+# keeps one message per line, which grep needs.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+UNWRAPPED_TABLE_WIDTH = 10_000
+"""Width (characters) a table is laid out in when stdout is not a terminal and ``COLUMNS`` is unset: Rich would
+otherwise fold every cell to fit 80 columns, and a file or a pipe would get one row over several lines."""
 DEMO_CLUSTER = "seed-lab"
 PROGRESS_MIN_LINES = 5000
 
@@ -598,7 +603,18 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    out.print(table)
+    width = table_width(out)
+    # Console.print never lays out wider than its console, so a wider layout needs a console of that width.
+    (out if width is None else Console(file=out.file, width=width, soft_wrap=True)).print(table)
+
+
+def table_width(console: Console) -> int | None:
+    """Width in characters to lay a table out in on ``console``: ``None`` (Rich's own choice: the terminal's
+    width, or ``COLUMNS``) on a terminal or with ``COLUMNS`` set, else :data:`UNWRAPPED_TABLE_WIDTH`, so that each
+    row is one line in a file, a pipe or a CI log."""
+    if console.is_terminal or "COLUMNS" in os.environ:
+        return None
+    return UNWRAPPED_TABLE_WIDTH
 
 
 def _s(value: JSONValue) -> str:

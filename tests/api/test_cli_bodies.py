@@ -157,3 +157,20 @@ def test_the_quota_intervals_on_the_cli_write_used_as_the_api_writes_it(seeded: 
     at_930 = client.get("/v1/quotas", params={"at": "2026-11-02T09:30:00Z"}).json()
     assert [r["used"] for r in at_930["rows"] if r["team"] == "vision"] == [4.0]
     assert type(at_930["rows"][0]["used"]) is float
+
+
+def test_a_table_written_to_a_pipe_keeps_each_device_on_one_line_unless_columns_is_set(seeded: LedgerHandle) -> None:
+    check = EXPECTED["checks"][0]  # 09:30: which claim holds each allocated device
+    args = ["occupancy", "--at", check["at"], "--database-url", seeded.db.url]
+
+    piped = CliRunner().invoke(cli.app, args, env={"COLUMNS": None})  # CliRunner's stdout is no terminal
+    narrow = CliRunner().invoke(cli.app, args, env={"COLUMNS": "60"})
+
+    assert piped.exit_code == 0, piped.output
+    lines = piped.output.splitlines()
+    for device, claim in check["allocated"].items():
+        assert [line for line in lines if f"/{device} " in line and claim in line], (device, claim, piped.output)
+    assert narrow.exit_code == 0, narrow.output
+    longest = max(check["allocated"].values(), key=len)
+    assert not [line for line in narrow.output.splitlines() if longest in line]  # folded to 60 columns
+    assert max(len(line) for line in narrow.output.splitlines()) <= 60
