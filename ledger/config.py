@@ -362,12 +362,26 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        """The mapping of ``node``; raises ``yaml.constructor.ConstructorError`` for a key given twice."""
+        """The mapping of ``node``; raises ``yaml.constructor.ConstructorError`` for a key given twice, or a key
+        that YAML reads as something other than a string (every key of the file is a section, a field or a name).
+
+        Why the second: a namespace called ``2024``, ``no`` or ``null`` written unquoted as an ``overrides`` key
+        is an int, a bool or nothing to YAML, and the model could only say "Input should be a valid string" at
+        ``teams.overrides.0``, without the line or the text as written; here the message names both.
+        """
         seen: set[Hashable] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                problem = "found a collection as a key; keys are names"
+                if isinstance(key_node, yaml.ScalarNode):
+                    written = key_node.value
+                    problem = (f"found the key {written!r}, which YAML reads as {type(key).__name__}, not a string: "
+                               f'quote it if it is a name ("{written}")')
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, problem, key_node.start_mark)
             if isinstance(key, Hashable):
                 if key in seen:
                     raise yaml.constructor.ConstructorError(

@@ -163,6 +163,25 @@ def test_a_key_given_twice_in_a_yaml_file_is_refused_as_toml_refuses_it(tmp_path
         load_config(toml)
 
 
+@pytest.mark.parametrize(("written", "read_as", "line"), [
+    # Namespaces named 2024, no and null are valid Kubernetes names; unquoted, YAML reads an int, a bool, nothing.
+    ("2024", "int", 3), ("no", "bool", 3), ("null", "NoneType", 3), ("1.50", "float", 3)])
+def test_an_unquoted_yaml_key_that_is_not_a_string_is_refused_with_its_line_and_the_quoted_form(
+        tmp_path: Path, written: str, read_as: str, line: int) -> None:
+    path = tmp_path / "ledger.yaml"
+    path.write_text(f"teams:\n  overrides:\n    {written}: vision\n", encoding="utf-8")
+
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not valid YAML: ")
+    assert f"found the key {written!r}, which YAML reads as {read_as}, not a string" in message
+    assert f'quote it if it is a name ("{written}")' in message and f'in "{path}", line {line}, column 5' in message
+    path.write_text(f'teams:\n  overrides:\n    "{written}": vision\n', encoding="utf-8")
+    assert load_config(path).teams.overrides == {written: "vision"}
+
+
 def test_yaml_merge_keys_may_still_override_what_they_bring_in(tmp_path: Path) -> None:
     path = tmp_path / "ledger.yaml"
     path.write_text("prices:\n  - &gpu {deviceClass: gpu.example.com, perDeviceHour: 2.5, currency: EUR}\n"
