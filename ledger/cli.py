@@ -42,7 +42,6 @@ from ledger.recorded import SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
-from ledger.translator.translate import TranslatorSettings
 from ledger.types import JSONObject, JSONValue
 
 app = typer.Typer(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
@@ -433,17 +432,21 @@ def replay(
                                                 help="Recorded histories, kubectl watch output or Lists.")],
     at: Annotated[str | None, typer.Option("--at", help="Receive time for Lists without one (RFC 3339).")] = None,
     cluster: WriteClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", envvar="LEDGER_CONFIG",
+        help="Configuration file (TOML or YAML): its teams.label names the team of namespaces recorded.")] = None,
 ) -> None:
     """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
     settings = settings_from(url, data_dir)
     when = _time(at, "--at") if at else None
     with reported_errors():
+        translator = services.translator_settings(settings, load_config(config), config_path=config)
         db = services.open_ledger(settings)
         try:
             with _progress(_count_lines(files), "replay lines") as progress:
                 report = services.replay_files(
                     db, files, cluster=cluster or settings.cluster, at=when,
-                    settings=TranslatorSettings(team_label=settings.team_label), batch_size=settings.batch_size,
+                    settings=translator, batch_size=settings.batch_size,
                     progress=progress, catch_up=False)
             _catch_up_read_models(db)
         except KeyboardInterrupt:

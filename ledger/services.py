@@ -556,6 +556,28 @@ EMBEDDED_DATABASE = "dra_ledger"
 """Database name the ledger uses on its embedded server."""
 
 
+def translator_settings(settings: Settings, config: LedgerConfig, *,
+                        config_path: Path | str | None) -> TranslatorSettings:
+    """The translator's settings for recording: the namespace label that names a team.
+
+    The label comes from the configuration file's ``teams.label`` where the file sets it, else from
+    ``LEDGER_TEAM_LABEL`` (``Settings.team_label``), else ``team``. It is read when a namespace is recorded
+    (``Namespace.metadata.labels[label]`` becomes a TeamAssigned event), so it decides attribution from then on;
+    recorded events are never rewritten (``teams.overrides`` is the retroactive knob, applied at query time).
+
+    Raises:
+        Invalid: the file and ``LEDGER_TEAM_LABEL`` both name a label and they differ (which one should bill
+            is not guessed); the message names both and ``config_path``.
+    """
+    label = settings.team_label
+    if "label" in config.teams.model_fields_set:
+        if "team_label" in settings.model_fields_set and settings.team_label != config.teams.label:
+            raise Invalid(f"LEDGER_TEAM_LABEL is {settings.team_label!r} but teams.label in {config_path} is "
+                          f"{config.teams.label!r}: set the namespace label in one place")
+        label = config.teams.label
+    return TranslatorSettings(team_label=label)
+
+
 def open_ledger(settings: Settings) -> LedgerDatabase:
     """Open the ledger database named by ``settings``, its schema current.
 

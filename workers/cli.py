@@ -24,7 +24,6 @@ from ledger.config import load_config
 from ledger.errors import LedgerError
 from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.settings import Settings
-from ledger.translator.translate import TranslatorSettings
 from workers.fake_apiserver import FakeApiServer, HttpClock
 from workers.health import HealthServer, WorkerMetrics
 from workers.jobs import build_scheduler
@@ -244,6 +243,7 @@ def register(app: typer.Typer) -> None:
             watch_settings = watch_settings.model_copy(update={"health_port": health_port})
         try:
             ledger_config = load_config(config or settings.config)
+            translator = services.translator_settings(settings, ledger_config, config_path=config or settings.config)
             db = services.open_ledger(settings)
         except LedgerError as e:
             typer.echo(f"error: {e}", err=True)
@@ -252,7 +252,6 @@ def register(app: typer.Typer) -> None:
         async def main() -> None:
             api_client = await api_client_for(kubeconfig, context)
             metrics = WorkerMetrics()
-            translator = TranslatorSettings(team_label=settings.team_label)
             sink = LedgerSink(db, cluster=settings.cluster, translator=translator, batch_size=settings.batch_size,
                               metrics=metrics)
 

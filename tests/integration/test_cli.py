@@ -265,3 +265,33 @@ def test_db_current_exits_1_while_the_schema_is_behind_the_code(ledger_engine: E
     assert behind.exit_code == 1
     assert behind.stdout.strip() == f"database: 0005; code: {head}"
     assert "run `dra-ledger db upgrade`" in behind.stderr
+
+
+def test_the_configured_teams_label_decides_the_team_of_namespaces_replayed(ledger_engine: Engine,
+                                                                             tmp_path: Path) -> None:
+    import json
+
+    from tests.paths import HISTORIES
+
+    expected = json.loads((HISTORIES / "seed-lab.expected.json").read_text())["device_hours"]
+    url = _url(ledger_engine)
+    config = tmp_path / "ledger.toml"
+    config.write_text('[teams]\nlabel = "cost-center"\n')  # seed-lab's namespaces carry only `team`
+    clash = CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--config", str(config),
+                                     "--database-url", url], env={"LEDGER_TEAM_LABEL": "team"})
+    assert clash.exit_code == 2
+    assert (f"LEDGER_TEAM_LABEL is 'team' but teams.label in {config} is 'cost-center': set the namespace label "
+            "in one place") in clash.output
+    with ledger_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 0  # refused before reading
+
+    replayed = CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--config", str(config),
+                                        "--database-url", url], env={"LEDGER_TEAM_LABEL": None})
+    assert replayed.exit_code == 0, replayed.output
+    usage = CliRunner().invoke(app, ["usage", "--from", expected["from"], "--to", expected["to"], "--output", "json",
+                                     "--database-url", url])
+    assert usage.exit_code == 0, usage.output
+    # Without the label each namespace bills itself: vision's hours are ml-train's, nlp's are ml-serve's.
+    by_team = {r["team"]: r["deviceHours"] for r in json.loads(usage.stdout)["rows"]}
+    assert by_team == pytest.approx({"ml-train": expected["by_team"]["vision"],
+                                     "ml-serve": expected["by_team"]["nlp"]}, abs=expected["tolerance_hours"])
