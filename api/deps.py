@@ -88,6 +88,23 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
         raise Invalid(f"{name}: {e}{hint}") from e
 
 
+def page_instant(page_at: str | None, at: str | None) -> datetime:
+    """The instant a paged answer is for: the one the first page answered for, as its ``pageToken`` carries it (so
+    that an ``at`` left to default, now, stays put from page to page), else ``at``, else now; aware UTC.
+
+    Raises:
+        Invalid: a bad ``at``; or ``at`` given and the token carrying another instant (a token edited, or issued
+            for another ``at``): the token does not belong to this query, as for any other parameter changed.
+    """
+    asked = parse_instant(at, "at") if at is not None else None
+    if page_at is None:
+        return asked or datetime.now(UTC)
+    carried = parse_instant(page_at, "pageToken")
+    if asked is not None and asked != carried:
+        raise Invalid("pageToken does not belong to this query (it was issued for another at)")
+    return carried
+
+
 def parse_duration(value: str | None, name: str, *, shortest: timedelta = timedelta(0)) -> timedelta | None:
     """Parse an ISO 8601 duration (``PT30M``) or a number of seconds; ``None`` when absent.
 

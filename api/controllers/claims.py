@@ -12,7 +12,7 @@ from litestar.params import FromPath, QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
+from api.deps import AppState, ClusterParam, page_instant, parse_cluster
 from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
 from api.schemas import ClaimHistory, Claims, to_struct
@@ -72,7 +72,7 @@ class ClaimsController(Controller):
             }
         )
         page = pagination.decode(page_token, query=query)
-        when = parse_instant(page.at or at, "at")
+        when = page_instant(page.at, at)
         body: Any = services.claims(
             ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, config=ctx.config
         )

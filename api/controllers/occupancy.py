@@ -10,7 +10,7 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
+from api.deps import AppState, ClusterParam, page_instant, parse_cluster
 from api.errors import V1_NOT_FOUND
 from api.methods import read
 from api.schemas import Occupancy, to_struct
@@ -85,7 +85,7 @@ class OccupancyController(Controller):
         page = pagination.decode(page_token, query=query)
         if page.after is not None and len(page.after) != 4:
             raise Invalid("pageToken is not a token this API issued")
-        when = parse_instant(page.at or at, "at")
+        when = page_instant(page.at, at)
         # A team-limited token sees the devices its teams hold, only their allocations, and totals over
         # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy),
         # on the team after the configuration's [teams] overrides.

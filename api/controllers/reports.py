@@ -11,7 +11,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
+from api.deps import AppState, ClusterParam, page_instant, parse_cluster, parse_duration
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import IdleClaims, to_struct
@@ -58,7 +58,7 @@ class ReportsController(Controller):
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(request.url.path, {"minIdle": min_idle, "cluster": scope, "at": at})
         page = pagination.decode(page_token, query=query)
-        when = parse_instant(page.at or at, "at")
+        when = page_instant(page.at, at)
         body: Any = services.idle_report(
             ctx.db,
             at=when,

@@ -267,6 +267,25 @@ def test_a_page_token_edited_to_an_impossible_instant_or_offset_is_refused_as_no
     assert problem(client, f"{url}&pageToken={edited}", 422) == "pageToken is not a token this API issued"
 
 
+@pytest.mark.parametrize("path", ["/v1/occupancy", "/v1/claims", "/v1/quotas"])
+def test_a_page_token_edited_to_another_valid_instant_is_refused_when_at_is_given(client: TestClient[Litestar],
+                                                                                  path: str) -> None:
+    url = f"{path}?at=2026-11-02T09:30:00Z&limit=1"
+    first = client.get(url).json()
+    token = first["nextPageToken"]
+    assert token is not None, first
+    body = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    assert body["at"] == "2026-11-02T09:30:00Z" == first["at"]
+    body["at"] = "0001-01-01T00:00:00Z"  # a real instant, but not the one the request asks about
+    edited = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+
+    assert problem(client, f"{url}&pageToken={edited}", 422) == \
+        "pageToken does not belong to this query (it was issued for another at)"
+    same_instant = client.get(f"{path}?at=2026-11-02T10:30:00%2B01:00&limit=1&pageToken={token}")
+    assert same_instant.status_code == 422  # another at parameter is another query, even for the same instant
+    assert client.get(f"{url}&pageToken={token}").json()["at"] == "2026-11-02T09:30:00Z"
+
+
 def test_requests_leave_no_copy_of_the_route_handler_behind(client: TestClient[Litestar]) -> None:
     # Litestar hands each guard a copy of the route handler; a guard that cached by that copy kept one per
     # request for good. Twenty requests, each with other parameters, must leave as many handlers alive as one.
