@@ -211,9 +211,9 @@ MAX_ECHO_NAMES = 10
 
 
 def echo_names(names: Sequence[str]) -> str:
-    """``names`` joined with ``", "`` for a problem detail, each through :func:`shorten`, at most
-    :data:`MAX_ECHO_NAMES` of them followed by ``... and N more`` (order kept)."""
-    shown = ", ".join(shorten(name) for name in names[:MAX_ECHO_NAMES])
+    """``names`` joined with ``", "`` for a problem detail, each through :func:`shorten` (an empty name, as in
+    ``?=x``, shown as ``""``), at most :data:`MAX_ECHO_NAMES` of them followed by ``... and N more`` (order kept)."""
+    shown = ", ".join(shorten(name) if name else '""' for name in names[:MAX_ECHO_NAMES])
     rest = len(names) - MAX_ECHO_NAMES
     return f"{shown} ... and {rest} more" if rest > 0 else shown
 

@@ -46,6 +46,11 @@ def test_many_unknown_parameters_are_listed_ten_at_most_and_the_rest_counted(cli
     assert detail.startswith(f"unknown query parameters {listed} ... and 40 more: this endpoint takes "), detail
 
 
+def test_a_parameter_without_a_name_is_shown_as_an_empty_name(client: TestClient[Litestar]) -> None:
+    detail = problem(client, "/v1/occupancy?=x", 400)
+    assert detail.startswith('unknown query parameter "": this endpoint takes '), detail
+
+
 def test_a_long_event_type_is_echoed_cut(client: TestClient[Litestar]) -> None:
     detail = problem(client, "/v1/events?type=" + "T" * 5000, 422)
     assert detail.startswith("type: no event type '" + "T" * (MAX_ECHO_CHARS - 2) + "…; the types are "), detail[:300]
