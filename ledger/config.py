@@ -55,7 +55,7 @@ from pydantic_core import ErrorDetails
 
 from ledger.errors import Invalid
 from ledger.quantities import parse_quantity
-from ledger.recorded import MAX_DURATION
+from ledger.recorded import MAX_DURATION, check_mapping_keys
 
 QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -369,22 +369,5 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         is an int, a bool or nothing to YAML, and the model could only say "Input should be a valid string" at
         ``teams.overrides.0``, without the line or the text as written; here the message names both.
         """
-        seen: set[Hashable] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str):
-                problem = "found a collection as a key; keys are names"
-                if isinstance(key_node, yaml.ScalarNode):
-                    written = key_node.value
-                    problem = (f"found the key {written!r}, which YAML reads as {type(key).__name__}, not a string: "
-                               f'quote it if it is a name ("{written}")')
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark, problem, key_node.start_mark)
-            if isinstance(key, Hashable):
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while reading a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark)
-                seen.add(key)
+        check_mapping_keys(self, node, deep=deep, names_only=True)
         return super().construct_mapping(node, deep=deep)

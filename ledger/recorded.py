@@ -23,12 +23,12 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime, timedelta, timezone
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Final, Literal, TypeAlias, cast, get_args
+from typing import TYPE_CHECKING, Any, BinaryIO, Final, Literal, TypeAlias, cast, get_args
 
 import msgspec
 import yaml
@@ -702,7 +702,43 @@ else:  # pure-Python fallback, same API, about 10x slower
 
 
 class _YAMLLoader(_BaseLoader):
-    """Safe loader (libyaml when present) that leaves timestamps and a lone ``=`` as strings."""
+    """Safe loader (libyaml when present) that leaves timestamps and a lone ``=`` as strings, and refuses a
+    mapping that holds a key twice, as the API server's strict decoding does (PyYAML would keep the last)."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        """The mapping of ``node``; raises ``yaml.constructor.ConstructorError`` for a key given twice."""
+        check_mapping_keys(self, node, deep=deep, names_only=False)
+        return super().construct_mapping(node, deep=deep)
+
+
+def check_mapping_keys(loader: yaml.constructor.SafeConstructor, node: MappingNode, *, deep: bool,
+                       names_only: bool) -> None:
+    """Refuse a YAML mapping that gives a key twice, and with ``names_only`` one whose key YAML reads as
+    anything but a string (an unquoted ``2024``, ``no`` or ``null``), from a loader's ``construct_mapping``.
+
+    Merge keys (``<<``) are left to PyYAML: a key they bring in may be overridden, as YAML allows.
+
+    Raises:
+        yaml.constructor.ConstructorError: naming the key as written and its line, as PyYAML's own errors do.
+    """
+    seen: set[Hashable] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        if names_only and not isinstance(key, str):
+            problem = "found a collection as a key; keys are names"
+            if isinstance(key_node, ScalarNode):
+                written = key_node.value
+                problem = (f"found the key {written!r}, which YAML reads as {type(key).__name__}, not a string: "
+                           f'quote it if it is a name ("{written}")')
+            raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark, problem,
+                                                    key_node.start_mark)
+        if isinstance(key, Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark,
+                                                        f"found the key {key!r} twice", key_node.start_mark)
+            seen.add(key)
 
 
 _YAMLLoader.yaml_implicit_resolvers = {

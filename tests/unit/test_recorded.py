@@ -531,6 +531,29 @@ metadata: {name: three}
     assert [r.line for r in results] == [2, 6, 12]
 
 
+def test_a_yaml_document_that_gives_a_key_twice_is_broken_and_the_next_document_still_reads() -> None:
+    text = """\
+apiVersion: v1
+kind: Namespace
+kind: Pod
+metadata: {name: one}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: two, labels: {team: a, "yes": b, true: c}}
+"""
+    results = list(read_text(text, source="twice.yaml"))
+
+    assert [type(r) for r in results] == [BrokenLine, WatchLine]
+    broken, good = results
+    assert isinstance(broken, BrokenLine) and isinstance(good, WatchLine)
+    # PyYAML kept the last: a Pod named one, recorded although the API server refuses such a document.
+    assert broken.reason.startswith("invalid YAML: while reading a mapping: found the key 'kind' twice"), broken.reason
+    assert "line 3" in broken.reason
+    # A key YAML reads as a boolean is no repeat of the string "yes"; kept as the JSON conversion decides.
+    assert good.object["metadata"] == {"name": "two", "labels": {"team": "a", "yes": "b", "true": "c"}}
+
+
 def test_a_secret_with_a_type_field_is_an_object_not_a_watch_event() -> None:
     (secret,) = read_ok('{"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": {}}')
 
