@@ -333,15 +333,31 @@ def load_config(path: Path | str | None) -> LedgerConfig:
         elif path.suffix in (".yaml", ".yml"):
             stream = io.StringIO(text)
             stream.name = str(path)  # PyYAML names the file in its messages by this attribute
-            data = yaml.load(stream, Loader=_UniqueKeyLoader) or {}  # a SafeLoader: plain data only (see the class)
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only (see the class)
+            data = {} if data is None else data  # an empty file, or one of comments only: the defaults
         else:
             raise Invalid(f"{path}: the configuration file must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
         raise Invalid(f"{path}: not valid {path.suffix[1:].upper()}: {e}") from e
+    if not isinstance(data, dict):
+        # Not pydantic's "Input should be a valid dictionary or instance of LedgerConfig": say what the file holds.
+        raise Invalid(f"{path}: the configuration file must hold a mapping of sections (teams, prices, ...), "
+                      f"not {_yaml_kind(data)}")
     try:
         return LedgerConfig.model_validate(data)
     except ValidationError as e:
         raise Invalid(f"{path}: {'; '.join(_problem(err) for err in e.errors())}") from e
+
+
+def _yaml_kind(value: object) -> str:
+    """What a YAML document's top level is, in words: ``a list``, ``a string``, ``a number``, ``a boolean``."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else f"a {type(value).__name__}"
 
 
 def _problem(err: ErrorDetails) -> str:

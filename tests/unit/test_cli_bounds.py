@@ -182,6 +182,22 @@ def test_an_unquoted_yaml_key_that_is_not_a_string_is_refused_with_its_line_and_
     assert load_config(path).teams.overrides == {written: "vision"}
 
 
+@pytest.mark.parametrize(("body", "found"), [
+    ("[]\n", "a list"), ("- teams\n", "a list"), ("teams\n", "a string"), ("42\n", "a number"), ("no\n", "a boolean")])
+def test_a_yaml_file_whose_top_level_is_not_a_mapping_is_refused_saying_what_it_holds(
+        tmp_path: Path, body: str, found: str) -> None:
+    path = tmp_path / "ledger.yaml"
+    path.write_text(body, encoding="utf-8")
+
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+
+    assert str(caught.value) == (f"{path}: the configuration file must hold a mapping of sections (teams, prices, "
+                                 f"...), not {found}")
+    path.write_text("# nothing set yet\n", encoding="utf-8")
+    assert load_config(path).teams.overrides == {}  # comments only: the defaults
+
+
 def test_yaml_merge_keys_may_still_override_what_they_bring_in(tmp_path: Path) -> None:
     path = tmp_path / "ledger.yaml"
     path.write_text("prices:\n  - &gpu {deviceClass: gpu.example.com, perDeviceHour: 2.5, currency: EUR}\n"
