@@ -248,6 +248,8 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
 TIME_LIMIT: Final = datetime(9999, 1, 1, tzinfo=UTC)
 """First instant past the times a query accepts (exclusive): year 9999 is refused, so that a window or a page
 token built on an accepted time never passes ``datetime.max``."""
+LATEST_TIME_TEXT: Final = (TIME_LIMIT - timedelta(microseconds=1)).isoformat().replace("+00:00", "Z")
+"""The latest time accepted, as messages name it (``9998-12-31T23:59:59.999999Z``)."""
 
 
 def parse_query_time(value: str) -> datetime:
@@ -263,7 +265,7 @@ def parse_query_time(value: str) -> datetime:
     parsed = parse_time(value)
     if parsed >= TIME_LIMIT:
         raise Invalid(f"{shorten(repr(value))} is too far in the future; the latest time accepted is "
-                      f"{(TIME_LIMIT - timedelta(microseconds=1)).isoformat().replace('+00:00', 'Z')}")
+                      f"{LATEST_TIME_TEXT}")
     return parsed
 
 
@@ -320,7 +322,8 @@ def _receive_time(value: str) -> tuple[datetime, str]:
     (a 60th second, 30 February), goes through :func:`parse_time`, which says why it is refused.
 
     Raises:
-        Invalid: as :func:`parse_time`.
+        Invalid: as :func:`parse_time`; or the time is at or past :data:`TIME_LIMIT`, where no query could ever
+            ask about what the line records (year 9999).
     """
     if _RECORDER_TIME.fullmatch(value):
         try:
@@ -328,10 +331,14 @@ def _receive_time(value: str) -> tuple[datetime, str]:
         except ValueError:
             pass
         else:
-            # isoformat() leaves out a fraction of zero microseconds: so does the text cut here.
-            whole = len(value) == 20 or value.endswith(".000000Z")
-            return parsed, (value[:19] if whole else value[:-1]) + "+00:00"
+            if parsed < TIME_LIMIT:
+                # isoformat() leaves out a fraction of zero microseconds: so does the text cut here.
+                whole = len(value) == 20 or value.endswith(".000000Z")
+                return parsed, (value[:19] if whole else value[:-1]) + "+00:00"
     parsed = parse_time(value)
+    if parsed >= TIME_LIMIT:
+        raise Invalid(f"{shorten(repr(value))} is too far in the future: no query can ask about it (the latest "
+                      f"time accepted is {LATEST_TIME_TEXT})")
     return parsed, parsed.isoformat()
 
 

@@ -236,6 +236,13 @@ def test_a_line_that_decodes_but_is_refused_keeps_its_text_and_digest(tmp_path: 
     assert status.digest == hashlib.sha256(error.encode()).hexdigest()
 
 
+def test_a_line_observed_in_the_last_hour_a_query_takes_is_read() -> None:
+    (line,) = read_ok('{"observedAt": "9999-01-01T00:30:00+01:00", "type": "ADDED", '
+                      '"object": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}}}')
+
+    assert line.observed_at == datetime(9998, 12, 31, 23, 30, tzinfo=UTC)
+
+
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
@@ -252,6 +259,12 @@ def test_a_line_that_decodes_but_is_refused_keeps_its_text_and_digest(tmp_path: 
             "observedAt: not an RFC 3339",
         ),
         ('{"observedAt": 1762074000, "type": "ADDED", "object": {}}', "observedAt: not an RFC 3339"),
+        # Past the latest time a query takes: what the line records could never be asked about.
+        ('{"observedAt": "9999-12-31T23:30:00Z", "type": "ADDED", "object": {}}',
+         "observedAt: '9999-12-31T23:30:00Z' is too far in the future: no query can ask about it (the latest time "
+         "accepted is 9998-12-31T23:59:59.999999Z)"),
+        ('{"observedAt": "9999-01-01T01:30:00+01:00", "type": "ADDED", "object": {}}',
+         "observedAt: '9999-01-01T01:30:00+01:00' is too far in the future"),
         ('{"type": "ADDED", "object": {}}', "missing field 'observedAt'"),
         (
             '{"observedAt": "2026-11-02T09:00:00Z", "type": "ERROR", "object": {"message": "too old"}}',
