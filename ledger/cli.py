@@ -930,6 +930,8 @@ def render_shared(body: JSONObject) -> None:
         held = ", ".join(f"{p['device']} ({a['namespace']}/{a['claim']})" for p in c["partitions"]
                          if isinstance(p, dict) and isinstance(p["allocations"], list)
                          for a in p["allocations"] if isinstance(a, dict))
+        if c.get("conflict") is True:
+            counters += " (conflict: allocated past the hardware)"
         rows.append([f"{c['pool']}/{c['counterSet']}", counters, held or "-"])
     _table("Partitionable devices (counter sets)", ["pool/counter set", "in use / total", "allocated partitions"],
            rows)

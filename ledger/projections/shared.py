@@ -108,7 +108,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         "devices": [{"driver", "pool", "device", "node", "allowMultipleAllocations", "conflict", "split",
         "allocations": [{"namespace", "claim", "team", "request", "shareID", "consumedCapacity",
         "fraction"}]}],
-        "counterSets": [{"driver", "pool", "counterSet", "counters": {name: {"total", "inUse", "free"}},
+        "counterSets": [{"driver", "pool", "counterSet", "counters": {name: {"total", "inUse", "free"}}, "conflict",
         "partitions": [{"device", "consumes": {name: amount}, "allocatable", "allocations":
         [{"namespace", "claim", "team", "fraction"}]}]}],
         "claims": [{"namespace", "name", "team", "devices": ["driver/pool/device"], "consumers":
@@ -117,7 +117,9 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         largest consumed/total ratio) or of the claim (consumers: 1/n). Counter amounts are numbers in
         the counter's base unit (bytes for memory); ``total`` is ``null`` when the pool's
         ``sharedCounters`` were never seen. A partition is ``allocatable`` when it is unallocated and the
-        free counters cover what it consumes. Lists are sorted by driver, pool, device / namespace, name.
+        free counters cover what it consumes. A counter set's ``conflict`` is true when a counter's ``inUse``
+        exceeds its ``total`` (its devices allocated past the hardware: a GPU and its partitions at once).
+        Lists are sorted by driver, pool, device / namespace, name.
     """
     params = {"at": at, "cluster": cluster}
     allocations = conn.execute(text(
@@ -233,8 +235,11 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
                                "allocatable": not allocs and fits,
                                "allocations": [{"namespace": a["namespace"], "claim": a["claim"], "team": a["team"],
                                                 "fraction": _ratio(share / len(allocs))} for a in allocs]})
+        # More in use than the set holds: devices of one piece of hardware allocated past it (a GPU and its
+        # partitions at once), a scheduler or driver bug, flagged as a double allocation is (DESIGN §11.5).
+        conflict = any(c in totals and in_use[c] > totals[c] for c in in_use)
         out.append({"driver": driver, "pool": pool, "counterSet": set_name, "counters": counters_out,
-                    "partitions": partitions})
+                    "conflict": conflict, "partitions": partitions})
     return out
 
 

@@ -29,7 +29,7 @@ from ledger.quantities import parse_quantity
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject
-from tests.factories import at, history, namespace, rv, uid
+from tests.factories import at, history, namespace, rv, stamp, uid
 from tests.paths import HISTORIES, REAL
 
 T = at(30)
@@ -167,6 +167,7 @@ def test_partitionable_devices_show_as_partitions_of_one_parent(ledger: LedgerHa
     gi = int(parse_quantity("1Gi"))
     assert (counter_set["pool"], counter_set["counterSet"]) == ("my-pool", "gpu-0-counter-set")
     assert counter_set["counters"] == {"memory": {"total": 40 * gi, "inUse": 20 * gi, "free": 20 * gi}}
+    assert counter_set["conflict"] is False
     parts = {p["device"]: p for p in counter_set["partitions"]}
     assert list(parts) == ["gpu-0", "gpu-0-partition-0", "gpu-0-partition-1", "gpu-0-partition-2",
                            "gpu-0-partition-3"]
@@ -179,6 +180,27 @@ def test_partitionable_devices_show_as_partitions_of_one_parent(ledger: LedgerHa
         "gpu-0-partition-3": True}
     totals: Any = ledger.occupancy(T)["totals"]
     assert (totals["devices"], totals["allocated"], totals["free"]) == (1, 1, 0)
+
+
+def test_a_counter_set_allocated_past_its_hardware_is_flagged_as_a_conflict(ledger: LedgerHandle,
+                                                                           tmp_path: Path) -> None:
+    _kep4815(ledger, tmp_path)
+    # A scheduler or driver bug: the whole GPU (all 40Gi) allocated while partitions 0 and 1 hold 20Gi of it.
+    whole: Any = _partition_claim("whole", "ml-serve", "gpu-0")
+    whole["status"]["allocation"]["allocationTimestamp"] = stamp(20)  # partitions 0 and 1 hold theirs from 10
+    path = history(tmp_path / "whole.jsonl", [("ADDED", whole, 20)])
+    assert not ledger.replay(path).rejected
+
+    body: Any = services.shared(ledger.db, at=at(25), cluster=ledger.cluster)
+
+    [counter_set] = body["counterSets"]
+    gi = int(parse_quantity("1Gi"))
+    assert counter_set["counters"] == {"memory": {"total": 40 * gi, "inUse": 60 * gi, "free": 0}}  # 10+10+40
+    assert counter_set["conflict"] is True
+    assert body["totals"]["counterSets"] == 1
+    before: Any = services.shared(ledger.db, at=at(15), cluster=ledger.cluster)  # partitions 0 and 1 alone
+    assert before["counterSets"][0]["counters"]["memory"]["inUse"] == 20 * gi
+    assert before["counterSets"][0]["conflict"] is False
 
 
 def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHandle, tmp_path: Path) -> None:
