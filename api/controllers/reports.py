@@ -50,10 +50,12 @@ class ReportsController(Controller):
     ) -> IdleClaims:
         """One row per claim, first matching category: ``unreserved`` (allocated, ``reservedFor`` empty),
         ``inactive-consumers`` (reserved only by pods not Running), ``unreferenced`` (manual claims no pod
-        references). ``idleSince`` is when it became idle; ``wastedDeviceHours`` = hours since then x
-        devices held. Thresholds come from the configuration (30 minutes each by default); ``team`` is the
-        team after the configuration's ``[teams] overrides``, and a team-limited token sees the rows of
-        that team: the body is the one of ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
+        references). ``idleSince`` is when it became idle; ``wastedDeviceHours`` = the device-hours
+        ``/v1/usage`` bills the claim since then (a shared device split equally among the allocations
+        holding it, ``adminAccess`` not counted). Thresholds come from the configuration (30 minutes each
+        by default); ``team`` is the team after the configuration's ``[teams] overrides``, and a
+        team-limited token sees the rows of that team: the body is the one of
+        ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
         """
         scope = parse_cluster(cluster, ctx)
         query = pagination.fingerprint(request.url.path, {"minIdle": min_idle, "cluster": scope, "at": at})

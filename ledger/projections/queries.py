@@ -927,6 +927,46 @@ def split_equally(intervals: Sequence[tuple[datetime, datetime, G]], seconds: di
         seconds[g] += (hi - lo).total_seconds() / n
 
 
+def claim_device_seconds(conn: Connection, *, cluster: str, claim_uid: str, start: datetime, end: datetime,
+                         now: datetime | None = None) -> float:
+    """Device-seconds that :func:`usage` bills one claim over ``[start, end)``.
+
+    Source: ``device_allocations``: the claim's intervals (not ``adminAccess``) and those of every other
+    allocation of the same devices, clipped to the window and to ``now`` by :func:`present` as usage clips
+    them, then divided by :func:`split_equally`, the split usage and the rollups use: a device held by
+    several allocations at once (shares, a double booking, or one claim listing it twice) gives each of
+    them an equal part of each second, so the claim never gets more of a device than usage bills it.
+
+    Args:
+        cluster: the ledger cluster the claim was recorded in.
+        claim_uid: the claim's ``metadata.uid``.
+        start: window start (aware), inclusive.
+        end: window end (aware), exclusive; ``start <= end`` (an empty window gives 0).
+        now: nothing counts after this instant (aware); ``None``: the database's ``now()``.
+
+    Returns:
+        Float seconds >= 0 (device-seconds: a device held alone for an hour is 3600).
+    """
+    if not start < end:
+        return 0.0
+    rows = conn.execute(text(
+        "SELECT a.claim_uid = :u AS mine, a.driver, a.pool, a.device, greatest(lower(a.valid), :start) AS s, "
+        + present("a.valid") + " AS e FROM device_allocations a "
+        "WHERE a.cluster = :c AND NOT a.admin_access AND NOT isempty(a.valid) AND a.valid && tstzrange(:start, :end) "
+        " AND (a.driver, a.pool, a.device) IN (SELECT driver, pool, device FROM device_allocations "
+        "  WHERE cluster = :c AND claim_uid = :u AND NOT admin_access AND NOT isempty(valid) "
+        "  AND valid && tstzrange(:start, :end))"),
+        {"c": cluster, "u": claim_uid, "start": start, "end": end, "now": now}).all()
+    per_device: dict[tuple[str, str, str], list[tuple[datetime, datetime, bool]]] = defaultdict(list)
+    for r in rows:
+        if r.e > r.s:
+            per_device[(r.driver, r.pool, r.device)].append((r.s, r.e, bool(r.mine)))
+    seconds: dict[bool, float] = defaultdict(float)
+    for intervals in per_device.values():
+        split_equally(intervals, seconds)
+    return seconds[True]
+
+
 def team_at(conn: Connection, cluster: str, namespace: str, at: datetime, overrides: Mapping[str, str]) -> str:
     """The team billed for ``namespace`` at ``at``: its override, else table ``namespace_teams``, else the name."""
     if namespace in overrides:
@@ -1045,9 +1085,13 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
     only by pods not Running: Pending, Succeeded, Failed or deleted), ``unreferenced`` (manual claims
     no existing pod references by name, listed with 0 wasted hours when unallocated). ``idleSince`` is
     when the claim became idle; the threshold (or ``min_idle``) only decides whether it is listed.
-    ``wastedDeviceHours`` = hours since ``idleSince`` x devices held (``adminAccess`` excluded), counted up to
-    ``at`` or ``now`` (aware; default the database's ``now()``), whichever is earlier: for an ``at`` in the
-    future the claims are those idle now, and no hour that has not happened is counted (:func:`until_now`).
+    ``wastedDeviceHours`` (float hours, 6 decimals) = the device-hours :func:`usage` bills the claim from
+    ``idleSince`` (:func:`claim_device_seconds`): a device it holds alone counts 1 per hour, a device held by
+    several allocations at once (shares, a double booking, a device listed twice) counts the claim's equal
+    parts of it, and ``adminAccess`` allocations count 0; a claim holding no device at ``at`` wastes 0. They are
+    counted up to ``at`` or ``now`` (aware; default the database's ``now()``), whichever is earlier: for an ``at``
+    in the future the claims are those idle now, and no hour that has not happened is counted (:func:`until_now`).
+    Sources: tables ``claims``, ``claim_states``, ``claim_consumers``, ``pod_phases``, ``device_allocations``.
     ``team`` is the namespace's ``overrides`` entry when it has one (``[teams] overrides``).
 
     Returns:
@@ -1101,7 +1145,10 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
                     "team": team_at(conn, r.cluster, r.namespace, at, overrides),
                     "category": category, "idleSince": rfc3339(since),
                     "devices": [f"{d.driver}/{d.pool}/{d.device}" for d in devices],
-                    "wastedDeviceHours": round(idle_s / 3600 * len(devices), 6)})
+                    # Only a claim holding devices at ``at`` wastes any (DESIGN §11.7: an unallocated one, 0).
+                    "wastedDeviceHours": round(claim_device_seconds(
+                        conn, cluster=r.cluster, claim_uid=r.uid, start=since, end=until, now=until) / 3600, 6)
+                    if devices else 0.0})
     return {"at": rfc3339(at), "claims": out}
 
 
