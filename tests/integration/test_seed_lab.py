@@ -110,3 +110,13 @@ def test_the_pair_claim_counts_two_devices_for_its_team(seeded: Engine) -> None:
         "template", "vision", ["gpu-2", "gpu-3"])
     ext = next(c for c in body["claims"] if c["name"].startswith("ext-0"))
     assert ext["origin"] == "extended" and isinstance(at, datetime)
+
+
+def test_an_idle_claim_is_listed_once_idle_for_exactly_its_threshold(seeded: Engine) -> None:
+    # shared-gpu: reservedFor emptied at 11:00:01 (the history's line for serve-b's deletion); threshold 30 min.
+    def listed(at: str) -> set[str]:
+        body = cli(seeded, "idle-claims", "--at", at, "--output", "json")
+        return {f"{c['namespace']}/{c['name']}" for c in body["claims"]}
+
+    assert "ml-serve/shared-gpu" not in listed("2026-11-02T11:30:00.999999Z")
+    assert "ml-serve/shared-gpu" in listed("2026-11-02T11:30:01Z")
