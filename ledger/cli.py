@@ -559,7 +559,9 @@ def simulate(
                                                      "partitions, 0 to 1.")] = 0.1,
     teams: Annotated[int, typer.Option("--teams", min=1, max=bounds.MAX_TEAMS,
                                        help="Teams (2 namespaces each).")] = 6,
-    start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339).")] = "2026-11-01T00:00:00Z",
+    start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339); the history must end, 13 s "
+                                       "past --hours at most, by 9998-12-31T23:59:59.999999Z.")]
+    = "2026-11-01T00:00:00Z",
 ) -> None:
     """Write a deterministic simulated fleet history (what it holds: the README, "Benchmarks and the fleet simulator").
 
@@ -572,6 +574,11 @@ def simulate(
     spec = simulation.FleetSpec(nodes=nodes, gpus_per_node=gpus_per_node, hours=hours, seed=seed,
                                 utilisation=utilisation, job_minutes=job_minutes,
                                 mig_node_fraction=mig_node_fraction, teams=teams, start=_time(start, "--start"))
+    try:
+        simulation.check_spec(spec)  # what the options cannot bound alone, said before "simulating ..."
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     typer.echo(f"simulating {nodes:,} nodes x {gpus_per_node} GPUs for {hours:g} h into {output_file} ...",
                err=True)
     try:
@@ -588,9 +595,6 @@ def simulate(
         raise typer.Exit(SIGTERM_EXIT) from None
     except OSError as e:
         typer.echo(f"error: cannot write {output_file}: {e.strerror or e}", err=True)
-        raise typer.Exit(2) from e
-    except ValueError as e:  # what the options cannot bound alone: GPUs a node with MIG partitions
-        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     err.print(f"wrote {summary.lines} lines to {output_file}: {summary.devices} devices, {summary.claims} claims, "
               f"{summary.allocations} device allocations")

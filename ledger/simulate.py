@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 import random
 import tempfile
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from ledger.recorded import TIME_LIMIT
 from ledger.simulate_bounds import (
     MAX_GPUS_PER_MIG_NODE,
     MAX_GPUS_PER_NODE,
@@ -67,6 +69,16 @@ _SUFFIX_LETTERS = "bcdfghjklmnpqrstvwxz2456789"
 """Letters of the random suffix Kubernetes appends to a ``generateName``."""
 
 PROGRESS_LINES = 100_000
+""":func:`write_history` reports progress every this many lines."""
+
+LINE_TAIL = timedelta(seconds=13)
+"""How long after the end of the run (:attr:`FleetSpec.start` + :attr:`FleetSpec.hours`) its last line may be
+dated. No action runs after the end, and the latest line an action writes comes 13 s after it: a claim made at
+the end is allocated 1 s later and its pods run 12 s after that. A workload still running at the end is not
+finished (its claim stays allocated), so a hold time never carries a line past the end."""
+LATEST_LINE = TIME_LIMIT - timedelta(microseconds=1)
+"""The latest time a simulated line may carry: the latest the ledger accepts (``--at`` and every query time,
+:func:`ledger.recorded.parse_query_time`), so that every instant of a simulated history can be asked about."""
 """:func:`write_history` reports progress every this many lines."""
 
 
@@ -138,6 +150,11 @@ class SimulationSummary:
 
 def _ts(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _iso(at: datetime) -> str:
+    """``at`` in RFC 3339 as the CLI's messages write times (``Z``, a fraction only when there is one)."""
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _ts_s(at: datetime) -> str:
@@ -321,9 +338,11 @@ class _Simulation:
         rate_h = spec.restarts_per_node_day * spec.nodes / 24.0
         when = t0
         while rate_h > 0:
-            when += timedelta(hours=self.rng.expovariate(rate_h))
-            if when > self.end:
+            # Compared as a gap, not as a time: a draw far past the end must not step past datetime.max first.
+            gap = timedelta(hours=min(self.rng.expovariate(rate_h), spec.hours + 1))
+            if gap > self.end - when:
                 break
+            when += gap
             self.at(when, self.restart(self.rng.randrange(spec.nodes)))
         # Relabels half-way through.
         for k in range(min(spec.relabels, len(self.namespaces))):
@@ -369,9 +388,11 @@ class _Simulation:
         rate_per_min = spec.utilisation * spec.nodes * spec.gpus_per_node / (mean_gpus * spec.job_minutes)
         t = spec.start + timedelta(minutes=1)
         while rate_per_min > 0:
-            t += timedelta(minutes=self.rng.expovariate(rate_per_min))
-            if t >= self.end:
+            # As for restarts: the gap to the end is compared, so a long draw cannot overflow the datetime.
+            gap = timedelta(minutes=min(self.rng.expovariate(rate_per_min), spec.hours * 60 + 1))
+            if gap >= self.end - t:
                 break
+            t += gap
             self.at(t, self.workload_start)
 
     def hold_time(self) -> timedelta:
@@ -591,7 +612,7 @@ class _Simulation:
             self.line(run_at, "MODIFIED", self.pod_obj(name=p, ns=claim.namespace, uid=u, at=at,
                                                              claim_ref=claim_ref, phase="Running", node=node,
                                                              statuses=statuses, extended=extended))
-        done = run_at + self.hold_time()
+        hold = self.hold_time()
 
         def finish(when: datetime) -> None:
             phase = "Succeeded" if kind in ("job", "multi", "idle", "mig", "nic") else "Failed"
@@ -623,7 +644,10 @@ class _Simulation:
             for p, u in pods:
                 self.line(when + timedelta(seconds=3), "DELETED", self.pod_obj(
                     name=p, ns=claim.namespace, uid=u, at=at, claim_ref=claim_ref, phase=phase, node=node))
-        self.at(done, finish)
+        # A workload that outlives the run is not finished (at() would drop it anyway); checked as a gap so that
+        # a long hold near the latest time the ledger accepts cannot step past datetime.max.
+        if hold <= self.end - run_at:
+            self.at(run_at + hold, finish)
 
     def shared(self, at: datetime, ns: str) -> None:
         """A manual claim shared by 2-3 pods (inference replicas on one GPU)."""
@@ -662,8 +686,9 @@ def check_spec(spec: FleetSpec) -> None:
     """Refuse knobs out of range before anything is simulated or written.
 
     Raises:
-        ValueError: no nodes, no GPUs, no hours or teams; a knob past its ``MAX_*`` bound; or more than
-            :data:`MAX_GPUS_PER_MIG_NODE` GPUs a node while nodes have MIG partitions. The message names the knob.
+        ValueError: no nodes, no GPUs, no hours or teams; a knob past its ``MAX_*`` bound; a run whose lines would
+            go past :data:`LATEST_LINE` (its end plus :data:`LINE_TAIL`); or more than :data:`MAX_GPUS_PER_MIG_NODE`
+            GPUs a node while nodes have MIG partitions. The message names the knob.
     """
     if spec.nodes < 1 or spec.gpus_per_node < 1 or spec.hours <= 0 or spec.teams < 1 \
             or spec.namespaces_per_team < 1:
@@ -674,6 +699,14 @@ def check_spec(spec: FleetSpec) -> None:
                                ("job_minutes", spec.job_minutes, MAX_JOB_MINUTES)):
         if value > bound:
             raise ValueError(f"{knob} is {value}; at most {bound} is simulated")
+    # As a gap from the start: start + hours itself may lie past datetime.max.
+    room = LATEST_LINE - LINE_TAIL - spec.start
+    if timedelta(hours=spec.hours) > room:
+        most = math.floor(room.total_seconds() / 36) / 100  # hours, rounded down to the 0.01 h --hours takes
+        fix = f"at most {most:g} hours from that start" if most >= 0.01 else "give an earlier start"
+        raise ValueError(f"hours (--hours) {spec.hours:g} from start (--start) {_iso(spec.start)}: the history would "
+                         f"end after {_iso(LATEST_LINE)}, the latest time the ledger accepts (its last lines come up "
+                         f"to {LINE_TAIL.seconds} s after the end); {fix}")
     if spec.mig_node_fraction > 0 and spec.gpus_per_node > MAX_GPUS_PER_MIG_NODE:
         raise ValueError(f"gpus_per_node (--gpus-per-node) is {spec.gpus_per_node}; at most "
                          f"{MAX_GPUS_PER_MIG_NODE} is simulated while nodes have MIG partitions (their ResourceSlice "

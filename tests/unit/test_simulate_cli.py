@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 
 from ledger import simulate as simulation
 from ledger.cli import app
+from ledger.recorded import parse_query_time
 from ledger.simulate import FleetSpec, write_history
 
 WIDE = {"COLUMNS": "300"}
@@ -157,3 +160,57 @@ def test_sigterm_mid_write_exits_143_removes_the_partial_file_and_keeps_the_earl
     assert f"terminated (SIGTERM): {out} left as it was" in rest
     assert out.read_text(encoding="utf-8") == "an earlier history\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
+
+
+@pytest.mark.parametrize(("start", "hours", "fix"), [
+    # 9998-12-31T23:59:59.999999Z less the 13 s tail less the start: 23:59:46.999999 = 23.996... h, so 23.99 h.
+    ("9998-12-31T00:00:00Z", "8783", "at most 23.99 hours from that start"),
+    ("9998-12-31T00:00:00Z", "24", "at most 23.99 hours from that start"),
+    # 0.999999 s before the latest time: less than the 13 s tail, so no --hours fits.
+    ("9998-12-31T23:59:59Z", "8784", "give an earlier start"),
+    ("9998-12-31T23:59:59Z", "0.01", "give an earlier start"),
+])
+def test_a_history_that_would_end_after_the_latest_time_the_ledger_accepts_is_refused_and_the_old_file_is_kept(
+        tmp_path: Path, start: str, hours: str, fix: str) -> None:
+    out = tmp_path / "sim.jsonl"
+    out.write_text("an earlier history\n", encoding="utf-8")
+
+    result = CliRunner().invoke(app, ["simulate", "--output", str(out), "--start", start, "--hours", hours,
+                                      "--nodes", "1", "--gpus-per-node", "1"], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert (f"error: hours (--hours) {hours} from start (--start) {start}: the history would end after "
+            "9998-12-31T23:59:59.999999Z, the latest time the ledger accepts (its last lines come up to 13 s after "
+            f"the end); {fix}") in result.output
+    assert "simulating" not in result.output  # refused before any work is announced
+    assert out.read_text(encoding="utf-8") == "an earlier history\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim.jsonl"]
+
+
+def test_the_longest_history_from_a_start_near_the_latest_time_dates_no_line_after_it(tmp_path: Path) -> None:
+    out = tmp_path / "sim.jsonl"
+    # 23.99 h from 9998-12-31T00:00:00Z ends at 23:59:24; with short, dense jobs lines come up to 13 s after it.
+    result = CliRunner().invoke(app, ["simulate", "--output", str(out), "--start", "9998-12-31T00:00:00Z",
+                                      "--hours", "23.99", "--nodes", "2", "--gpus-per-node", "2",
+                                      "--utilisation", "1", "--job-minutes", "1"], env=WIDE)
+
+    assert result.exit_code == 0, result.output
+    times = [parse_query_time(json.loads(line)["observedAt"]) for line in out.read_text().splitlines()]
+    assert max(times) <= datetime(9998, 12, 31, 23, 59, 24, tzinfo=UTC) + timedelta(seconds=13)
+
+
+def test_a_workload_outliving_a_run_near_the_latest_time_stays_allocated_without_overflowing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A hold of 400 days from 9998-12-31 would pass datetime.max (9999-12-31): the job simply outlives the run.
+    monkeypatch.setattr(simulation._Simulation, "hold_time", lambda self: timedelta(days=400))
+    spec = FleetSpec(nodes=2, gpus_per_node=2, hours=2, utilisation=1, start=datetime(9998, 12, 31, tzinfo=UTC))
+
+    lines = [json.loads(line) for line in simulation.simulate(spec)]
+
+    assert max(line["observedAt"] for line in lines) <= "9998-12-31T02:00:13.000000Z"
+    claims = [line["object"] for line in lines if line["object"]["kind"] == "ResourceClaim"]
+    assert any("allocation" in claim["status"] for claim in claims)
+    # Only over-requests that never got a device are given up on; no allocated claim is released.
+    assert all(claim["metadata"]["name"].startswith("big-") for line, claim in zip(
+        [x for x in lines if x["object"]["kind"] == "ResourceClaim"], claims, strict=True) if line["type"] == "DELETED")
