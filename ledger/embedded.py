@@ -21,6 +21,7 @@ Only Unix is supported (``fcntl``, ``pwd``, uid switching).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import importlib.metadata
@@ -519,11 +520,22 @@ def _url(port: int, database: str) -> str:
 
 
 def port_unavailable(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on now (the OS's reason), or ``None`` when it can.
+    """Why ``host:port`` cannot be listened on now (the OS's reason), or ``None`` when it can (:func:`bind_error`)."""
+    error = bind_error(host, port)
+    return None if error is None else error.strerror or str(error)
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """The error binding ``host:port`` gives now, or ``None`` when it can be listened on.
 
     Binds once as servers bind their listen socket, with SO_REUSEADDR: stopping a server leaves its
     closed connections in FIN-WAIT-2 / TIME-WAIT while clients (a running API) still hold theirs, and a
     plain bind would refuse the port then (an embedded PostgreSQL restart moved to a new port each time).
+
+    Returns:
+        ``socket.gaierror`` when ``host`` is no address and no name that resolves; an ``OSError`` whose ``errno``
+        says why otherwise (``EADDRINUSE``: the port is taken; ``EADDRNOTAVAIL``: the address is not this
+        machine's; ``EACCES``: a privileged port); ``None`` when the bind succeeded.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -531,21 +543,34 @@ def port_unavailable(host: str, port: int) -> str | None:
         try:
             s.bind((host, port))
         except OSError as e:
-            return e.strerror or str(e)
+            return e
     return None
 
 
 def require_port(host: str, port: int, *, doing: str = "listen") -> None:
     """Fail early, saying what to do, when a server of ours (the API) cannot listen on ``host:port``.
 
-    ``doing`` names what needed the port in the message ("cannot {doing} on host:port").
+    ``doing`` names what needed the port in the message ("cannot {doing} on host:port"). Only a port in use
+    (``EADDRINUSE``) gets the hint about another process and ``--port``; a host that does not resolve, or an
+    address that is not this machine's, is named as the problem instead.
 
     Raises:
-        LedgerError: the address is taken or cannot be bound (the OS's reason, and ``--port``).
+        LedgerError: the address is taken or cannot be bound (the OS's reason, and what to change).
     """
-    if (reason := port_unavailable(host, port)) is not None:
-        raise LedgerError(f"cannot {doing} on {host}:{port}: {reason}; another process may hold the port: "
-                          "stop it or pass --port")
+    error = bind_error(host, port)
+    if error is None:
+        return
+    reason = error.strerror or str(error)
+    where = f"cannot {doing} on {host}:{port}"
+    if isinstance(error, socket.gaierror):
+        raise LedgerError(f"{where}: the host {host} cannot be resolved ({reason}); give --host an address or name "
+                          "of this machine")
+    if error.errno == errno.EADDRNOTAVAIL:
+        raise LedgerError(f"{where}: {host} is not an address of this machine ({reason}); give --host one of its "
+                          "addresses")
+    if error.errno == errno.EADDRINUSE:
+        raise LedgerError(f"{where}: {reason}; another process may hold the port: stop it or pass --port")
+    raise LedgerError(f"{where}: {reason}")
 
 
 def _free_port() -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from tests.factories import plugin_commands
+from tests.factories import plugin_commands, taken_port
 
 WIDE = {"COLUMNS": "300"}
 """A terminal wide enough that Typer's error box keeps each message on one line."""
@@ -40,3 +40,35 @@ def test_the_demo_refuses_an_impossible_port_the_same_way() -> None:
 
     assert result.exit_code == 2, result.output
     assert "Invalid value for '--port': Input should be less than or equal to 65535" in result.output
+
+
+NOWHERE = "postgresql://nobody@127.0.0.1:1/none"
+"""A database URL that leads nowhere: the address checks must come first."""
+
+
+@pytest.mark.parametrize(("host", "said"), [
+    # Not a dotted quad (256 > 255) and no name: the resolver's EAI_NONAME.
+    ("256.1.1.1", "the host 256.1.1.1 cannot be resolved ("),
+    # TEST-NET-1 (RFC 5737): a real address, but never one of this machine's (EADDRNOTAVAIL).
+    ("192.0.2.1", "192.0.2.1 is not an address of this machine (Cannot assign requested address); give --host"),
+])
+def test_a_host_that_cannot_be_bound_is_named_without_the_hint_about_a_taken_port(host: str, said: str) -> None:
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["serve", "--host", host, "--port", "9999", "--allow-unauthenticated",
+                                          "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert f"error: cannot listen on {host}:9999: {said}" in result.output
+    assert "another process may hold the port" not in result.output
+    assert "Traceback" not in result.output
+
+
+def test_only_a_port_in_use_gets_the_hint_about_another_process() -> None:
+    with plugin_commands() as app, taken_port() as port:
+        result = CliRunner().invoke(app, ["serve", "--host", "127.0.0.1", "--port", str(port),
+                                          "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert (f"error: cannot listen on 127.0.0.1:{port}: Address already in use; another process may hold the port: "
+            "stop it or pass --port") in result.output
