@@ -77,11 +77,12 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
     """A kubernetes-asyncio client from ``kubeconfig``/``context``, in-cluster config in a pod, else ~/.kube/config.
 
     Raises:
-        kubernetes_asyncio.config.ConfigException: no usable configuration; a kubeconfig that is not YAML, or is
-            YAML but no mapping (an empty file, a list), is named in the message.
+        kubernetes_asyncio.config.ConfigException: no usable configuration; a kubeconfig that cannot be read, is
+            not UTF-8, is not YAML, or is YAML but no mapping (an empty file, a list), is named in the message
+            (:func:`check_kubeconfig`).
     """
-    if kubeconfig is not None and not kubeconfig.is_file():
-        raise k8s_config.ConfigException(f"kubeconfig {kubeconfig} does not exist or is not a file")
+    if kubeconfig is not None:
+        check_kubeconfig(kubeconfig)
     configuration = k8s.Configuration()
     if kubeconfig is None and context is None:
         try:
@@ -91,6 +92,8 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
         except k8s_config.ConfigException:
             pass  # not in a pod: fall back to ~/.kube/config
     named = kubeconfig or os.path.expanduser(k8s_config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
+    if kubeconfig is None and os.path.exists(named):
+        check_kubeconfig(Path(named))  # a missing default file is kubernetes-asyncio's to report
     try:
         await k8s_config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
                                           client_configuration=configuration, persist_config=False)
@@ -101,6 +104,37 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
         raise k8s_config.ConfigException(f"kubeconfig {named} is not a kubeconfig (a YAML mapping of clusters, "
                                          f"users and contexts): {e}") from e
     return k8s.ApiClient(configuration)
+
+
+def check_kubeconfig(path: Path) -> None:
+    """Refuse a kubeconfig file that cannot be one, before anything is opened or contacted.
+
+    Checks that ``path`` is a file, can be read, is UTF-8 text, parses as YAML and holds a mapping (the
+    clusters, users and contexts are kubernetes-asyncio's to check when it loads the file).
+
+    Raises:
+        kubernetes_asyncio.config.ConfigException: the message names ``path`` and what is wrong with it (the
+            offending byte and its offset, or the YAML problem with its 1-based line and column).
+    """
+    if not path.is_file():
+        raise k8s_config.ConfigException(f"kubeconfig {path} does not exist or is not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise k8s_config.ConfigException(f"kubeconfig {path} cannot be read: {e.strerror or e}") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise k8s_config.ConfigException(f"kubeconfig {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                                         f"offset {e.start}); a kubeconfig is YAML, which is UTF-8") from e
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise k8s_config.ConfigException(f"kubeconfig {path} is not valid YAML: {_yaml_problem(e)}") from e
+    if not isinstance(parsed, dict):
+        holds = "nothing" if parsed is None else f"a {type(parsed).__name__}"
+        raise k8s_config.ConfigException(f"kubeconfig {path} is not a kubeconfig (a YAML mapping of clusters, users "
+                                         f"and contexts): it holds {holds}")
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -220,13 +254,17 @@ def register(app: typer.Typer) -> None:
         While leader it also keeps the read models caught up and runs the report jobs (--no-jobs
         when 'dra-ledger jobs' runs them in a process of its own). Without a database URL the ledger is
         the embedded one in ``--data-dir`` (``LEDGER_DATA_DIR``, else the default), made there if new.
-        A ``--kubeconfig`` that is not a file is refused (exit code 2) before the ledger is opened, so a
-        mistyped path starts no database server.
+        A ``--kubeconfig`` that is not a file, cannot be read, is not UTF-8 or not YAML, or holds no mapping is
+        refused (exit code 2, the message naming the file) before the ledger is opened, so a mistyped path or a
+        wrong file starts no database server.
         """
         configure_logging()
-        if kubeconfig is not None and not kubeconfig.is_file():
-            typer.echo(f"error: kubeconfig {kubeconfig} does not exist or is not a file", err=True)
-            raise typer.Exit(2)
+        if kubeconfig is not None:
+            try:
+                check_kubeconfig(kubeconfig)  # before the ledger: a bad file must start no database server
+            except k8s_config.ConfigException as e:
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(2) from e
         try:
             settings = Settings()
             watch_settings = WatchSettings()

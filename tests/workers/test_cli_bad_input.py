@@ -121,6 +121,18 @@ def test_the_client_of_watch_and_record_names_a_kubeconfig_that_is_not_one(tmp_p
     assert f"kubeconfig {bad} {said}" in str(refused.value)
 
 
+def test_record_names_a_kubeconfig_that_is_not_utf_8(tmp_path: Path) -> None:
+    bad = tmp_path / "kube.yaml"
+    bad.write_bytes(b"\xff\xfeapiVersion: v1\n")  # UTF-16's byte-order mark: 0xff at offset 0
+
+    result = _invoke(["record", "--kubeconfig", str(bad), "--output", str(tmp_path / "x.jsonl")])
+
+    assert result.exit_code == 2, result.output
+    assert (f"error: ConfigException: kubeconfig {bad} is not UTF-8 text (byte 0xff at offset 0); a kubeconfig is "
+            "YAML, which is UTF-8") in result.output
+    assert "Traceback" not in result.output
+
+
 def test_fake_apiserver_says_a_history_that_is_a_directory_is_one(tmp_path: Path) -> None:
     result = _invoke(["fake-apiserver", "--history", str(tmp_path), "--port", "0"])
 
