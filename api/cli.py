@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 from ledger import cli, services
-from ledger.config import load_config
+from ledger.config import check_cluster_name, load_config
 from ledger.embedded import require_port
-from ledger.errors import LedgerError
+from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -48,7 +48,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies.
 
     Raises:
-        LedgerError: the configuration is invalid, ``cluster`` is empty (``--cluster ""``), or no token is
+        LedgerError: the configuration is invalid, ``cluster`` is empty (``--cluster ""``) or no cluster name
+            (:func:`ledger.config.check_cluster_name`; :class:`ledger.errors.Invalid`), or no token is
             configured and ``host`` is not loopback while ``allow_open`` is false.
     """
     import uvicorn
@@ -57,6 +58,11 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
 
     if cluster == "":
         raise LedgerError("--cluster is empty; leave it out to serve every cluster")
+    if cluster is not None:
+        try:
+            check_cluster_name(cluster)
+        except Invalid as e:
+            raise Invalid(f"--cluster: {e}") from e
     config = load_config(settings.config)
     if not config.api.tokens and not _is_loopback(host) and not allow_open:
         raise LedgerError(

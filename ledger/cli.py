@@ -22,10 +22,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import Field, TypeAdapter, ValidationError
+from pydantic_settings import BaseSettings, SettingsError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -35,7 +36,7 @@ import ledger
 from ledger import services
 from ledger import simulate_bounds as bounds
 from ledger.config import DEFAULT as DEFAULT_CONFIG
-from ledger.config import LedgerConfig, load_config
+from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.projections.queries import rfc3339
 from ledger.recorded import SHORTEST_STEP, parse_duration, parse_query_time
@@ -68,24 +69,29 @@ class Output(enum.StrEnum):
     json = "json"
 
 
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DATA_DIR",
                                                  help="Embedded PostgreSQL data directory.")]
 UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
                                             help="Ledger database URL; unset = embedded PostgreSQL.")]
-def refuse_empty_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[str | None], str | None]:
-    """A Typer callback for ``--cluster`` that refuses an empty name with exit code 2 (a usage error).
+def refuse_bad_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[str | None], str | None]:
+    """A Typer callback for ``--cluster`` that refuses, with exit code 2 (a usage error), a name no cluster may have.
 
     Args:
-        leaving_out: what leaving the option out means, ending the message ("to ask about every cluster").
+        leaving_out: what leaving the option out means, ending the message for an empty name ("to ask about every
+            cluster").
         envvar: the option also reads ``LEDGER_CLUSTER``: an empty variable is refused too, and the message
             says to leave it unset.
 
     Returns:
-        The callback: it passes a non-empty name (or ``None``) through unchanged.
+        The callback: it passes a valid name (or ``None``) through unchanged; the rule is
+        :func:`ledger.config.check_cluster_name` (1 to 253 characters, no blank at either end, no control character).
 
     Why: an empty name would key rows or filter on a cluster called "" (queries showed nothing, ``replay``
     silently recorded under ``default``, ``watch`` under ""); the REST API refuses an empty ``cluster=``
-    too (``api.parameters``, its guard for every empty query parameter).
+    too (``api.parameters``, its guard for every empty query parameter). A padded name (``" lab"``) recorded a
+    second cluster beside ``lab``; a query for one is refused too, since no ledger may hold it.
     """
     unset = " (and LEDGER_CLUSTER unset)" if envvar else ""
 
@@ -93,6 +99,11 @@ def refuse_empty_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[
         # Click takes an empty environment variable for an unset one: look at LEDGER_CLUSTER itself.
         if value == "" or (envvar and value is None and os.environ.get("LEDGER_CLUSTER") == ""):
             raise typer.BadParameter(f"empty; leave the option out{unset} {leaving_out}", param_hint="--cluster")
+        if value is not None:
+            try:
+                check_cluster_name(value)
+            except Invalid as e:
+                raise typer.BadParameter(str(e), param_hint="--cluster") from e
         return value
 
     return read
@@ -117,11 +128,11 @@ def _filter_option(help_text: str, *names: str) -> Any:  # what typer.Option ret
 
 
 WriteClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_empty_cluster(leaving_out="to record as cluster 'default'"),
+    "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_bad_cluster(leaving_out="to record as cluster 'default'"),
     help="Cluster name (default: 'default'); an empty name is refused.")]
 """``--cluster`` of the commands that record: the name every row they write is keyed by."""
 ClusterOpt = Annotated[str | None, typer.Option(
-    "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_empty_cluster(leaving_out="to ask about every cluster"),
+    "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_bad_cluster(leaving_out="to ask about every cluster"),
     help="Cluster name (default: every cluster); an empty name is refused.")]
 """``--cluster`` of the queries: answer for this cluster only."""
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
@@ -187,18 +198,36 @@ def require_embedded_ledger(data_dir: Path | None) -> None:
     raise typer.Exit(2)
 
 
+def read_settings(kind: type[SettingsT]) -> SettingsT:
+    """``kind()``: settings read from the environment, a bad variable reported as one line.
+
+    Args:
+        kind: a pydantic-settings class (:class:`ledger.settings.Settings`, ``workers.settings.WatchSettings``); its
+            ``env_prefix`` names the variables in the message.
+
+    Raises:
+        typer.Exit: (code 2) a variable has a bad value; the message names each (``LEDGER_BATCH_SIZE: Input should
+            be greater than or equal to 1``) as its check wrote it.
+    """
+    try:
+        return kind()
+    except ValidationError as e:
+        prefix = str(kind.model_config.get("env_prefix") or "")
+        problems = "; ".join(f"{prefix}{str(err['loc'][0]).upper()}: {error_message(err)}" for err in e.errors())
+        typer.echo(f"error: bad setting: {problems}", err=True)
+        raise typer.Exit(2) from e
+    except SettingsError as e:  # a value pydantic-settings cannot even parse (JSON of a list setting)
+        typer.echo(f"error: bad setting: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
 def settings_from(url: str | None, data_dir: Path | None) -> Settings:
     """Settings from the environment, overridden by the ``--database-url`` / ``--data-dir`` options.
 
     Raises:
         typer.Exit: (code 2) an environment variable has a bad value; the message names it.
     """
-    try:
-        base = Settings()
-    except ValidationError as e:
-        problems = "; ".join(f"LEDGER_{str(err['loc'][0]).upper()}: {err['msg']}" for err in e.errors())
-        typer.echo(f"error: bad setting: {problems}", err=True)
-        raise typer.Exit(2) from e
+    base = read_settings(Settings)
     updates: dict[str, object] = {}
     if url:
         updates["database_url"] = url

@@ -45,6 +45,7 @@ import io
 import os
 import re
 import tomllib
+import unicodedata
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,7 +54,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from ledger.errors import Invalid
+from ledger.errors import Invalid, shorten
 from ledger.quantities import parse_quantity
 from ledger.recorded import MAX_DURATION, check_mapping_keys
 
@@ -74,6 +75,63 @@ Name = Annotated[str, Field(min_length=1), AfterValidator(_no_blanks)]
 """A team, namespace, label, class, resource or token name: never empty, blank, or padded with blanks (an empty
 team billed its hours to no team, an empty namespace key matched nothing, and `" gpu.example.com"` priced no
 class while the cost column silently went away)."""
+
+MAX_CLUSTER_NAME = 253
+"""Longest cluster name, in characters: as long as a Kubernetes object name (a DNS subdomain), which is what a
+cluster is usually named after. Every row of the ledger is keyed by it, and every message that names a cluster
+repeats it."""
+CLUSTER_NAME_RULE = (f"a cluster name is 1 to {MAX_CLUSTER_NAME} characters, with no blank at either end and no "
+                     "control character")
+"""The cluster-name rule as the error messages state it."""
+
+
+def _cluster_name(value: str) -> str:
+    # Length first: a 300-character name of blanks is refused for its length, the rule stated once.
+    if len(value) > MAX_CLUSTER_NAME:
+        raise ValueError(f"{len(value)} characters")
+    _no_blanks(value)
+    if (control := next((c for c in value if unicodedata.category(c) == "Cc"), None)) is not None:
+        raise ValueError(f"a control character ({control!r})")
+    return value
+
+
+ClusterName = Annotated[str, Field(min_length=1), AfterValidator(_cluster_name)]
+"""A cluster name (``LEDGER_CLUSTER``, ``--cluster``): see :func:`check_cluster_name`."""
+
+
+def check_cluster_name(value: str) -> str:
+    """Return ``value`` when it may name a cluster: 1 to :data:`MAX_CLUSTER_NAME` characters, no blank at either
+    end, no control character (Unicode category Cc: tabs, line ends, escapes).
+
+    Why: every row is keyed by the name, so ``" lab"`` recorded a second cluster beside ``lab`` that no query for
+    ``lab`` showed, and a name with a line end or an escape broke the one-line messages and tables that print it.
+
+    Raises:
+        Invalid: the name breaks the rule; the message says how (the value echoed at most 100 characters long)
+            and states the rule. An empty name says only ``empty`` (the callers add what leaving it out means).
+    """
+    if value == "":
+        raise Invalid("empty")
+    try:
+        return _cluster_name(value)
+    except ValueError as e:
+        raise Invalid(f"{shorten(repr(value))} has {e}; {CLUSTER_NAME_RULE}") from e
+
+
+MAX_LABEL_KEY = 317
+"""Longest label key, in characters: a DNS-subdomain prefix (253), ``/`` and a name (63), as Kubernetes allows."""
+
+
+def _label_key(value: str) -> str:
+    if len(value) > MAX_LABEL_KEY or not re.match(QUALIFIED_NAME, value):
+        raise ValueError(f"{shorten(repr(value))} is not a label key (a Kubernetes qualified name such as team or "
+                         "example.com/team: letters, digits, '-', '_' and '.', no blank)")
+    return value
+
+
+LabelKey = Annotated[str, Field(min_length=1), AfterValidator(_no_blanks), AfterValidator(_label_key)]
+"""A namespace label key (``LEDGER_TEAM_LABEL``): never empty, never blank, a Kubernetes qualified name (an empty
+label was looked up on every namespace and never found, so every namespace silently billed itself)."""
 
 
 class _Model(BaseModel):
@@ -360,10 +418,16 @@ def _yaml_kind(value: object) -> str:
     return "a string" if isinstance(value, str) else f"a {type(value).__name__}"
 
 
+def error_message(err: ErrorDetails) -> str:
+    """The message of one pydantic validation error as the check wrote it (pydantic prefixes the text of a
+    ``ValueError`` with ``Value error, ``); the settings' messages use it too."""
+    return str(err["ctx"]["error"]) if err["type"] == "value_error" and "ctx" in err else err["msg"]
+
+
 def _problem(err: ErrorDetails) -> str:
-    """One validation error as ``location: message``, the message as the check wrote it (pydantic prefixes the
-    text of a ``ValueError`` with ``Value error, ``); a check of the whole file has no location."""
-    message = str(err["ctx"]["error"]) if err["type"] == "value_error" and "ctx" in err else err["msg"]
+    """One validation error as ``location: message`` (:func:`error_message`); a check of the whole file has no
+    location."""
+    message = error_message(err)
     where = ".".join('""' if p == "" else str(p) for p in err["loc"])  # an empty key shown, not left out
     return f"{where}: {message}" if where else message
 

@@ -265,12 +265,8 @@ def register(app: typer.Typer) -> None:
             except k8s_config.ConfigException as e:
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from e
-        try:
-            settings = Settings()
-            watch_settings = WatchSettings()
-        except (ValidationError, SettingsError) as e:
-            typer.echo(f"error: bad setting: {str(e).splitlines()[0]}", err=True)
-            raise typer.Exit(2) from e
+        settings = cli.read_settings(Settings)
+        watch_settings = cli.read_settings(WatchSettings)
         if database_url:
             settings = settings.model_copy(update={"database_url": database_url})
         if data_dir:

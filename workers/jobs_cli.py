@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
                                                     help="Configuration file (TOML or YAML).")] = None,
         cluster: Annotated[str | None, typer.Option(
-            "--cluster", callback=cli.refuse_empty_cluster(leaving_out="to run the jobs for every cluster",
+            "--cluster", callback=cli.refuse_bad_cluster(leaving_out="to run the jobs for every cluster",
                                                            envvar=False),
             help="Only this cluster (default: all); an empty name is refused.")] = None,
         rollup_from: Annotated[str | None, typer.Option(

@@ -1,0 +1,120 @@
+"""Settings no ledger can use are refused with exit code 2 and a message naming them, before any database is
+opened: a cluster name padded with blanks, too long or holding a control character (from ``--cluster`` or
+``LEDGER_CLUSTER``), ``LEDGER_BATCH_SIZE`` outside 1 to 100,000, and a ``LEDGER_TEAM_LABEL`` that is empty or no
+label key. Each was taken without a word before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from ledger.config import MAX_CLUSTER_NAME
+from ledger.settings import MAX_BATCH_SIZE, Settings
+from tests.factories import plugin_commands
+
+NOWHERE = "postgresql://nobody@127.0.0.1:1/none"
+"""A database URL that leads nowhere: every refusal must come before the database is touched."""
+WIDE = {"COLUMNS": "300"}
+"""A terminal wide enough that Typer's error box keeps each message on one line."""
+RULE = "a cluster name is 1 to 253 characters, with no blank at either end and no control character"
+
+
+def _replay(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    from ledger.cli import app
+
+    history = tmp_path / "h.jsonl"
+    history.write_text("")
+    result = CliRunner().invoke(app, ["replay", str(history), "--database-url", NOWHERE, *args],
+                                env={**WIDE, **(env or {})})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, " ".join(result.output.split())  # Typer's box may still break a long line
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    (" lab", "' lab' has a blank at the start or the end"),
+    ("lab ", "'lab ' has a blank at the start or the end"),
+    (" ", "' ' has only blanks"),
+    ("lab\tone", "'lab\\tone' has a control character ('\\t')"),
+    ("lab\x1b[31m", "'lab\\x1b[31m' has a control character ('\\x1b')"),
+    # 300 characters: the name is echoed cut to 100 (its quote, 98 letters, an ellipsis).
+    ("a" * 300, "'" + "a" * 98 + "… has 300 characters"),
+])
+@pytest.mark.parametrize("source", ["option", "environment"])
+def test_replay_refuses_a_cluster_name_no_cluster_may_have(tmp_path: Path, name: str, said: str,
+                                                           source: str) -> None:
+    code, output = (_replay(tmp_path, "--cluster", name) if source == "option"
+                    else _replay(tmp_path, env={"LEDGER_CLUSTER": name}))
+
+    assert code == 2, output
+    assert f"Invalid value for --cluster: {said}; {RULE}" in output
+
+
+def test_the_longest_cluster_name_is_253_characters() -> None:
+    assert MAX_CLUSTER_NAME == 253
+    assert Settings(cluster="c" * 253).cluster == "c" * 253
+    assert Settings(cluster="lab one").cluster == "lab one"  # a blank inside is no padding
+    with pytest.raises(ValidationError, match="254 characters"):
+        Settings(cluster="c" * 254)
+
+
+def test_a_query_and_serve_refuse_a_padded_cluster_name_too() -> None:
+    from ledger.cli import app
+
+    query = CliRunner().invoke(app, ["occupancy", "--cluster", " lab", "--database-url", NOWHERE], env=WIDE)
+    with plugin_commands() as plugins:
+        serve = CliRunner().invoke(plugins, ["serve", "--cluster", " lab", "--database-url", NOWHERE], env=WIDE)
+
+    assert query.exit_code == 2, query.output
+    assert f"Invalid value for --cluster: ' lab' has a blank at the start or the end; {RULE}" in query.output
+    assert serve.exit_code == 2, serve.output
+    assert f"error: --cluster: ' lab' has a blank at the start or the end; {RULE}" in serve.output
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"LEDGER_BATCH_SIZE": "0"}, "LEDGER_BATCH_SIZE: Input should be greater than or equal to 1"),
+    ({"LEDGER_BATCH_SIZE": "-5"}, "LEDGER_BATCH_SIZE: Input should be greater than or equal to 1"),
+    ({"LEDGER_BATCH_SIZE": "100001"}, "LEDGER_BATCH_SIZE: Input should be less than or equal to 100000"),
+    ({"LEDGER_TEAM_LABEL": ""}, "LEDGER_TEAM_LABEL: String should have at least 1 character"),
+    ({"LEDGER_TEAM_LABEL": " team"}, "LEDGER_TEAM_LABEL: a blank at the start or the end"),
+    ({"LEDGER_TEAM_LABEL": "   "}, "LEDGER_TEAM_LABEL: only blanks"),
+    ({"LEDGER_TEAM_LABEL": "my team"}, "LEDGER_TEAM_LABEL: 'my team' is not a label key (a Kubernetes qualified name "
+                                       "such as team or example.com/team: letters, digits, '-', '_' and '.', no "
+                                       "blank)"),
+])
+def test_replay_refuses_a_batch_size_or_team_label_it_cannot_use(tmp_path: Path, env: dict[str, str],
+                                                                  said: str) -> None:
+    code, output = _replay(tmp_path, env=env)
+
+    assert code == 2, output
+    assert f"error: bad setting: {said}" in output
+
+
+def test_the_batch_size_bounds_are_1_and_100000() -> None:
+    assert MAX_BATCH_SIZE == 100_000
+    assert Settings(batch_size=1).batch_size == 1
+    assert Settings(batch_size=100_000).batch_size == 100_000
+    assert Settings(team_label="example.com/team").team_label == "example.com/team"
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({"LEDGER_BATCH_SIZE": "0"}, "error: bad setting: LEDGER_BATCH_SIZE: Input should be greater than or equal to 1"),
+    ({"LEDGER_TEAM_LABEL": ""}, "error: bad setting: LEDGER_TEAM_LABEL: String should have at least 1 character"),
+    ({"LEDGER_CLUSTER": " lab"}, f"Invalid value for --cluster: ' lab' has a blank at the start or the end; {RULE}"),
+])
+def test_watch_refuses_the_same_settings_before_the_ledger_is_opened(tmp_path: Path, env: dict[str, str],
+                                                                     said: str) -> None:
+    kubeconfig = tmp_path / "kube.yaml"
+    kubeconfig.write_text("{}\n")  # passes watch's early check: the settings are what is refused
+    data_dir = tmp_path / "ledger"
+
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["watch", "--kubeconfig", str(kubeconfig), "--data-dir", str(data_dir),
+                                          "--no-leader-election", "--health-port", "-1"],
+                                    env={**WIDE, "LEDGER_DATABASE_URL": "", **env})
+
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.split())
+    assert not data_dir.exists()
