@@ -42,11 +42,13 @@ Example (TOML)::
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import tomllib
 import unicodedata
 from collections.abc import Hashable
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -187,23 +189,40 @@ class DeviceClassMapping(_Model):
         return names
 
 
+MAX_NOMINAL_QUOTA = 2**53
+"""The largest ``nominalQuota`` accepted: 9,007,199,254,740,992. Why a bound: a quota is kept as a float (the
+API's schema, the quota snapshots' ``double precision`` column), which holds every whole number up to 2**53 and
+not all above it; ``99999999999999999999999999999999999`` was printed as ``99,999,999,999,999,996,863,...``.
+Refusing is simpler than carrying decimals through every answer, and 2**53 is still 8 PiB of memory in bytes."""
+
+
 class Quota(_Model):
     """Nominal quota of a team for one logical resource name (a count, like Kueue's nominalQuota)."""
 
     team: Name
     resource_name: Name = Field(alias="resourceName")
     nominal_quota: float = Field(alias="nominalQuota", ge=0, allow_inf_nan=False)
-    """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources."""
+    """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources; 0 to
+    :data:`MAX_NOMINAL_QUOTA`, so that every whole quota is kept exactly."""
 
     @field_validator("nominal_quota", mode="before")
     @classmethod
     def _quantity(cls, value: object) -> object:
         if isinstance(value, str):
             try:
-                return float(parse_quantity(value))
+                exact = parse_quantity(value)
             except Invalid as e:
                 raise ValueError(str(e)) from e
-        return value
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            exact = Decimal(value)  # exact: an int as it was written, a float as the value it holds
+        else:
+            return value  # pydantic says what is wrong with it
+        # Compared exactly, before the float: 2**53 + 1 would become 2**53 and pass. NaN and infinities (and a
+        # quantity too large for a float) are left to the finite-number check.
+        if exact.is_finite() and math.isfinite(float(exact)) and exact > MAX_NOMINAL_QUOTA:
+            raise ValueError(f"{shorten(repr(value))} is above {MAX_NOMINAL_QUOTA:,} (2**53), the largest quota "
+                             "kept exactly")
+        return float(exact) if isinstance(value, str) else value
 
 
 MAX_PRICE = 1e9

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ledger.cli import app
+from ledger.cli import app, render_quotas
 from ledger.config import load_config
 from ledger.errors import Invalid
+from ledger.types import JSONObject
 
 WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": ""}
 
@@ -296,3 +297,49 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
 
     assert exited.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+QUOTA = '[[quotas]]\nteam = "vision"\nresourceName = "example.com/gpu"\nnominalQuota = {value}\n'
+ABOVE = "is above 9,007,199,254,740,992 (2**53), the largest quota kept exactly"
+
+
+@pytest.mark.parametrize(("value", "echoed"), [
+    # The tester's value: as a float it printed 99,999,999,999,999,996,863,366,107,917,975,552.
+    ("99999999999999999999999999999999999", "99999999999999999999999999999999999"),
+    # One past 2**53 would become 2**53 as a float and pass a check made on the float.
+    ("9007199254740993", "9007199254740993"),
+    ("1e300", "1e+300"),
+    # 10 * 10**15 = 10,000,000,000,000,000 > 9,007,199,254,740,992; "8Pi" (2**53 itself) is taken, below.
+    ('"10P"', "'10P'"),
+])
+def test_a_nominal_quota_above_2_to_the_53_is_refused_instead_of_rounded(tmp_path: Path, value: str,
+                                                                        echoed: str) -> None:
+    assert f"quotas.0.nominalQuota: {echoed} {ABOVE}" in _config_error(tmp_path, QUOTA.format(value=value))
+
+
+def test_the_quotas_command_refuses_it_with_exit_code_2_before_the_database(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(QUOTA.format(value="99999999999999999999999999999999999"), encoding="utf-8")
+
+    result = CliRunner().invoke(app, ["quotas", "--config", str(path), "--data-dir", str(tmp_path / "none")],
+                                env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert f"quotas.0.nominalQuota: 99999999999999999999999999999999999 {ABOVE}" in result.output
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("value", ["9007199254740992", '"8Pi"'])
+def test_a_nominal_quota_of_2_to_the_53_is_kept_and_printed_exactly(tmp_path: Path, value: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(QUOTA.format(value=value), encoding="utf-8")
+    quota = load_config(path).quota_of("vision", "example.com/gpu")
+    body: JSONObject = {"at": "2026-11-02T09:30:00Z", "rows": [{
+        "team": "vision", "resourceName": "example.com/gpu", "used": 4, "nominalQuota": quota, "overQuota": False,
+        "reasons": []}]}
+
+    render_quotas(body)
+
+    assert quota == 2**53
+    assert "9,007,199,254,740,992" in capsys.readouterr().out
