@@ -132,8 +132,8 @@ def _label_key(value: str) -> str:
 
 
 LabelKey = Annotated[str, Field(min_length=1), AfterValidator(_no_blanks), AfterValidator(_label_key)]
-"""A namespace label key (``LEDGER_TEAM_LABEL``): never empty, never blank, a Kubernetes qualified name (an empty
-label was looked up on every namespace and never found, so every namespace silently billed itself)."""
+"""A namespace label key (``LEDGER_TEAM_LABEL``, ``teams.label``): never empty, never blank, a Kubernetes qualified
+name (an empty label was looked up on every namespace and never found, so every namespace silently billed itself)."""
 
 
 class _Model(BaseModel):
@@ -143,8 +143,9 @@ class _Model(BaseModel):
 class TeamsConfig(_Model):
     """How namespaces map to teams."""
 
-    label: Name = "team"
-    """Namespace label whose value names the team; the namespace name when absent."""
+    label: LabelKey = "team"
+    """Namespace label whose value names the team; the namespace name when absent. Read when a Namespace is
+    recorded (:func:`ledger.services.translator_settings`); the same rule as ``LEDGER_TEAM_LABEL``."""
     overrides: dict[Name, Name] = Field(default_factory=dict)
     """namespace -> team, winning over the label."""
 

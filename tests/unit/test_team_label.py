@@ -42,3 +42,11 @@ def test_a_file_and_an_environment_that_name_different_labels_are_refused(
 
     with pytest.raises(Invalid, match=f"LEDGER_TEAM_LABEL is 'team' but teams.label in {path} is 'cost-center'"):
         services.translator_settings(Settings(), load_config(path), config_path=path)
+
+
+def test_a_file_label_that_is_no_label_key_is_refused_as_the_environment_variable_is(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text('[teams]\nlabel = "cost center"\n', encoding="utf-8")
+
+    with pytest.raises(Invalid, match=r"teams\.label: .*is not a label key"):
+        load_config(path)
