@@ -79,7 +79,6 @@ finished (its claim stays allocated), so a hold time never carries a line past t
 LATEST_LINE = TIME_LIMIT - timedelta(microseconds=1)
 """The latest time a simulated line may carry: the latest the ledger accepts (``--at`` and every query time,
 :func:`ledger.recorded.parse_query_time`), so that every instant of a simulated history can be asked about."""
-""":func:`write_history` reports progress every this many lines."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
