@@ -238,8 +238,13 @@ CORPUS: dict[str, Case] = {
         lambda s: [line("ADDED", json.loads(json.dumps(_claim(s, allocated_at=10)).replace(
             f'"{f.stamp(10)}"', '"yesterday"')), 5)],
         {0: "status.allocation.allocationTimestamp: not an RFC 3339 time"}),
+    # Past the latest time a query takes (9998-12-31T23:59:59.999999Z): nothing the line records could be asked about.
     "times_in_the_far_future": Case(
         lambda s: [json.dumps({"observedAt": "9999-12-31T23:59:59.999999Z", "type": "ADDED",
+                               "object": f.namespace(f.uid("ns"), "future")})],
+        {0: "observedAt: '9999-12-31T23:59:59.999999Z' is too far in the future: no query can ask about it"}),
+    "times_in_the_last_hour_a_query_takes": Case(
+        lambda s: [json.dumps({"observedAt": "9998-12-31T23:59:59.999999Z", "type": "ADDED",
                                "object": f.namespace(f.uid("ns"), "future")})], {}),
     # --- kinds and versions -------------------------------------------------------------------------
     "unknown_kind_a_crd": Case(lambda s: [line("ADDED", {"apiVersion": "nvidia.com/v1beta1", "kind": "ComputeDomain",
