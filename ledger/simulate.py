@@ -148,7 +148,9 @@ class SimulationSummary:
 
 
 def _ts(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat, not strftime: glibc's %Y writes year 1 as "1", which no RFC 3339 reader takes; both give the
+    # same text for years 1000 to 9999.
+    return at.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _iso(at: datetime) -> str:
@@ -157,7 +159,7 @@ def _iso(at: datetime) -> str:
 
 
 def _ts_s(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return at.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="seconds") + "Z"  # as _ts, whole seconds
 
 
 @dataclass(slots=True)

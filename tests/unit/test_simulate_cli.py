@@ -214,3 +214,18 @@ def test_a_workload_outliving_a_run_near_the_latest_time_stays_allocated_without
     # Only over-requests that never got a device are given up on; no allocated claim is released.
     assert all(claim["metadata"]["name"].startswith("big-") for line, claim in zip(
         [x for x in lines if x["object"]["kind"] == "ResourceClaim"], claims, strict=True) if line["type"] == "DELETED")
+
+
+@pytest.mark.parametrize(("start", "written"), [(datetime(1, 1, 1, tzinfo=UTC), "0001-01-01T00:00:00.000000Z"),
+                                               (datetime(999, 6, 1, tzinfo=UTC), "0999-06-01T00:00:00.000000Z")])
+def test_a_history_of_the_first_millennium_writes_four_digit_years_that_replay_reads(
+        tmp_path: Path, start: datetime, written: str) -> None:
+    from ledger.recorded import BrokenLine, read_history
+
+    path = tmp_path / "early.jsonl"
+    summary = write_history(FleetSpec(nodes=1, gpus_per_node=1, hours=1, seed=3, start=start), path)
+
+    read = list(read_history(path))
+    assert [r for r in read if isinstance(r, BrokenLine)] == []  # glibc's %Y wrote "1-01-01T...": every line broken
+    assert len(read) == summary.lines
+    assert json.loads(path.read_text().splitlines()[0])["observedAt"] == written
