@@ -275,13 +275,12 @@ def register(app: typer.Typer) -> None:
             settings = settings.model_copy(update={"cluster": cluster})
         if health_port is not None:
             watch_settings = watch_settings.model_copy(update={"health_port": health_port})
-        try:
+        # One line and exit code 2 for a bad file, a refused schema or a database that cannot be reached, as the
+        # other commands say it (cli.reported_errors), never a traceback.
+        with cli.reported_errors():
             ledger_config = load_config(config or settings.config)
             translator = services.translator_settings(settings, ledger_config, config_path=config or settings.config)
             db = services.open_ledger(settings)
-        except LedgerError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from e
 
         async def main() -> None:
             api_client = await api_client_for(kubeconfig, context)
