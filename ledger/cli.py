@@ -51,6 +51,21 @@ db_app = typer.Typer(help="Database: schema migrations and the embedded PostgreS
                      no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
+MIN_COLUMNS = 20
+"""Narrowest ``COLUMNS`` taken (characters): Rich lays everything out in ``COLUMNS``, and at 0 it printed nothing at all
+(a table, its totals) with exit code 0, at 5 a table of empty cells. A value below this, or not a whole number, is
+ignored as if unset."""
+
+
+def columns_setting() -> int | None:
+    """``COLUMNS`` as a width in characters when it is a whole number of at least :data:`MIN_COLUMNS`, else ``None``."""
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isascii() and value.isdigit() and int(value) >= MIN_COLUMNS else None
+
+
+if "COLUMNS" in os.environ and columns_setting() is None:
+    # Rich reads COLUMNS when a console is made (just below): one it cannot use is dropped before then.
+    del os.environ["COLUMNS"]
 # Status lines are never broken by Rich (soft_wrap): a terminal folds a long line itself, and a log or a pipe
 # keeps one message per line, which grep needs.
 out = Console(soft_wrap=True)
@@ -645,12 +660,12 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 
 
 def table_width(console: Console) -> int | None:
-    """Width in characters to lay a table out in on ``console``: ``None`` (Rich's own choice: the terminal's
-    width, or ``COLUMNS``) on a terminal or with ``COLUMNS`` set, else :data:`UNWRAPPED_TABLE_WIDTH`, so that each
-    row is one line in a file, a pipe or a CI log."""
-    if console.is_terminal or "COLUMNS" in os.environ:
-        return None
-    return UNWRAPPED_TABLE_WIDTH
+    """Width in characters to lay a table out in on ``console``: ``COLUMNS`` where it is usable
+    (:func:`columns_setting`); else ``None`` (Rich's own choice, the terminal's width) on a terminal, and
+    :data:`UNWRAPPED_TABLE_WIDTH` elsewhere, so that each row is one line in a file, a pipe or a CI log."""
+    if (given := columns_setting()) is not None:
+        return given
+    return None if console.is_terminal else UNWRAPPED_TABLE_WIDTH
 
 
 def _s(value: JSONValue) -> str:

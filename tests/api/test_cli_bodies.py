@@ -174,3 +174,24 @@ def test_a_table_written_to_a_pipe_keeps_each_device_on_one_line_unless_columns_
     longest = max(check["allocated"].values(), key=len)
     assert not [line for line in narrow.output.splitlines() if longest in line]  # folded to 60 columns
     assert max(len(line) for line in narrow.output.splitlines()) <= 60
+
+
+@pytest.mark.parametrize("columns", ["0", "5", "", "abc", "12"])
+def test_a_columns_value_no_table_fits_in_is_ignored_not_an_empty_report(seeded: LedgerHandle, columns: str) -> None:
+    import os
+    import subprocess
+
+    from tests.factories import CLI
+
+    check = EXPECTED["checks"][0]
+    # A process of its own: Rich reads COLUMNS when the CLI's consoles are made, at import.
+    result = subprocess.run([*CLI, "occupancy", "--at", check["at"], "--database-url", seeded.db.url],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": columns})
+
+    assert result.returncode == 0, result.stderr
+    # COLUMNS=0 printed nothing at all (and exit code 0); 5 gave a table of empty cells.
+    totals = f"devices {check['devices_total']}, allocated {check['devices_allocated']}, free {check['devices_free']}"
+    assert totals in result.stdout
+    lines = result.stdout.splitlines()
+    for device, claim in check["allocated"].items():
+        assert [line for line in lines if f"/{device} " in line and claim in line], (device, result.stdout)
