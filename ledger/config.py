@@ -125,9 +125,12 @@ MAX_LABEL_KEY = 317
 
 
 def _label_key(value: str) -> str:
-    if len(value) > MAX_LABEL_KEY or not re.match(QUALIFIED_NAME, value):
+    prefix, _, name = value.rpartition("/")
+    # Kubernetes' limits on each part: a key past them is on no namespace, and every namespace would bill itself.
+    if len(value) > MAX_LABEL_KEY or not re.match(QUALIFIED_NAME, value) or len(name) > 63 or len(prefix) > 253:
         raise ValueError(f"{shorten(repr(value))} is not a label key (a Kubernetes qualified name such as team or "
-                         "example.com/team: letters, digits, '-', '_' and '.', no blank)")
+                         "example.com/team: letters, digits, '-', '_' and '.', no blank; the name after '/' at "
+                         "most 63 characters, the prefix before it at most 253)")
     return value
 
 

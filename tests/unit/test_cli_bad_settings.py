@@ -82,7 +82,9 @@ def test_a_query_and_serve_refuse_a_padded_cluster_name_too() -> None:
     ({"LEDGER_TEAM_LABEL": "   "}, "LEDGER_TEAM_LABEL: only blanks"),
     ({"LEDGER_TEAM_LABEL": "my team"}, "LEDGER_TEAM_LABEL: 'my team' is not a label key (a Kubernetes qualified name "
                                        "such as team or example.com/team: letters, digits, '-', '_' and '.', no "
-                                       "blank)"),
+                                       "blank; the name after '/' at most 63 characters, the prefix before it at most "
+                                       "253)"),
+    ({"LEDGER_TEAM_LABEL": "t" * 64}, "LEDGER_TEAM_LABEL: '" + "t" * 64 + "' is not a label key"),
 ])
 def test_replay_refuses_a_batch_size_or_team_label_it_cannot_use(tmp_path: Path, env: dict[str, str],
                                                                   said: str) -> None:

@@ -50,3 +50,20 @@ def test_a_file_label_that_is_no_label_key_is_refused_as_the_environment_variabl
 
     with pytest.raises(Invalid, match=r"teams\.label: .*is not a label key"):
         load_config(path)
+
+
+@pytest.mark.parametrize(("label", "taken"), [
+    ("a" * 63, True), ("a" * 64, False),  # the name part: at most 63, as Kubernetes allows
+    ("b" * 253 + "/team", True), ("b" * 254 + "/team", False),  # the prefix: at most 253
+    ("example.com/" + "c" * 63, True), ("example.com/" + "c" * 64, False),
+])
+def test_a_label_key_longer_than_kubernetes_allows_in_either_part_is_refused(tmp_path: Path, label: str,
+                                                                             taken: bool) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(f'[teams]\nlabel = "{label}"\n', encoding="utf-8")
+
+    if taken:
+        assert load_config(path).teams.label == label
+    else:
+        with pytest.raises(Invalid, match="the name after '/' at most 63 characters, the prefix before it at most 253"):
+            load_config(path)
