@@ -48,7 +48,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies.
 
     Raises:
-        LedgerError: the configuration is invalid, ``cluster`` is empty (``--cluster ""``) or no cluster name
+        LedgerError: ``host`` is empty or blank, or cannot be listened on (:func:`ledger.embedded.require_port`);
+            the configuration is invalid, ``cluster`` is empty (``--cluster ""``) or no cluster name
             (:func:`ledger.config.check_cluster_name`; :class:`ledger.errors.Invalid`), or no token is
             configured and ``host`` is not loopback while ``allow_open`` is false.
     """
@@ -63,6 +64,10 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
             check_cluster_name(cluster)
         except Invalid as e:
             raise Invalid(f"--cluster: {e}") from e
+    if not host.strip():
+        # uvicorn would listen on every interface for an empty host: said, never guessed.
+        raise LedgerError("--host is empty; give an address or name of this machine (default 127.0.0.1; 0.0.0.0 "
+                          "for every IPv4 interface)")
     config = load_config(settings.config)
     if not config.api.tokens and not _is_loopback(host) and not allow_open:
         raise LedgerError(

@@ -64,6 +64,18 @@ def test_a_host_that_cannot_be_bound_is_named_without_the_hint_about_a_taken_por
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("host", ["", "  "])
+def test_an_empty_host_is_refused_not_served_on_every_interface(host: str) -> None:
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["serve", "--host", host, "--port", "9999", "--allow-unauthenticated",
+                                          "--database-url", NOWHERE], env=WIDE)
+
+    # uvicorn listened on every interface for "" (http://:9999), even with no token configured.
+    assert result.exit_code == 2, result.output
+    assert "error: --host is empty; give an address or name of this machine (default 127.0.0.1; 0.0.0.0 for every " \
+        "IPv4 interface)" in result.output
+
+
 def test_only_a_port_in_use_gets_the_hint_about_another_process() -> None:
     with plugin_commands() as app, taken_port() as port:
         result = CliRunner().invoke(app, ["serve", "--host", "127.0.0.1", "--port", str(port),
