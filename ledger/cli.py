@@ -659,6 +659,15 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     (out if width is None else Console(file=out.file, width=width, soft_wrap=True)).print(table)
 
 
+def _heading(title: str) -> None:
+    """A rule across the terminal with ``title`` in it; elsewhere (a file, a pipe) the title between two short
+    rules on one line, since a rule is as wide as the console, 80 columns there, and Rich cut a longer title."""
+    if out.is_terminal or columns_setting() is not None:
+        out.rule(title)
+    else:
+        out.print(f"── {title} ──", highlight=False)
+
+
 def table_width(console: Console) -> int | None:
     """Width in characters to lay a table out in on ``console``: ``COLUMNS`` where it is usable
     (:func:`columns_setting`); else ``None`` (Rich's own choice, the terminal's width) on a terminal, and
@@ -1223,7 +1232,7 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
             services.refresh_occupancy_counts(db, cluster=DEMO_CLUSTER)  # what the occupancy-counts job keeps up
             start, end = min(times), max(times)
             busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed
-            out.rule(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
+            _heading(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
             c = DEMO_CLUSTER
             render_occupancy(services.occupancy_all(db, at=busy, cluster=c))
             out.print("Pending claims (requested more devices than are free):")

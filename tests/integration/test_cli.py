@@ -27,6 +27,14 @@ def test_the_demo_replays_the_bundled_history_and_prints_its_tables(ledger_engin
     assert "devices 8, allocated 6, free 2, shared 1" in result.output
     assert "devices 8, allocated 5, free 3, shared 0" in result.output
     assert "ml-train/big" in result.output
+    # The heading names the history's span whole (a rule 80 columns wide cut its end off in a file or a pipe).
+    import json
+
+    from tests.paths import HISTORIES
+
+    stamps = [json.loads(line)["observedAt"] for line in (HISTORIES / "seed-lab.jsonl").read_text().splitlines()]
+    span = f"{stamps[0].replace('.000000Z', 'Z')} .. {stamps[-1].replace('.000000Z', 'Z')}"
+    assert f"── seed-lab: one node, 8 GPUs, history {span} ──" in result.output
     # The hints point at this ledger (a bare command would open the default embedded one), never print the URL.
     assert "--output json --database-url ...  (the same URL)" in result.output
     assert "it is in the database --database-url names" in result.output
