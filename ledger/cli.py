@@ -940,8 +940,11 @@ def _config(path: Path | None) -> LedgerConfig:
 
 
 def _number(value: JSONValue) -> str:
+    """A count or quantity of a quota or counter as the table shows it: whole numbers exact with thousands
+    separators, fractions as the shortest text that reads back as the same float (``123,456.789`` for a
+    ``nominalQuota`` of ``123456789m``), never cut to six digits."""
     if isinstance(value, float) and not value.is_integer():
-        return f"{value:.6g}"
+        return f"{value:,}"
     if isinstance(value, int | float) and not isinstance(value, bool):
         return f"{int(value):,}"
     return _s(value)

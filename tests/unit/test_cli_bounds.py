@@ -343,3 +343,22 @@ def test_a_nominal_quota_of_2_to_the_53_is_kept_and_printed_exactly(tmp_path: Pa
 
     assert quota == 2**53
     assert "9,007,199,254,740,992" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("value", "printed"), [
+    ('"123456789m"', "123,456.789"),  # 123456.789: was 123457 (six significant digits)
+    ("1234567.5", "1,234,567.5"),  # was 1.23457e+06
+    ('"1500m"', "1.5"),
+])
+def test_a_fractional_nominal_quota_is_printed_in_full(tmp_path: Path, value: str, printed: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ledger.toml"
+    path.write_text(QUOTA.format(value=value), encoding="utf-8")
+    quota = load_config(path).quota_of("vision", "example.com/gpu")
+    body: JSONObject = {"at": "2026-11-02T09:30:00Z", "rows": [{
+        "team": "vision", "resourceName": "example.com/gpu", "used": 4, "nominalQuota": quota, "overQuota": False,
+        "reasons": []}]}
+
+    render_quotas(body)
+
+    assert f" {printed} " in capsys.readouterr().out
