@@ -12,6 +12,7 @@ import enum
 import importlib.metadata
 import importlib.resources
 import os
+import re
 import shutil
 import signal
 import sys
@@ -30,6 +31,7 @@ from pydantic_settings import BaseSettings, SettingsError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 import ledger
@@ -648,12 +650,23 @@ def simulate(
 # --- queries -------------------------------------------------------------------------------------
 
 
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+"""Control characters other than the newline (which the tables use to stack a cell's lines)."""
+
+
+def _cell(text: str) -> Text:
+    """A table cell exactly as the data spells it: never read as Rich markup (a value ``[bold]x[/bold]`` stays
+    those characters), and control characters written as escapes (``\\x1b``), so that a string from the cluster
+    (a device attribute, say) cannot move the cursor, recolour or retitle the operator's terminal."""
+    return Text(_CONTROL_CHARACTERS.sub(lambda m: repr(m.group())[1:-1], text))
+
+
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(_cell(value) for value in row))
     width = table_width(out)
     # Console.print never lays out wider than its console, so a wider layout needs a console of that width.
     (out if width is None else Console(file=out.file, width=width, soft_wrap=True)).print(table)

@@ -42,3 +42,17 @@ def test_without_prices_the_table_has_no_cost_column(monkeypatch: pytest.MonkeyP
     assert "team deviceClass driver device-hours" in lines
     assert "ml gpu.example.com gpu.example.com 9.383" in lines
     assert not any("cost" in line for line in lines)
+
+
+def test_a_value_with_control_characters_or_markup_is_printed_as_written_and_harmless(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A model attribute a driver published: an escape that would turn the terminal red and retitle it, and
+    # text that Rich would read as markup (printed "b" in bold, the brackets gone).
+    model = "A100\x1b[31m\x1b]0;owned\x07 [bold]b[/bold]"
+    monkeypatch.setattr(cli, "out", Console(width=200, no_color=True))
+
+    cli.render_usage({**body({**ROW, "model": model}), "groupBy": "model"})
+
+    output = capsys.readouterr().out
+    assert "\x1b" not in output and "\x07" not in output
+    assert "A100\\x1b[31m\\x1b]0;owned\\x07 [bold]b[/bold]" in output
