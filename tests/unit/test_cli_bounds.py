@@ -329,20 +329,25 @@ def test_the_quotas_command_refuses_it_with_exit_code_2_before_the_database(tmp_
     assert not (tmp_path / "none").exists()
 
 
-@pytest.mark.parametrize("value", ["9007199254740992", '"8Pi"'])
-def test_a_nominal_quota_of_2_to_the_53_is_kept_and_printed_exactly(tmp_path: Path, value: str,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def quota_table(tmp_path: Path, value: str, capsys: pytest.CaptureFixture[str]) -> tuple[float | None, str]:
+    """The nominal quota a file giving ``nominalQuota = value`` yields, and the quotas table printing it."""
     path = tmp_path / "ledger.toml"
     path.write_text(QUOTA.format(value=value), encoding="utf-8")
     quota = load_config(path).quota_of("vision", "example.com/gpu")
     body: JSONObject = {"at": "2026-11-02T09:30:00Z", "rows": [{
         "team": "vision", "resourceName": "example.com/gpu", "used": 4, "nominalQuota": quota, "overQuota": False,
         "reasons": []}]}
-
     render_quotas(body)
+    return quota, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["9007199254740992", '"8Pi"'])
+def test_a_nominal_quota_of_2_to_the_53_is_kept_and_printed_exactly(tmp_path: Path, value: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    quota, table = quota_table(tmp_path, value, capsys)
 
     assert quota == 2**53
-    assert "9,007,199,254,740,992" in capsys.readouterr().out
+    assert "9,007,199,254,740,992" in table
 
 
 @pytest.mark.parametrize(("value", "printed"), [
@@ -352,13 +357,6 @@ def test_a_nominal_quota_of_2_to_the_53_is_kept_and_printed_exactly(tmp_path: Pa
 ])
 def test_a_fractional_nominal_quota_is_printed_in_full(tmp_path: Path, value: str, printed: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "ledger.toml"
-    path.write_text(QUOTA.format(value=value), encoding="utf-8")
-    quota = load_config(path).quota_of("vision", "example.com/gpu")
-    body: JSONObject = {"at": "2026-11-02T09:30:00Z", "rows": [{
-        "team": "vision", "resourceName": "example.com/gpu", "used": 4, "nominalQuota": quota, "overQuota": False,
-        "reasons": []}]}
+    _, table = quota_table(tmp_path, value, capsys)
 
-    render_quotas(body)
-
-    assert f" {printed} " in capsys.readouterr().out
+    assert f" {printed} " in table
