@@ -110,7 +110,9 @@ def register(app: typer.Typer) -> None:
         settings = cli.settings_from(url, data_dir)
         if not settings.database_url:
             cli.require_embedded_ledger(settings.data_dir)
-        try:
+        # One line and exit code 2 for a refused schema, a bad file or a database that cannot be reached, as the
+        # other commands say it (cli.reported_errors), never a traceback.
+        with cli.reported_errors():
             if once:
                 try:
                     with _rollup_progress() as progress:
@@ -125,6 +127,3 @@ def register(app: typer.Typer) -> None:
                            f"{counts['occupancyCountRows']} occupancy count rows")
             else:
                 asyncio.run(_run_forever(settings, config, cluster))
-        except LedgerError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from e

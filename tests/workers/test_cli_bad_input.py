@@ -147,16 +147,19 @@ def test_fake_apiserver_still_says_a_missing_history_is_missing(tmp_path: Path) 
     assert result.output.strip() == f"error: no such file: {tmp_path / 'h.jsonl'}"
 
 
-def test_watch_names_a_database_it_cannot_reach_in_one_line_and_exits_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["watch", "--cluster", "w1"], ["jobs", "--once"], ["jobs"]])
+def test_a_worker_names_a_database_it_cannot_reach_in_one_line_and_exits_2(tmp_path: Path,
+                                                                          command: list[str]) -> None:
     import subprocess
 
     from tests.factories import CLI
 
     config = kubeconfig(tmp_path / "kubeconfig.yaml", "http://127.0.0.1:1")  # never reached: the ledger is first
-    result = subprocess.run([*CLI, "watch", "--kubeconfig", str(config), "--cluster", "w1", "--database-url",
-                             "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True, timeout=120)
+    extra = ["--kubeconfig", str(config)] if command[0] == "watch" else []
+    result = subprocess.run([*CLI, *command, *extra, "--database-url", "postgresql://nobody@127.0.0.1:1/none"],
+                            capture_output=True, text=True, timeout=120)
 
-    # It printed psycopg's traceback and exited 1, where every other command says one line.
+    # They printed psycopg's traceback and exited 1, where every other command says one line.
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
