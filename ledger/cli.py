@@ -12,7 +12,6 @@ import enum
 import importlib.metadata
 import importlib.resources
 import os
-import re
 import shutil
 import signal
 import sys
@@ -39,7 +38,7 @@ from ledger import services
 from ledger import simulate_bounds as bounds
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
-from ledger.errors import Invalid, LedgerError
+from ledger.errors import Invalid, LedgerError, printable
 from ledger.projections.queries import rfc3339
 from ledger.recorded import SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
@@ -468,7 +467,7 @@ def summarise_report(report: services.IngestReport) -> str:
 def _print_report(report: services.IngestReport) -> None:
     # Plain, unwrapped lines: one rejection per line, greppable by FILE:LINE.
     for rejection in report.rejected:
-        typer.echo(f"rejected {rejection.origin}: {rejection.reason}", err=True)
+        typer.echo(printable(f"rejected {rejection.origin}: {rejection.reason}"), err=True)  # one line, inert
     typer.echo(summarise_report(report), err=True)
 
 
@@ -650,15 +649,11 @@ def simulate(
 # --- queries -------------------------------------------------------------------------------------
 
 
-_CONTROL_CHARACTERS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-"""Control characters other than the newline (which the tables use to stack a cell's lines)."""
-
-
 def _cell(text: str) -> Text:
     """A table cell exactly as the data spells it: never read as Rich markup (a value ``[bold]x[/bold]`` stays
-    those characters), and control characters written as escapes (``\\x1b``), so that a string from the cluster
-    (a device attribute, say) cannot move the cursor, recolour or retitle the operator's terminal."""
-    return Text(_CONTROL_CHARACTERS.sub(lambda m: repr(m.group())[1:-1], text))
+    those characters), control characters escaped (:func:`printable`; newlines kept: the tables stack a cell's
+    lines with them)."""
+    return Text(printable(text, keep_newlines=True))
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 MAX_ECHO_CHARS = 100
 """Longest piece of client input (a parameter's name or value, an option's value, a name in a URL path) an
 error message repeats, in characters; longer input is cut to this length, its last character an ellipsis
@@ -18,6 +20,18 @@ def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     quoted value), never the whole message, so the ledger's own words stay whole.
     """
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with its control characters written as Python escapes (``\\x1b``, ``\\t``; newlines too unless
+    ``keep_newlines``), so that a string from the cluster (a device attribute, an object's kind or name in a
+    rejection) cannot move the cursor, recolour, retitle or ring the operator's terminal, or split a log line."""
+    pattern = _CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL_CHARACTERS
+    return pattern.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class LedgerError(Exception):

@@ -303,3 +303,21 @@ def test_the_configured_teams_label_decides_the_team_of_namespaces_replayed(ledg
     by_team = {r["team"]: r["deviceHours"] for r in json.loads(usage.stdout)["rows"]}
     assert by_team == pytest.approx({"ml-train": expected["by_team"]["vision"],
                                      "ml-serve": expected["by_team"]["nlp"]}, abs=expected["tolerance_hours"])
+
+
+def test_a_rejected_line_is_reported_on_one_line_with_its_control_characters_escaped(ledger_engine: Engine,
+                                                                                     tmp_path: Path) -> None:
+    import json
+
+    hostile = {"apiVersion": "example.com/v1", "kind": "Foo\x1b]0;owned\x07\x1b[2J",
+               "metadata": {"name": "n\x1b[31m\nsecond", "uid": "u-1"}}
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(json.dumps({"observedAt": "2026-11-02T09:00:00Z", "type": "ADDED", "object": hostile}) + "\n")
+
+    result = CliRunner().invoke(app, ["replay", str(path), "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 1, result.output  # a rejected line: exit 1, the line recorded as rejected
+    [report] = [line for line in result.stderr.splitlines() if line.startswith("rejected ")]
+    # The kind is echoed in the reason as the object spelled it: escaped, so it retitles and clears nothing.
+    assert "Foo\\x1b]0;owned\\x07\\x1b[2J" in report
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
