@@ -668,12 +668,9 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 
 
 def _heading(title: str) -> None:
-    """A rule across the terminal with ``title`` in it; elsewhere (a file, a pipe) the title between two short
-    rules on one line, since a rule is as wide as the console, 80 columns there, and Rich cut a longer title."""
-    if out.is_terminal or columns_setting() is not None:
-        out.rule(title)
-    else:
-        out.print(f"── {title} ──", highlight=False)
+    """``title`` between two short rules on one line. Not a Rich rule: a rule is as wide as the console (80
+    columns in a file, a pipe or a common terminal), and Rich cut a longer title, the end of the demo's span."""
+    out.print(f"── {title} ──", highlight=False)
 
 
 def table_width(console: Console) -> int | None:
