@@ -467,7 +467,7 @@ def summarise_report(report: services.IngestReport) -> str:
 def _print_report(report: services.IngestReport) -> None:
     # Plain, unwrapped lines: one rejection per line, greppable by FILE:LINE.
     for rejection in report.rejected:
-        typer.echo(printable(f"rejected {rejection.origin}: {rejection.reason}"), err=True)  # one line, inert
+        typer.echo(f"rejected {rejection.origin}: {rejection.reason}", err=True)  # reasons come escaped (Rejection)
     typer.echo(summarise_report(report), err=True)
 
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ledger.config import DEFAULT, LedgerConfig
-from ledger.errors import Conflict, Invalid, LedgerError, StoreUnavailable, StreamConflict
+from ledger.errors import Conflict, Invalid, LedgerError, StoreUnavailable, StreamConflict, printable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.projections import counts, queries, rollups, runner, settled, snapshots
 from ledger.projections import pending as pending_demand
@@ -55,6 +55,9 @@ class Rejection:
     origin: str
     """``FILE:LINE`` (1-based line) or ``watch:KIND``."""
     reason: str
+    """Why, on one line: the object's own text it quotes (a kind, a name) has its control characters escaped
+    (:func:`ledger.errors.printable`: NUL, which text columns refuse, line ends and terminal escapes), so the
+    reason is safe to store, print and log as it is."""
     already_recorded: bool = False
     """The line was found stored as rejected by an earlier run (so it also counts in
     ``IngestReport.duplicates``); ``False``: stored as rejected by this ingest."""
@@ -437,21 +440,22 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
         if item.digest in seen:
             chunk_report.duplicates += 1
             if (reason := rejected_before.pop(item.digest, None)) is not None:
-                chunk_report.rejected.append(Rejection(origin=origin, reason=f"{reason} (already recorded "
-                                                       "as rejected)", already_recorded=True))
+                # printable again: an earlier release stored the object's own text in the reason as it came.
+                chunk_report.rejected.append(Rejection(origin=origin, reason=f"{printable(reason)} (already "
+                                                       "recorded as rejected)", already_recorded=True))
             continue
         seen.add(item.digest)
         if isinstance(item, BrokenLine):
             observations.append(ObservationRow(
                 digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
                 name=None, uid=None, resource_version=None, watch_type=None, observed_at=item.observed_at,
-                recorded_at=recorded_at, origin=origin, error=_no_nul(item.reason),
+                recorded_at=recorded_at, origin=origin, error=printable(item.reason),
                 body=json_bytes(_no_nul(item.text))))
-            chunk_report.rejected.append(Rejection(origin=origin, reason=_no_nul(item.reason)))
+            chunk_report.rejected.append(Rejection(origin=origin, reason=printable(item.reason)))
             continue
         if item.holds_nul:
-            reason = _no_nul(f"{_describe(item)}: holds a NUL character (\\u0000), which PostgreSQL "
-                             "cannot store")
+            reason = printable(f"{_describe(item)}: holds a NUL character (\\u0000), which PostgreSQL "
+                               "cannot store")
             observations.append(ObservationRow(
                 digest=item.digest, status="rejected", kind=None, api_version=None, namespace=None,
                 name=None, uid=None, resource_version=None, watch_type=item.type,
@@ -469,7 +473,7 @@ def _translate_lines(chunk: Sequence[WatchLine | BrokenLine], known: dict[str, s
         except (LedgerError, ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError,
                 RecursionError) as e:
             # A bad object is recorded and reported, never allowed to stop the batch.
-            reason = _no_nul(f"{_describe(item)}: {e}")
+            reason = printable(f"{_describe(item)}: {e}")
             observations.append(_row_for(item, recorded_at=recorded_at, origin=origin, error=reason))
             chunk_report.rejected.append(Rejection(origin=origin, reason=reason))
             continue

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from ledger import services
-from ledger.errors import ProjectionFailed, Unavailable, printable
+from ledger.errors import ProjectionFailed, Unavailable
 from ledger.recorded import BrokenLine, WatchLine, broken_watch_line, watch_line
 from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings, TranslatorState
@@ -212,6 +212,5 @@ class LedgerSink:
             self._metrics.appended(source.info.kind, report.events)
             self._metrics.rejected(source.info.kind, len(report.rejected))
         for rejection in report.rejected:
-            # Escaped: the reason echoes the object's own text (its kind, its name), which must not forge log lines.
-            log.warning("rejected %s: %s", printable(rejection.origin), printable(rejection.reason),
+            log.warning("rejected %s: %s", rejection.origin, rejection.reason,  # reasons come escaped (Rejection)
                         extra={"resource": source.info.plural, "resourceVersion": None})
