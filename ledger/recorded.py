@@ -248,8 +248,10 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
 TIME_LIMIT: Final = datetime(9999, 1, 1, tzinfo=UTC)
 """First instant past the times a query accepts (exclusive): year 9999 is refused, so that a window or a page
 token built on an accepted time never passes ``datetime.max``."""
-LATEST_TIME_TEXT: Final = (TIME_LIMIT - timedelta(microseconds=1)).isoformat().replace("+00:00", "Z")
-"""The latest time accepted, as messages name it (``9998-12-31T23:59:59.999999Z``)."""
+LATEST_TIME: Final = TIME_LIMIT - timedelta(microseconds=1)
+"""The latest time accepted (a query's, a recorded line's, a simulated line's)."""
+LATEST_TIME_TEXT: Final = LATEST_TIME.isoformat().replace("+00:00", "Z")
+""":data:`LATEST_TIME` as messages name it (``9998-12-31T23:59:59.999999Z``)."""
 
 
 def parse_query_time(value: str) -> datetime:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ledger.recorded import TIME_LIMIT
+from ledger.recorded import LATEST_TIME, LATEST_TIME_TEXT
 from ledger.simulate_bounds import (
     MAX_GPUS_PER_MIG_NODE,
     MAX_GPUS_PER_NODE,
@@ -76,9 +76,6 @@ LINE_TAIL = timedelta(seconds=13)
 dated. No action runs after the end, and the latest line an action writes comes 13 s after it: a claim made at
 the end is allocated 1 s later and its pods run 12 s after that. A workload still running at the end is not
 finished (its claim stays allocated), so a hold time never carries a line past the end."""
-LATEST_LINE = TIME_LIMIT - timedelta(microseconds=1)
-"""The latest time a simulated line may carry: the latest the ledger accepts (``--at`` and every query time,
-:func:`ledger.recorded.parse_query_time`), so that every instant of a simulated history can be asked about."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -688,7 +685,8 @@ def check_spec(spec: FleetSpec) -> None:
 
     Raises:
         ValueError: no nodes, no GPUs, no hours or teams; a knob past its ``MAX_*`` bound; a run whose lines would
-            go past :data:`LATEST_LINE` (its end plus :data:`LINE_TAIL`); or more than :data:`MAX_GPUS_PER_MIG_NODE`
+            go past :data:`ledger.recorded.LATEST_TIME` (its end plus :data:`LINE_TAIL`), so that every instant of a
+            simulated history can be asked about; or more than :data:`MAX_GPUS_PER_MIG_NODE`
             GPUs a node while nodes have MIG partitions. The message names the knob.
     """
     if spec.nodes < 1 or spec.gpus_per_node < 1 or spec.hours <= 0 or spec.teams < 1 \
@@ -701,12 +699,12 @@ def check_spec(spec: FleetSpec) -> None:
         if value > bound:
             raise ValueError(f"{knob} is {value}; at most {bound} is simulated")
     # As a gap from the start: start + hours itself may lie past datetime.max.
-    room = LATEST_LINE - LINE_TAIL - spec.start
+    room = LATEST_TIME - LINE_TAIL - spec.start
     if timedelta(hours=spec.hours) > room:
         most = math.floor(room.total_seconds() / 36) / 100  # hours, rounded down to the 0.01 h --hours takes
         fix = f"at most {most:g} hours from that start" if most >= 0.01 else "give an earlier start"
         raise ValueError(f"hours (--hours) {spec.hours:g} from start (--start) {_iso(spec.start)}: the history would "
-                         f"end after {_iso(LATEST_LINE)}, the latest time the ledger accepts (its last lines come up "
+                         f"end after {LATEST_TIME_TEXT}, the latest time the ledger accepts (its last lines come up "
                          f"to {LINE_TAIL.seconds} s after the end); {fix}")
     if spec.mig_node_fraction > 0 and spec.gpus_per_node > MAX_GPUS_PER_MIG_NODE:
         raise ValueError(f"gpus_per_node (--gpus-per-node) is {spec.gpus_per_node}; at most "
