@@ -120,17 +120,19 @@ def check_cluster_name(value: str) -> str:
         raise Invalid(f"{shorten(repr(value))} has {e}; {CLUSTER_NAME_RULE}") from e
 
 
-MAX_LABEL_KEY = 317
-"""Longest label key, in characters: a DNS-subdomain prefix (253), ``/`` and a name (63), as Kubernetes allows."""
+MAX_LABEL_NAME = 63
+"""Longest name part of a label key (after ``/``), in characters, as Kubernetes allows."""
+MAX_LABEL_PREFIX = 253
+"""Longest prefix of a label key (a DNS subdomain, before ``/``), in characters, as Kubernetes allows."""
 
 
 def _label_key(value: str) -> str:
     prefix, _, name = value.rpartition("/")
     # Kubernetes' limits on each part: a key past them is on no namespace, and every namespace would bill itself.
-    if len(value) > MAX_LABEL_KEY or not re.match(QUALIFIED_NAME, value) or len(name) > 63 or len(prefix) > 253:
+    if len(name) > MAX_LABEL_NAME or len(prefix) > MAX_LABEL_PREFIX or not re.match(QUALIFIED_NAME, value):
         raise ValueError(f"{shorten(repr(value))} is not a label key (a Kubernetes qualified name such as team or "
                          "example.com/team: letters, digits, '-', '_' and '.', no blank; the name after '/' at "
-                         "most 63 characters, the prefix before it at most 253)")
+                         f"most {MAX_LABEL_NAME} characters, the prefix before it at most {MAX_LABEL_PREFIX})")
     return value
 
 
