@@ -152,6 +152,9 @@ ClusterOpt = Annotated[str | None, typer.Option(
     help="Cluster name (default: every cluster); an empty name is refused.")]
 """``--cluster`` of the queries: answer for this cluster only."""
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
+                                                help="Configuration file (TOML or YAML); unset = defaults.")]
+"""``--config``: the queries read its overrides, mappings, quotas and prices; ``replay`` its ``teams.label``."""
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
 
 
@@ -477,9 +480,7 @@ def replay(
                                                 help="Recorded histories, kubectl watch output or Lists.")],
     at: Annotated[str | None, typer.Option("--at", help="Receive time for Lists without one (RFC 3339).")] = None,
     cluster: WriteClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", envvar="LEDGER_CONFIG",
-        help="Configuration file (TOML or YAML): its teams.label names the team of namespaces recorded.")] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Replay recorded watch histories into the ledger (idempotent); exit 1 if any line was rejected."""
     settings = settings_from(url, data_dir)
@@ -934,10 +935,6 @@ def idle_claims(at: AtOpt = None,
 
 
 # --- quotas, sharing, pending demand, reports (the configuration file matters here) -------------
-
-ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
-                                                help="Configuration file (TOML or YAML); unset = defaults.")]
-
 
 def _config(path: Path | None) -> LedgerConfig:
     with reported_errors():
