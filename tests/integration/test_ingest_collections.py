@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -30,8 +31,26 @@ def collector_on() -> Iterator[None]:
         (gc.enable if was else gc.disable)()
 
 
-def _young_collections() -> int:
-    return int(gc.get_stats()[0]["collections"])
+@contextmanager
+def young_collections_here() -> Iterator[list[int]]:
+    """Counts, in a one-item list, the young collections that start in this thread while the block runs.
+
+    Counted through ``gc.callbacks``, which run in the thread that collects, rather than from ``gc.get_stats()``:
+    the stats are process-wide, so a collection made by another thread (a writer thread, a thread an earlier
+    test left behind) would be counted too.
+    """
+    here = threading.get_ident()
+    count = [0]
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 0 and threading.get_ident() == here:
+            count[0] += 1
+
+    gc.callbacks.append(seen)
+    try:
+        yield count
+    finally:
+        gc.callbacks.remove(seen)
 
 
 def test_automatic_collections_are_off_during_an_ingest_and_on_again_after(ledger: LedgerHandle,
@@ -53,11 +72,11 @@ def test_an_ingest_leaves_a_collector_that_was_off_off(ledger: LedgerHandle, col
 def test_a_young_collection_runs_every_collect_every_lines(ledger: LedgerHandle, collector_on: None,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(services, "COLLECT_EVERY_LINES", 10)
-    before = _young_collections()
-    services.ingest(ledger.db, read_history(SEED), cluster=ledger.cluster, batch_size=5, pipelined=False)
+    with young_collections_here() as young:
+        services.ingest(ledger.db, read_history(SEED), cluster=ledger.cluster, batch_size=5, pipelined=False)
     # With automatic runs off, only _chunks collects: 39 lines in batches of 5 hand over 5, 10 (collect),
     # 15, 20 (collect), 25, 30 (collect), 35, then the short last batch of 4.
-    assert _young_collections() - before == 3
+    assert young == [3]
 
 
 def test_overlapping_ingests_turn_the_collector_on_only_when_the_last_one_ends(ledger: LedgerHandle,
