@@ -88,15 +88,27 @@ def parse_instant(value: str | None, name: str, default: datetime | None = None)
         raise Invalid(f"{name}: {e}{hint}") from e
 
 
-def page_instant(page_at: str | None, at: str | None) -> datetime:
-    """The instant a paged answer is for: the one the first page answered for, as its ``pageToken`` carries it (so
-    that an ``at`` left to default, now, stays put from page to page), else ``at``, else now; aware UTC.
+def asked_instant(at: str | None) -> datetime | None:
+    """The ``at`` query parameter as an aware UTC instant, ``None`` when absent (the answer is then for now).
+
+    Paged lists put this, not the text of ``at``, in their query fingerprint, so that one instant written two ways
+    (``2026-01-01T01:00:00+01:00`` and ``2026-01-01T00:00:00Z``) is one query and its ``pageToken`` is accepted.
 
     Raises:
-        Invalid: a bad ``at``; or ``at`` given and the token carrying another instant (a token edited, or issued
-            for another ``at``): the token does not belong to this query, as for any other parameter changed.
+        Invalid: a bad ``at`` (see :func:`parse_instant`).
     """
-    asked = parse_instant(at, "at") if at is not None else None
+    return parse_instant(at, "at") if at is not None else None
+
+
+def page_instant(page_at: str | None, asked: datetime | None) -> datetime:
+    """The instant a paged answer is for: the one the first page answered for, as its ``pageToken`` carries it (so
+    that an ``at`` left to default, now, stays put from page to page), else ``asked`` (:func:`asked_instant`), else
+    now; aware UTC.
+
+    Raises:
+        Invalid: ``asked`` given and the token carrying another instant (a token edited, or issued for another
+            ``at``): the token does not belong to this query, as for any other parameter changed.
+    """
     if page_at is None:
         return asked or datetime.now(UTC)
     carried = parse_instant(page_at, "pageToken")

@@ -12,7 +12,7 @@ from litestar.params import FromPath, QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, page_instant, parse_cluster
+from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
 from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
 from api.schemas import ClaimHistory, Claims, to_struct
@@ -60,6 +60,7 @@ class ClaimsController(Controller):
         ``[teams] overrides``.
         """
         scope = parse_cluster(cluster, ctx)
+        asked = asked_instant(at)
         query = pagination.fingerprint(
             request.url.path,
             {
@@ -68,11 +69,11 @@ class ClaimsController(Controller):
                 "team": team,
                 "origin": origin,
                 "cluster": scope,
-                "at": at,
+                "at": asked,
             }
         )
         page = pagination.decode(page_token, query=query)
-        when = page_instant(page.at, at)
+        when = page_instant(page.at, asked)
         body: Any = services.claims(
             ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, config=ctx.config
         )

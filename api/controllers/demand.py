@@ -12,7 +12,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, page_instant, parse_cluster, parse_instant
+from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster, parse_instant
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import Pending, Quotas, Shared, to_struct
@@ -75,9 +75,10 @@ class DemandController(Controller):
         counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": at})
+        asked = asked_instant(at)
+        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
-        when = page_instant(page.at, at)
+        when = page_instant(page.at, asked)
         body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
         rows = [r for r in body["rows"] if access.sees(r["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
@@ -107,9 +108,10 @@ class DemandController(Controller):
         unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": at})
+        asked = asked_instant(at)
+        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
-        when = page_instant(page.at, at)
+        when = page_instant(page.at, asked)
         body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)
         chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

@@ -10,7 +10,7 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.deps import AppState, ClusterParam, page_instant, parse_cluster
+from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
 from api.errors import V1_NOT_FOUND
 from api.methods import read
 from api.schemas import Occupancy, to_struct
@@ -78,14 +78,15 @@ class OccupancyController(Controller):
             Invalid: (422) a bad ``at``, an empty ``deviceClass``, or a ``pageToken`` of another query.
         """
         scope = parse_cluster(cluster, ctx)
+        asked = asked_instant(at)
         query = pagination.fingerprint(
             request.url.path,
-            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": at, "deviceClass": device_class}
+            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": asked, "deviceClass": device_class}
         )
         page = pagination.decode(page_token, query=query)
         if page.after is not None and len(page.after) != 4:
             raise Invalid("pageToken is not a token this API issued")
-        when = page_instant(page.at, at)
+        when = page_instant(page.at, asked)
         # A team-limited token sees the devices its teams hold, only their allocations, and totals over
         # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy),
         # on the team after the configuration's [teams] overrides.

@@ -11,7 +11,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, page_instant, parse_cluster, parse_duration
+from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster, parse_duration
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import IdleClaims, to_struct
@@ -58,14 +58,17 @@ class ReportsController(Controller):
         ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
         """
         scope = parse_cluster(cluster, ctx)
-        query = pagination.fingerprint(request.url.path, {"minIdle": min_idle, "cluster": scope, "at": at})
+        asked = asked_instant(at)
+        idle = parse_duration(min_idle, "minIdle")
+        # The parsed values, not their text, define the query: PT30M and 1800 are one minIdle.
+        query = pagination.fingerprint(request.url.path, {"minIdle": idle, "cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
-        when = page_instant(page.at, at)
+        when = page_instant(page.at, asked)
         body: Any = services.idle_report(
             ctx.db,
             at=when,
             config=ctx.config,
-            min_idle=parse_duration(min_idle, "minIdle"),
+            min_idle=idle,
             cluster=scope,
         )
         rows = [c for c in body["claims"] if access.sees(c["team"])]

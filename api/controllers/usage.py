@@ -162,7 +162,8 @@ class UsageController(Controller):
         bucket = parse_duration(step, "step", shortest=SHORTEST_STEP)
         query = pagination.fingerprint(
             request.url.path,
-            {"from": start, "to": end, "groupBy": group_by, "step": step, "cluster": scope}
+            # The parsed values, not their text: one instant or duration written two ways is one query.
+            {"from": t0, "to": t1, "groupBy": group_by, "step": bucket, "cluster": scope}
         )
         page = pagination.decode(page_token, query=query)
         # JSON unless the client prefers CSV (q-values; q=0 refuses a type), see negotiate().

@@ -12,7 +12,9 @@ from litestar import Litestar
 from litestar.handlers.http_handlers import HTTPRouteHandler
 from litestar.testing import TestClient
 
+from ledger import services
 from ledger.testing.handle import LedgerHandle
+from tests.api.conftest import SEED
 from tests.api.test_cli_bodies import run_cli
 
 MAX_ECHO_CHARS = 100
@@ -286,9 +288,41 @@ def test_a_page_token_edited_to_another_valid_instant_is_refused_when_at_is_give
 
     assert problem(client, f"{url}&pageToken={edited}", 422) == \
         "pageToken does not belong to this query (it was issued for another at)"
-    same_instant = client.get(f"{path}?at=2026-11-02T10:30:00%2B01:00&limit=1&pageToken={token}")
-    assert same_instant.status_code == 422  # another at parameter is another query, even for the same instant
-    assert client.get(f"{url}&pageToken={token}").json()["at"] == "2026-11-02T09:30:00Z"
+    second = client.get(f"{url}&pageToken={token}").json()
+    assert second["at"] == "2026-11-02T09:30:00Z"
+    # The same instant written with another offset is the same query: the token answers the same second page.
+    assert client.get(f"{path}?at=2026-11-02T10:30:00%2B01:00&limit=1&pageToken={token}").json() == second
+    # Another instant is another query, whatever the token carries.
+    assert problem(client, f"{path}?at=2026-11-02T09:30:01Z&limit=1&pageToken={token}", 422) == \
+        "pageToken does not belong to this query (its parameters changed)"
+
+
+def test_a_page_token_answers_the_same_window_and_durations_written_another_way(client: TestClient[Litestar]) -> None:
+    usage = "/v1/usage?from=2026-11-02T08:00:00Z&to=2026-11-02T10:00:00Z&groupBy=namespace&step=PT30M&limit=1"
+    first = client.get(usage).json()
+    assert first["nextPageToken"] is not None, first
+    second = client.get(f"{usage}&pageToken={first['nextPageToken']}").json()
+    assert second["rows"] != first["rows"]
+    same = ("/v1/usage?from=2026-11-02T09:00:00%2B01:00&to=2026-11-02T10:00:00.000Z&groupBy=namespace&step=1800"
+            f"&limit=1&pageToken={first['nextPageToken']}")
+    assert client.get(same).json() == second
+    other_step = usage.replace("PT30M", "PT31M") + f"&pageToken={first['nextPageToken']}"
+    assert problem(client, other_step, 422) == "pageToken does not belong to this query (its parameters changed)"
+
+
+
+def test_an_idle_claims_page_token_answers_min_idle_written_another_way(seeded: LedgerHandle,
+                                                                        client: TestClient[Litestar]) -> None:
+    # The seed lab holds one idle claim; recorded into a second cluster too, the report has two rows to page.
+    services.replay_files(seeded.db, [SEED], cluster="second")
+    idle = "/v1/reports/idle-claims?at=2026-11-02T12:00:00Z&minIdle=PT30M&limit=1"
+    page = client.get(idle).json()
+    assert page["nextPageToken"] is not None, page
+    expected = client.get(f"{idle}&pageToken={page['nextPageToken']}").json()
+    assert [c["cluster"] for c in (*page["claims"], *expected["claims"])] == ["default", "second"]
+    assert client.get(idle.replace("PT30M", "1800") + f"&pageToken={page['nextPageToken']}").json() == expected
+    assert problem(client, idle.replace("PT30M", "1801") + f"&pageToken={page['nextPageToken']}", 422) == \
+        "pageToken does not belong to this query (its parameters changed)"
 
 
 def test_requests_leave_no_copy_of_the_route_handler_behind(client: TestClient[Litestar]) -> None:
