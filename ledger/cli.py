@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any, TypeVar
@@ -944,9 +945,11 @@ def _config(path: Path | None) -> LedgerConfig:
 def _number(value: JSONValue) -> str:
     """A count or quantity of a quota or counter as the table shows it: whole numbers exact with thousands
     separators, fractions as the shortest text that reads back as the same float (``123,456.789`` for a
-    ``nominalQuota`` of ``123456789m``), never cut to six digits."""
+    ``nominalQuota`` of ``123456789m``), never cut to six digits, and never in exponent form (``0.000001`` for
+    ``1u``, not ``1e-06``)."""
     if isinstance(value, float) and not value.is_integer():
-        return f"{value:,}"
+        # repr is the shortest text that reads back as the float; Decimal writes it out without an exponent.
+        return f"{Decimal(repr(value)):,f}"
     if isinstance(value, int | float) and not isinstance(value, bool):
         return f"{int(value):,}"
     return _s(value)

@@ -354,6 +354,8 @@ def test_a_nominal_quota_of_2_to_the_53_is_kept_and_printed_exactly(tmp_path: Pa
     ('"123456789m"', "123,456.789"),  # 123456.789: was 123457 (six significant digits)
     ("1234567.5", "1,234,567.5"),  # was 1.23457e+06
     ('"1500m"', "1.5"),
+    ('"1u"', "0.000001"),  # was 1e-06
+    ('"1n"', "0.000000001"),  # the smallest Quantity suffix; was 1e-09
 ])
 def test_a_fractional_nominal_quota_is_printed_in_full(tmp_path: Path, value: str, printed: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
