@@ -37,6 +37,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 import ledger
 from ledger import services
 from ledger import simulate_bounds as bounds
+from ledger.cli_typer import choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
@@ -152,7 +153,7 @@ ClusterOpt = Annotated[str | None, typer.Option(
     "--cluster", envvar="LEDGER_CLUSTER", callback=refuse_bad_cluster(leaving_out="to ask about every cluster"),
     help="Cluster name (default: every cluster); an empty name is refused.")]
 """``--cluster`` of the queries: answer for this cluster only."""
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json.")]
+OutputOpt = Annotated[Output, choice_option(Output, "--output", "-o", help="table or json.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
                                                 help="Configuration file (TOML or YAML); unset = defaults.")]
 """``--config``: the queries read its overrides, mappings, quotas and prices; ``replay`` its ``teams.label``."""
@@ -868,7 +869,7 @@ class GroupBy(enum.StrEnum):
 @app.command()
 def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3339).")],
           end: Annotated[str, typer.Option("--to", help="Window end, exclusive (RFC 3339).")],
-          group_by: Annotated[GroupBy, typer.Option("--group-by")] = GroupBy.team,
+          group_by: Annotated[GroupBy, choice_option(GroupBy, "--group-by")] = GroupBy.team,
           step: Annotated[str | None, typer.Option(
               "--step", help="Split the window into buckets this long (ISO 8601 duration such as PT1H, or "
               "seconds); the last bucket ends at --to.")] = None,
@@ -901,7 +902,7 @@ class ClaimState(enum.StrEnum):
 
 
 @app.command()
-def claims(state: Annotated[ClaimState, typer.Option(help="Which claims.")] = ClaimState.all,
+def claims(state: Annotated[ClaimState, choice_option(ClaimState, help="Which claims.")] = ClaimState.all,
            at: AtOpt = None, namespace: Annotated[str | None, _filter_option("Only this namespace.")] = None,
            config: ConfigOpt = None, cluster: ClusterOpt = None, output: OutputOpt = Output.table,
            url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
@@ -1156,8 +1157,8 @@ class ReportFormat(enum.StrEnum):
 def report_idle_claims(at: AtOpt = None,
                        min_idle: Annotated[str | None, typer.Option(
                            "--min-idle", help="Override every category's threshold (ISO 8601 or seconds).")] = None,
-                       output_format: Annotated[ReportFormat, typer.Option("--format", "-f",
-                                                                           help="table, json or csv.")]
+                       output_format: Annotated[ReportFormat, choice_option(ReportFormat, "--format", "-f",
+                                                                             help="table, json or csv.")]
                        = ReportFormat.table,
                        config: ConfigOpt = None, cluster: ClusterOpt = None, url: UrlOpt = None,
                        data_dir: DataDirOpt = None) -> None:

@@ -1,0 +1,86 @@
+"""``--help`` and the refusal of a bad option value read as a command line's, on every command.
+
+A bad choice names the option, the value and the choices in plain words (Typer 0.29 passed pydantic's
+``Value error, `` prefix through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.testing import CliRunner
+
+from ledger import cli
+from tests.factories import plugin_commands
+
+WIDE = {"COLUMNS": "300"}
+"""A terminal wide enough that no message and no row of ``--help`` is folded over two lines."""
+
+
+def error_message(output: str) -> str:
+    """The text inside the ``Error`` panel of a usage error as Typer prints it, its lines joined by spaces."""
+    return " ".join(line.strip("│ ") for line in output.splitlines() if line.startswith("│"))
+
+
+def every_command(plugins: typer.Typer) -> Iterator[tuple[list[str], typer.Typer, TyperCommand]]:
+    """``(words naming the command, the app holding it, the command)`` for every command of ``dra-ledger``:
+    those of ``ledger.cli.app`` and those ``plugins`` holds (:func:`tests.factories.plugin_commands`)."""
+
+    def leaves(group: TyperGroup, path: list[str]) -> Iterator[tuple[list[str], TyperCommand]]:
+        for name, command in group.commands.items():
+            if isinstance(command, TyperGroup):
+                yield from leaves(command, [*path, name])
+            elif isinstance(command, TyperCommand):
+                yield [*path, name], command
+
+    for app in (cli.app, plugins):
+        for path, command in leaves(typer.main.get_group(app), []):
+            yield path, app, command
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["occupancy", "-o", "csv"], "Invalid value for '--output' / '-o': 'csv' is not one of 'table', 'json'."),
+    (["usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T10:00:00Z", "--group-by", "pool"],
+     "Invalid value for '--group-by': 'pool' is not one of 'team', 'namespace', 'deviceClass', 'model', 'node'."),
+    (["claims", "--state", "gone"],
+     "Invalid value for '--state': 'gone' is not one of 'pending', 'allocated', 'deleted', 'all'."),
+    (["report", "idle-claims", "-f", "xml"],
+     "Invalid value for '--format' / '-f': 'xml' is not one of 'table', 'json', 'csv'."),
+])
+def test_a_bad_choice_names_the_option_the_value_and_the_choices_with_exit_code_2(args: list[str], said: str) -> None:
+    result = CliRunner().invoke(cli.app, args, env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert error_message(result.output) == said
+
+
+def test_a_long_bad_choice_is_echoed_cut_and_with_its_control_characters_escaped() -> None:
+    result = CliRunner().invoke(cli.app, ["occupancy", "-o", "\x1b[31m" + "x" * 500], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    message = error_message(result.output)
+    assert message.startswith(r"Invalid value for '--output' / '-o': '\x1b[31mxxx")
+    assert message.endswith("xx… is not one of 'table', 'json'.")
+    assert len(message) < 200
+
+
+def test_every_choice_option_of_every_command_refuses_a_bad_value_in_plain_words() -> None:
+    checked = []
+    with plugin_commands() as plugins:
+        for words, app, command in every_command(plugins):
+            for param in command.params:
+                choices = param.type_descriptor.choices if isinstance(param, TyperOption) else None
+                if not choices:
+                    continue
+                option = param.opts[0]
+                result = CliRunner().invoke(app, [*words, option, "bogus"], env=WIDE)
+                message = error_message(result.output)
+                allowed = ", ".join(repr(str(getattr(c, "value", c))) for c in choices)
+                assert result.exit_code == 2, (words, option, result.output)
+                assert message.startswith(f"Invalid value for '{option}'"), (words, message)
+                assert message.endswith(f": 'bogus' is not one of {allowed}."), (words, message)
+                checked.append(f"{' '.join(words)} {option}")
+    assert "occupancy --output" in checked and "report idle-claims --format" in checked  # the walk found them
