@@ -37,7 +37,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 import ledger
 from ledger import services
 from ledger import simulate_bounds as bounds
-from ledger.cli_typer import choice_option
+from ledger.cli_typer import LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
@@ -48,9 +48,9 @@ from ledger.store import schema
 from ledger.store.database import LedgerDatabase
 from ledger.types import JSONObject, JSONValue
 
-app = typer.Typer(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
+app = LedgerTyper(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
                   no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown")
-db_app = typer.Typer(help="Database: schema migrations and the embedded PostgreSQL server.",
+db_app = LedgerTyper(help="Database: schema migrations and the embedded PostgreSQL server.",
                      no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
@@ -1141,7 +1141,7 @@ def pending(at: AtOpt = None, config: ConfigOpt = None, cluster: ClusterOpt = No
     _emit(_query(settings_from(url, data_dir), run), output, render_pending)
 
 
-report_app = typer.Typer(help="Reports: the idle-claim cleanup report.", no_args_is_help=True)
+report_app = LedgerTyper(help="Reports: the idle-claim cleanup report.", no_args_is_help=True)
 app.add_typer(report_app, name="report")
 
 

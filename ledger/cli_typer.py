@@ -1,22 +1,27 @@
-"""Typer as every ``dra-ledger`` command uses it: a bad choice refused in plain words.
+"""Typer as every ``dra-ledger`` command uses it: choices refused in plain words, flags shown cleanly.
 
 Why a module of its own: Typer 0.29 (which vendors Click and coerces values with pydantic) printed things a
 command line should not, and each is corrected here once for every command, ``ledger``'s and those that ``api`` and
 ``workers`` register (``ledger.cli.COMMAND_GROUP``), instead of at each option:
 
 - a bad choice (``-o csv``) answered ``Value error, 'csv' is not one of 'table', 'json'.``: pydantic's prefix for
-  the ``ValueError`` Typer raises inside its validator (:func:`choice_option`).
+  the ``ValueError`` Typer raises inside its validator (:func:`choice_option`);
+- every flag, ``--help`` included, showed ``<bool>`` in ``--help``, as if it took a value (:class:`LedgerCommand`,
+  :class:`LedgerGroup`).
 
-Only Typer's own hooks are used: ``parser=`` of an option.
+Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the ``cls`` of a command or group.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import typer
+from typer._click import Context, HelpFormatter, Parameter  # Typer's vendored Click: the types its hooks take
+from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.models import CommandFunctionType
 
 from ledger.errors import shorten
 
@@ -64,3 +69,46 @@ def choice_option(choices: type[enum.Enum], *param_decls: str, help: str | None 
         What ``typer.Option`` returns (typed ``Any`` by Typer), for ``Annotated[...]``.
     """
     return typer.Option(*param_decls, help=help, parser=choice_parser(choices))
+
+
+def show_flags_without_a_type(params: Iterable[Parameter]) -> None:
+    """Give each flag among ``params`` an empty ``metavar``, so that ``--help`` shows no value type beside it.
+
+    Typer's Rich help prints an option's ``metavar`` in the type column, else its annotation: ``<bool>`` for every
+    flag (``--help``, ``--version``, ``--serve/--no-serve``), which takes no value. A flag given a ``metavar`` of its
+    own keeps it. Idempotent.
+    """
+    for param in params:
+        if isinstance(param, TyperOption) and (param.is_flag or param.count) and param.metavar is None:
+            param.metavar = ""
+
+
+class LedgerCommand(TyperCommand):
+    """A ``dra-ledger`` command: flags without a type in ``--help``."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        show_flags_without_a_type(self.get_params(ctx))  # --help itself is made only when first asked for
+        super().format_help(ctx, formatter)
+
+
+
+class LedgerGroup(TyperGroup):
+    """A ``dra-ledger`` command group (the root, ``db``, ``report``): flags without a type in ``--help``, those Typer
+    adds after the group is made (``--install-completion``, ``--show-completion``) included."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        show_flags_without_a_type(self.get_params(ctx))
+        super().format_help(ctx, formatter)
+
+
+class LedgerTyper(typer.Typer):
+    """A ``typer.Typer`` whose groups are :class:`LedgerGroup` and whose commands are :class:`LedgerCommand`
+    unless a ``cls`` is given: ``app.command()`` in ``ledger.cli`` and in the packages registering commands on it
+    (``api.cli``, ``workers.cli``, ``workers.jobs_cli``) gets the corrections without naming them."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(cls=settings.pop("cls", LedgerGroup), **settings)
+
+    def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None,
+                **settings: Any) -> Callable[[CommandFunctionType], CommandFunctionType]:
+        return super().command(name, cls=cls or LedgerCommand, **settings)

@@ -25,6 +25,7 @@ import httpx
 import typer
 
 from ledger import cli
+from ledger.cli_typer import LedgerTyper
 from ledger.events import NewEvent
 from ledger.translator.translate import Observation, TranslatorState, translate
 from ledger.types import JSONObject, JSONValue
@@ -242,12 +243,13 @@ def taken_port() -> Iterator[int]:
 @contextmanager
 def plugin_commands() -> Iterator[typer.Typer]:
     """A fresh Typer app holding the commands other packages register through ``ledger.cli.COMMAND_GROUP``
-    (serve, jobs, watch, record, fake-apiserver), as ``dra-ledger`` loads them.
+    (serve, jobs, watch, record, fake-apiserver), as ``dra-ledger`` loads them: onto a
+    :class:`ledger.cli_typer.LedgerTyper`, as ``ledger.cli.app`` is one, so that they are the same commands.
 
     ``ledger.cli.DEMO_FOLLOWUPS`` is restored when the block ends: ``api.cli.register`` makes the demo
     serve the API until interrupted, and a later in-process ``demo`` test would hang.
     """
-    app = typer.Typer()
+    app = LedgerTyper()
     followups = list(cli.DEMO_FOLLOWUPS)
     try:
         for entry in importlib.metadata.entry_points(group=cli.COMMAND_GROUP):

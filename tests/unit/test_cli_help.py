@@ -1,7 +1,8 @@
 """``--help`` and the refusal of a bad option value read as a command line's, on every command.
 
 A bad choice names the option, the value and the choices in plain words (Typer 0.29 passed pydantic's
-``Value error, `` prefix through).
+``Value error, `` prefix through); a flag shows no value type in ``--help`` (Typer's Rich help printed
+``<bool>`` beside each, ``--help`` included).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def every_command(plugins: typer.Typer) -> Iterator[tuple[list[str], typer.Typer
     for app in (cli.app, plugins):
         for path, command in leaves(typer.main.get_group(app), []):
             yield path, app, command
+
+
+def help_of(app: typer.Typer, words: list[str]) -> str:
+    result = CliRunner().invoke(app, [*words, "--help"], env=WIDE, prog_name="dra-ledger")
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -84,3 +91,29 @@ def test_every_choice_option_of_every_command_refuses_a_bad_value_in_plain_words
                 assert message.endswith(f": 'bogus' is not one of {allowed}."), (words, message)
                 checked.append(f"{' '.join(words)} {option}")
     assert "occupancy --output" in checked and "report idle-claims --format" in checked  # the walk found them
+
+
+def rows(text: str) -> list[str]:
+    """The lines of a ``--help`` text without the panels' borders, each run of blanks made one space."""
+    return [" ".join(line.strip("│ ").split()) for line in text.splitlines()]
+
+
+def test_no_help_text_shows_a_value_type_for_a_flag() -> None:
+    with plugin_commands() as plugins:
+        texts = [("dra-ledger", help_of(cli.app, []))] + [(" ".join(words), help_of(app, words))
+                                                          for words, app, _ in every_command(plugins)]
+        demo, watch = help_of(cli.app, ["demo"]), help_of(plugins, ["watch"])
+
+    assert len(texts) > 15
+    for command, text in texts:
+        assert "<bool>" not in text, command
+        assert "--help Show this message and exit." in rows(text), command
+    assert any(row.startswith("--serve --no-serve Serve the REST API") for row in rows(demo))
+    assert any(row.startswith("--jobs --no-jobs Run the report jobs") for row in rows(watch))
+
+
+def test_the_root_help_shows_its_flags_without_a_type() -> None:
+    shown = rows(help_of(cli.app, []))
+
+    assert "--version Print the installed version and exit." in shown
+    assert any(row.startswith("--install-completion Install completion") for row in shown)
