@@ -478,7 +478,7 @@ def _print_report(report: services.IngestReport) -> None:
 
 @app.command()
 def replay(
-    files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, readable=True,
+    files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, readable=True, metavar="FILE...",
                                                 help="Recorded histories, kubectl watch output or Lists.")],
     at: Annotated[str | None, typer.Option("--at", help="Receive time for Lists without one (RFC 3339).")] = None,
     cluster: WriteClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None,

@@ -1,13 +1,14 @@
-"""Typer as every ``dra-ledger`` command uses it: choices refused in plain words, flags shown cleanly.
+"""Typer as every ``dra-ledger`` command uses it: choices refused in plain words, flags and arguments shown cleanly.
 
-Why a module of its own: Typer 0.29 (which vendors Click and coerces values with pydantic) printed things a
+Why a module of its own: Typer 0.29 (which vendors Click and coerces values with pydantic) printed three things a
 command line should not, and each is corrected here once for every command, ``ledger``'s and those that ``api`` and
 ``workers`` register (``ledger.cli.COMMAND_GROUP``), instead of at each option:
 
 - a bad choice (``-o csv``) answered ``Value error, 'csv' is not one of 'table', 'json'.``: pydantic's prefix for
   the ``ValueError`` Typer raises inside its validator (:func:`choice_option`);
 - every flag, ``--help`` included, showed ``<bool>`` in ``--help``, as if it took a value (:class:`LedgerCommand`,
-  :class:`LedgerGroup`).
+  :class:`LedgerGroup`);
+- a required argument was written ``{files}...`` in the usage line (:class:`LedgerCommand`).
 
 Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the ``cls`` of a command or group.
 """
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 import typer
 from typer._click import Context, HelpFormatter, Parameter  # Typer's vendored Click: the types its hooks take
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
 from ledger.errors import shorten
@@ -83,13 +84,29 @@ def show_flags_without_a_type(params: Iterable[Parameter]) -> None:
             param.metavar = ""
 
 
+def argument_usage(argument: TyperArgument) -> str:
+    """How the usage line names ``argument``, as Click writes it: its ``metavar`` as given (``FILE...``), else its
+    name in capitals, in ``[...]`` when it is optional and followed by ``...`` when it takes several values."""
+    if argument.metavar is not None:
+        return argument.metavar
+    name = (argument.name or "").upper()
+    name = name if argument.required else f"[{name}]"
+    return f"{name}..." if argument.nargs != 1 else name
+
+
 class LedgerCommand(TyperCommand):
-    """A ``dra-ledger`` command: flags without a type in ``--help``."""
+    """A ``dra-ledger`` command: flags without a type in ``--help``, arguments named as Click names them in the usage
+    line (``FILE...``; Typer 0.29 wrote a required one ``{files}...``)."""
 
     def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         show_flags_without_a_type(self.get_params(ctx))  # --help itself is made only when first asked for
         super().format_help(ctx, formatter)
 
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            pieces.extend([argument_usage(param)] if isinstance(param, TyperArgument) else param.get_usage_pieces(ctx))
+        return pieces
 
 
 class LedgerGroup(TyperGroup):

@@ -2,7 +2,8 @@
 
 A bad choice names the option, the value and the choices in plain words (Typer 0.29 passed pydantic's
 ``Value error, `` prefix through); a flag shows no value type in ``--help`` (Typer's Rich help printed
-``<bool>`` beside each, ``--help`` included).
+``<bool>`` beside each, ``--help`` included); an argument shows its name in the usage line (``FILE...``, where
+Typer printed ``{files}...``).
 """
 
 from __future__ import annotations
@@ -117,3 +118,29 @@ def test_the_root_help_shows_its_flags_without_a_type() -> None:
 
     assert "--version Print the installed version and exit." in shown
     assert any(row.startswith("--install-completion Install completion") for row in shown)
+
+
+def test_replay_usage_line_names_its_files_FILE() -> None:
+    text = help_of(cli.app, ["replay"])
+
+    assert "Usage: dra-ledger replay [OPTIONS] FILE..." in [line.strip() for line in text.splitlines()]
+    assert any(row.startswith("* FILE... ") for row in rows(text)), text
+
+
+def test_replay_without_a_file_or_with_a_missing_one_names_the_argument_FILE() -> None:
+    missing = CliRunner().invoke(cli.app, ["replay"], env=WIDE, prog_name="dra-ledger")
+    absent = CliRunner().invoke(cli.app, ["replay", "/nonexistent/history.jsonl"], env=WIDE)
+
+    assert missing.exit_code == 2 and absent.exit_code == 2
+    assert error_message(missing.output) == "Missing argument 'FILE...'."
+    assert error_message(absent.output) == ("Invalid value for 'FILE...': file '/nonexistent/history.jsonl' does not "
+                                            "exist.")
+
+
+def test_no_usage_line_marks_an_argument_with_braces() -> None:
+    with plugin_commands() as plugins:
+        usages = [next(line.strip() for line in help_of(app, words).splitlines() if "Usage:" in line)
+                  for words, app, _ in every_command(plugins)]
+
+    assert len(usages) > 15
+    assert [usage for usage in usages if "{" in usage or "}" in usage] == []
