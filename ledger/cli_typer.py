@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from typer._click import Context, HelpFormatter, Parameter  # Typer's vendored Click: the types its hooks take
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
 from ledger.errors import shorten
+
+if TYPE_CHECKING:
+    # Typer's vendored Click, a private module: only the type checker reads it (for the types the overridden
+    # methods take), so that a Typer release that moves it breaks no run of the command line.
+    from typer._click import Context, HelpFormatter, Parameter
 
 ChoiceT = TypeVar("ChoiceT", bound=enum.Enum)
 
