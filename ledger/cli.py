@@ -89,9 +89,31 @@ class Output(enum.StrEnum):
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DATA_DIR",
-                                                 help="Embedded PostgreSQL data directory.")]
-UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
+
+
+def _data_dir(text: str) -> Path:
+    """``--data-dir``'s text as a path; a blank one is refused (exit code 2). Read as text, before the path: an
+    empty path is ``.``, the directory the command runs from, where ``replay`` made a PostgreSQL data directory."""
+    if not text.strip():
+        raise typer.BadParameter("empty; leave the option out (and LEDGER_DATA_DIR unset) for the default data "
+                                 "directory", param_hint="--data-dir")
+    return Path(text)
+
+
+def _database_url(value: str | None) -> str | None:
+    """``--database-url`` as given; a blank one is refused (exit code 2): it read as unset, so the command used an
+    embedded PostgreSQL instead of the database its caller meant."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("empty; leave the option out (and LEDGER_DATABASE_URL unset) for an embedded "
+                                 "PostgreSQL", param_hint="--database-url")
+    return value
+
+
+# Click takes an empty environment variable for an unset one; Settings refuses LEDGER_DATA_DIR="" and
+# LEDGER_DATABASE_URL="" when settings_from reads the environment.
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", envvar="LEDGER_DATA_DIR", parser=_data_dir,
+                                                 metavar="DIR", help="Embedded PostgreSQL data directory.")]
+UrlOpt = Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL", callback=_database_url,
                                             help="Ledger database URL; unset = embedded PostgreSQL.")]
 def refuse_bad_cluster(*, leaving_out: str, envvar: bool = True) -> Callable[[str | None], str | None]:
     """A Typer callback for ``--cluster`` that refuses, with exit code 2 (a usage error), a name no cluster may have.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ledger.config import ClusterName, LabelKey
@@ -35,6 +35,17 @@ class Settings(BaseSettings):
     never empty, no blank (an empty one was found on no namespace, so every namespace billed itself)."""
     config: Path | None = None
     """Configuration file (TOML or YAML, see :mod:`ledger.config`); unset = built-in defaults."""
+    @field_validator("database_url", "data_dir", mode="before")
+    @classmethod
+    def _not_blank(cls, value: object) -> object:
+        """Refuse a set but empty (or blank) value: ``LEDGER_DATA_DIR=""`` read as the current directory (an embedded
+        server was made in whatever directory the command ran from) and ``LEDGER_DATABASE_URL=""`` as unset (a
+        container whose URL came out empty wrote to a throwaway embedded server)."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty; unset the variable for the default (an embedded PostgreSQL in the user's data "
+                             "directory)")
+        return value
+
     batch_size: int = Field(default=5000, ge=1, le=MAX_BATCH_SIZE)
     """Watch events per append transaction during replay (bigger batches, fewer commits and fewer rewrites of
     the same translator state rows: 5,000 replayed ~11% faster than 1,000, measured on a simulated fleet). 1 to

@@ -115,8 +115,56 @@ def test_watch_refuses_the_same_settings_before_the_ledger_is_opened(tmp_path: P
     with plugin_commands() as app:
         result = CliRunner().invoke(app, ["watch", "--kubeconfig", str(kubeconfig), "--data-dir", str(data_dir),
                                           "--no-leader-election", "--health-port", "-1"],
-                                    env={**WIDE, "LEDGER_DATABASE_URL": "", **env})
+                                    env={**WIDE, "LEDGER_DATABASE_URL": None, **env})
 
     assert result.exit_code == 2, result.output
     assert said in " ".join(result.output.split())
     assert not data_dir.exists()
+
+
+def _replay_into(cwd: Path, args: list[str], env: dict[str, str | None]) -> tuple[int, str]:
+    """``replay`` of an empty history run from ``cwd``, the database left to the options and ``env`` alone."""
+    from ledger.cli import app
+
+    history = cwd / "h.jsonl"
+    history.write_text("")
+    runner = CliRunner()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        result = runner.invoke(app, ["replay", str(history), *args],
+                               env={**WIDE, "LEDGER_DATABASE_URL": None, "LEDGER_DATA_DIR": None, **env})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    # An empty --data-dir was the path ".": replay made an embedded server in the directory it ran from.
+    (["--data-dir", ""], {}, "Invalid value for --data-dir: empty; leave the option out (and LEDGER_DATA_DIR unset)"),
+    (["--data-dir", "  "], {}, "Invalid value for --data-dir: empty;"),
+    ([], {"LEDGER_DATA_DIR": ""}, "error: bad setting: LEDGER_DATA_DIR: empty; unset the variable for the default"),
+    # An empty URL read as unset: the command used an embedded server, not the database meant.
+    (["--database-url", ""], {}, "Invalid value for --database-url: empty; leave the option out (and "
+                                 "LEDGER_DATABASE_URL unset) for an embedded PostgreSQL"),
+    ([], {"LEDGER_DATABASE_URL": " "}, "Invalid value for --database-url: empty;"),
+    ([], {"LEDGER_DATABASE_URL": ""}, "error: bad setting: LEDGER_DATABASE_URL: empty;"),
+])
+def test_an_empty_data_dir_or_database_url_is_refused_and_nothing_is_made(tmp_path: Path, args: list[str],
+                                                                          env: dict[str, str | None],
+                                                                          said: str) -> None:
+    code, output = _replay_into(tmp_path, args, env)
+
+    assert code == 2, output
+    assert said in output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl"]  # no data directory made where it ran
+
+
+def test_a_data_dir_option_still_names_the_directory_it_is_given(tmp_path: Path) -> None:
+    # The option is read as text now; a real path passes through unchanged (here one holding no ledger, which
+    # a query reports by its name).
+    from ledger.cli import app
+
+    missing = tmp_path / "no ledger here"
+    result = CliRunner().invoke(app, ["occupancy", "--data-dir", str(missing)],
+                                env={**WIDE, "LEDGER_DATABASE_URL": None})
+    assert result.exit_code == 2, result.output
+    assert str(missing) in " ".join(result.output.split())

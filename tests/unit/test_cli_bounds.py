@@ -13,7 +13,7 @@ from ledger.config import load_config
 from ledger.errors import Invalid
 from ledger.types import JSONObject
 
-WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": ""}
+WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": None}
 
 
 @pytest.mark.parametrize("command", ["quotas", "shared"])

@@ -12,7 +12,7 @@ from typer.testing import CliRunner, Result
 from ledger.cli import app
 from tests.factories import plugin_commands
 
-WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": ""}
+WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": None}
 
 
 def _assert_refused(result: Result, tmp_path: Path, missing: Path) -> None:

@@ -44,7 +44,7 @@ def test_watch_refuses_a_kubeconfig_it_cannot_read_as_yaml_before_it_makes_a_led
     with plugin_commands() as app:
         result = CliRunner().invoke(app, ["watch", "--kubeconfig", str(bad), "--data-dir", str(data_dir),
                                           "--no-leader-election", "--health-port", "-1"],
-                                    env={**WIDE, "LEDGER_DATABASE_URL": ""})
+                                    env={**WIDE, "LEDGER_DATABASE_URL": None})
 
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
@@ -61,7 +61,7 @@ def test_watch_opens_the_embedded_ledger_of_its_data_dir(tmp_path: Path) -> None
             with plugin_commands() as app:
                 result = CliRunner().invoke(app, ["watch", "--kubeconfig", str(kubeconfig), "--data-dir",
                                                   str(data_dir), "--no-leader-election", "--health-port", "-1"],
-                                            env={**WIDE, "LEDGER_DATABASE_URL": ""})
+                                            env={**WIDE, "LEDGER_DATABASE_URL": None})
 
             assert result.exit_code == 2, result.output
             assert "error: ConfigException: Invalid kube-config file" in result.output
