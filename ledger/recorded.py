@@ -448,11 +448,45 @@ def _read_binary(handle: BinaryIO, *, source: str, at: datetime | None) -> Itera
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        text = data.decode("utf-8", "replace")
-        for number, raw in enumerate(data.split(b"\n"), 1):
-            if (problem := _not_utf8(raw)) is not None:
-                yield _broken_bytes(source, number, problem + "; bad bytes replaced by U+FFFD", raw)
+        yield from _read_damaged_text(data.decode("utf-8", "surrogateescape"), source=source, at=at)
+        return
     yield from _read_text(text, source=source, at=at)
+
+
+_ESCAPED_BYTE: Final = re.compile("[\udc80-\udcff]")
+"""A byte that is not UTF-8, as ``bytes.decode("utf-8", "surrogateescape")`` keeps it (a lone surrogate)."""
+
+
+def _read_damaged_text(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+    """A file of YAML or JSON documents (not JSON Lines) holding bytes that are not UTF-8, decoded with
+    ``surrogateescape`` so that each bad byte stays findable: every document holding one is rejected whole, once,
+    naming the line and byte of its first bad byte; the documents around it are read as usual, in file order.
+
+    Why: the bad bytes used to be reported line by line, and the text then read with each replaced by U+FFFD, so a
+    document's line was rejected twice (not UTF-8, then invalid YAML), the reports came out of line order, and a
+    document that still parsed was recorded with characters its cluster never sent.
+    """
+    text = text.removeprefix("\ufeff")
+    if text.lstrip().startswith("{"):
+        yield from _read_json_documents(text, source=source, at=at, damaged=True)
+        return
+    for first_line, chunk in _yaml_chunks(text):
+        if (found := _ESCAPED_BYTE.search(chunk)) is None:
+            yield from _read_yaml_chunk(chunk, first_line=first_line, source=source, at=at)
+        else:
+            yield _damaged(source, _first_content_line(chunk.split("\n"), first_line), chunk, found.start(),
+                           first_line=first_line)
+
+
+def _damaged(source: str, line: int, document: str, bad: int, *, first_line: int) -> BrokenLine:
+    """The rejection of ``document`` (text decoded with ``surrogateescape``, starting on line ``first_line`` of the
+    file), reported on ``line``, whose first byte that is not UTF-8 is at index ``bad``."""
+    start = document.rfind("\n", 0, bad) + 1
+    end = document.find("\n", bad)
+    problem = _not_utf8(document[start : len(document) if end == -1 else end].encode("utf-8", "surrogateescape"))
+    where = first_line + document.count("\n", 0, bad)
+    return _broken_bytes(source, line, f"{problem} on line {where}; the document is not read",
+                         document.encode("utf-8", "surrogateescape"))
 
 
 def _read_text(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
@@ -660,7 +694,11 @@ def error_status_problem(decoded: Mapping[str, object]) -> str | None:
 _JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")
 
 
-def _read_json_documents(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+def _read_json_documents(text: str, *, source: str, at: datetime | None,
+                         damaged: bool = False) -> Iterator[ReadResult]:
+    """Concatenated JSON documents (``kubectl get -o json``, ``--watch`` output), each a watch event, an object or a
+    List. ``damaged``: ``text`` was decoded with ``surrogateescape`` and a document holding a byte that is not UTF-8
+    is rejected (:func:`_read_damaged_text`)."""
     decoder = json.JSONDecoder()
     pos, line = 0, 1
     while True:
@@ -680,7 +718,12 @@ def _read_json_documents(text: str, *, source: str, at: datetime | None) -> Iter
             # Resynchronise where kubectl starts its next document: a '{' in column 0.
             after = text.find("\n{", start)
             end = len(text) if after == -1 else after + 1
-            yield _broken(source, line, reason, text[start:end].rstrip())
+            if damaged and (found := _ESCAPED_BYTE.search(text, start, end)) is not None:
+                yield _damaged(source, line, text[start:end].rstrip(), found.start() - start, first_line=line)
+            else:
+                yield _broken(source, line, reason, text[start:end].rstrip())
+        elif damaged and (found := _ESCAPED_BYTE.search(text, start, end)) is not None:
+            yield _damaged(source, line, text[start:end], found.start() - start, first_line=line)
         else:
             raw = text[start:end]
             if _is_watch_event(decoded):

@@ -343,6 +343,68 @@ def test_lines_that_are_not_utf8_are_broken_and_the_rest_of_the_file_reads(tmp_p
     assert results[1].digest == hashlib.sha256(b'{"caf\xe9"}').hexdigest()
 
 
+def _class_yaml(name: str) -> bytes:
+    return f"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {name}\n  uid: u-{name}\n".encode()
+
+
+def test_a_yaml_document_with_bytes_that_are_not_utf8_is_rejected_once_and_the_others_are_read(
+        tmp_path: Path) -> None:
+    bad = b"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: caf\xe9\n  uid: u-bad\n"
+    path = tmp_path / "classes.yaml"
+    path.write_bytes(_class_yaml("first") + b"---\n" + bad + b"---\n" + _class_yaml("third"))
+
+    results = list(read_history(path, at=T))
+
+    # Lines: first 1-5, '---' 6, bad 7-11 (the byte on line 10), '---' 12, third 13-17.
+    assert [(type(r), r.line) for r in results] == [(WatchLine, 1), (BrokenLine, 7), (WatchLine, 13)]
+    broken = results[1]
+    assert isinstance(broken, BrokenLine)
+    # Line 10 is "  name: caf\xe9": the byte follows 2 + 6 + 3 characters, and starts a sequence the line ends.
+    assert broken.reason == "not UTF-8: unexpected end of data at byte 11 on line 10; the document is not read"
+    # Digested as a broken YAML document is: its text from the '---' that opens it (recorded once, however often
+    # the file is replayed).
+    assert broken.digest == hashlib.sha256(b"---\n" + bad.rstrip(b"\n")).hexdigest()
+    assert [r.object["metadata"] for r in results if isinstance(r, WatchLine)] == [
+        {"name": "first", "uid": "u-first"}, {"name": "third", "uid": "u-third"}]
+
+
+def test_json_documents_with_bytes_that_are_not_utf8_reject_only_the_document_holding_them(tmp_path: Path) -> None:
+    def doc(name: bytes) -> bytes:
+        return (b'{\n  "apiVersion": "resource.k8s.io/v1",\n  "kind": "DeviceClass",\n  "metadata": {"name": "'
+                + name + b'", "uid": "u"}\n}\n')
+
+    path = tmp_path / "classes.json"
+    path.write_bytes(doc(b"first") + doc(b"caf\xe9") + doc(b"third"))
+
+    results = list(read_history(path, at=T))
+
+    assert [(type(r), r.line) for r in results] == [(WatchLine, 1), (BrokenLine, 6), (WatchLine, 11)]
+    assert isinstance(results[1], BrokenLine)
+    # Line 9 is '  "metadata": {"name": "caf\xe9", ...': 2 + 12 + 10 + 3 bytes before it, a quote after it.
+    assert results[1].reason == ("not UTF-8: invalid continuation byte at byte 27 on line 9; "
+                                 "the document is not read")
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    # Random bytes with newlines in them: one rejection, not one per line plus one for the YAML after them.
+    (bytes(range(128, 256)) + b"\n\x00\x01\n" + bytes(range(200, 256)),
+     "not UTF-8: invalid start byte at byte 0 on line 1; the document is not read"),
+    ("{}\n".encode("utf-16"), "not UTF-8: invalid start byte at byte 0 on line 1; the document is not read"),
+    # The bad byte on the second line: still one rejection, reported where the document starts.
+    (b"hello\n\xff\n", "not UTF-8: invalid start byte at byte 0 on line 2; the document is not read"),
+])
+def test_a_file_of_bytes_that_are_not_utf8_is_one_rejected_document(tmp_path: Path, content: bytes,
+                                                                     reason: str) -> None:
+    path = tmp_path / "garbage.bin"
+    path.write_bytes(content)
+
+    results = list(read_history(path, at=T))
+
+    assert [(type(r), r.line) for r in results] == [(BrokenLine, 1)]
+    assert isinstance(results[0], BrokenLine)
+    assert results[0].reason == reason
+
+
 def test_broken_text_is_cut_to_4096_characters_but_digested_whole() -> None:
     long_line = '{"type": "ADDED", "object": {"kind": "Pod", "x": "' + "y" * 10_000
     good = seed_lines()[0]
