@@ -58,7 +58,9 @@ class Holder(msgspec.Struct, kw_only=True):
 
 
 class DeviceOccupancy(msgspec.Struct, kw_only=True):
-    """A device at T and its holders; ``offSlice`` when it is held after leaving its ResourceSlice."""
+    """A device at T and its holders; ``offSlice`` when it is held after leaving its ResourceSlice;
+    ``counterSetConflict`` when it is allocated and the allocated devices of its counter set
+    (``consumesCounters``, a GPU and its MIG partitions) take more than the pool's ``sharedCounters`` hold."""
 
     cluster: str
     driver: str
@@ -67,6 +69,7 @@ class DeviceOccupancy(msgspec.Struct, kw_only=True):
     node: str | None
     model: str | None
     offSlice: bool
+    counterSetConflict: bool
     allocations: list[Holder]
 
 

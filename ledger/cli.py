@@ -735,7 +735,9 @@ class _ClusterLead:
 
 
 def render_occupancy(body: JSONObject) -> None:
-    """Print an occupancy body as a table of devices and holders, then the totals.
+    """Print an occupancy body as a table of devices and holders, then the totals. A device held after leaving its
+    ResourceSlice says ``(off-slice)``, one whose counter set is allocated past its hardware ``(counter set
+    over-committed)``, and each of two allocations of one device (a double booking) ``[conflict]``.
 
     A ``cluster`` column comes first when the devices come from more than one cluster (see
     :class:`_ClusterLead`).
@@ -748,12 +750,14 @@ def render_occupancy(body: JSONObject) -> None:
         assert isinstance(dev, dict)
         allocs = dev["allocations"]
         assert isinstance(allocs, list)
-        name = f"{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
+        name = (f"{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
+                + (" (counter set over-committed)" if dev.get("counterSetConflict") else ""))
         if not allocs:
             rows.append([*lead(dev), name, _s(dev["node"]), "free", "", "", ""])
         for a in allocs:
             assert isinstance(a, dict)
-            holder = f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")
+            holder = (f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")
+                      + (" [conflict]" if a.get("conflict") else ""))
             rows.append([*lead(dev), name, _s(dev["node"]), holder, _s(a["team"]), _s(a["shareID"]),
                          _s(a["consumers"])])
     _table(f"Occupancy at {body['at']}",

@@ -31,10 +31,10 @@ from sqlalchemy import Connection, text
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.base import request_count
+from ledger.projections.counter_sets import counter_amounts, shared_counters
 from ledger.projections.queries import NO_OVERRIDES, rfc3339, until_now
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of, selects
-from ledger.projections.shared import counter_amounts, shared_counters
 from ledger.quantities import quantity_value
 from ledger.types import JSONObject, JSONValue
 

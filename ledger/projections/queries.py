@@ -25,6 +25,7 @@ from ledger.projections import counts
 from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
+from ledger.projections.counter_sets import counter_set_conflicts
 from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.recorded import seconds_text
 from ledger.types import JSONObject, JSONValue
@@ -489,6 +490,8 @@ def occupancy_devices(conn: Connection, *, at: datetime, scope: OccupancyScope =
     more = len(picked) > limit
     picked = picked[:limit]
     holders = _holders(conn, at=at, scope=scope, keys=[p[0] for p in picked])
+    # Only devices with a holder on this page can be in conflict: the flag costs one query for most pages.
+    over = counter_set_conflicts(conn, at=at, keys=[p[0] for p in picked if holders.get(p[0], ([],))[0]])
     devices: list[JSONValue] = []
     for key, node, model, off_slice in picked:
         allocs, first_node, first_model, on_slice = holders.get(key, ([], None, None, None))
@@ -496,7 +499,8 @@ def occupancy_devices(conn: Connection, *, at: datetime, scope: OccupancyScope =
             off_slice = not on_slice if on_slice is not None else True
             node, model = (first_node, first_model)
         devices.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3], "node": node,
-                        "model": model, "offSlice": off_slice, "allocations": allocs})
+                        "model": model, "offSlice": off_slice, "counterSetConflict": key in over,
+                        "allocations": allocs})
     return devices, (picked[-1][0] if more and picked else None)
 
 
@@ -673,14 +677,17 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     Returns:
         An :class:`OccupancyPage` whose body is ``{"at", "totals": {"devices", "allocated", "free",
         "shared"}, "devices": [{"cluster", "driver", "pool", "device", "node", "model", "offSlice",
-        "allocations": [{"namespace", "claim", "team", "request", "deviceClass", "shareID",
+        "counterSetConflict", "allocations": [{"namespace", "claim", "team", "request", "deviceClass", "shareID",
         "consumedCapacity", "adminAccess", "conflict", "consumers": [pod names]}]}]}``, devices sorted by
         (cluster, driver, pool, device), allocations by (namespace, claim, request, shareID);
         ``consumedCapacity`` maps capacity name -> Quantity string (``{}`` for a whole device). Devices
         allocated after leaving their slice appear with ``offSlice: true`` and count in
         ``totals.devices`` while a non-``adminAccess`` allocation holds them (held by ``adminAccess``
         alone they are listed but neither counted nor free); devices consuming the same counter set
-        count once (one piece of hardware).
+        count once (one piece of hardware). ``counterSetConflict`` is true for an allocated device whose
+        counter set its allocated devices take more of than it holds at T (the hardware handed out twice:
+        :func:`ledger.projections.counter_sets.counter_set_conflicts`); an allocation's ``conflict`` is the
+        same flag for two allocations of one device.
         ``free`` is never negative; ``adminAccess`` never occupies.
 
     Raises:

@@ -30,6 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
+from ledger.projections.counter_sets import counter_amounts, counter_set_totals, over_committed, shared_counters
 from ledger.projections.queries import NO_OVERRIDES, consumers_at, rfc3339, team_at
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
@@ -66,35 +67,6 @@ def capacity_fractions(capacity: Mapping[str, JSONValue],
             return "equal", [Decimal(1) / n] * n if n else []
         fractions.append(best)
     return "consumedCapacity", fractions
-
-
-def shared_counters(conn: Connection, cluster: str, driver: str, pool: str, at: datetime) -> list[JSONValue]:
-    """``sharedCounters`` of a pool at ``at`` (``[{"name", "counters": {name: {"value"}}}]``, empty if unknown).
-
-    Source: the latest ``PoolGenerationObserved`` event of stream ``pool:<driver>/<pool>`` at or before
-    ``at`` (table ``events``, index ``events_type_idx``).
-    """
-    payload = conn.execute(text(
-        "SELECT payload FROM events WHERE cluster = :c AND type = 'PoolGenerationObserved' AND stream = :s "
-        "AND occurred_at <= :at ORDER BY global_position DESC LIMIT 1"),
-        {"c": cluster, "s": f"pool:{driver}/{pool}", "at": at}).scalar()
-    body = _json(payload)
-    counters = body.get("sharedCounters") if isinstance(body, dict) else None
-    return counters if isinstance(counters, list) else []
-
-
-def counter_amounts(consumes: Sequence[JSONValue], counter_set: str) -> dict[str, Decimal]:
-    """Counter name -> amount (base units) a device's ``consumesCounters`` takes from ``counter_set``."""
-    out: dict[str, Decimal] = {}
-    for entry in consumes:
-        if isinstance(entry, dict) and entry.get("counterSet") == counter_set:
-            counters = entry.get("counters")
-            if isinstance(counters, dict):
-                for name, value in counters.items():
-                    amount = quantity_value(value)
-                    if amount is not None:
-                        out[name] = out.get(name, Decimal(0)) + amount
-    return out
 
 
 def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
@@ -199,15 +171,7 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
     for (cluster, driver, pool, set_name), parts in sorted(members.items()):
         if len(parts) < 2 and not any(by_device.get((cluster, driver, pool, d)) for d, _ in parts):
             continue
-        totals: dict[str, Decimal] = {}
-        for entry in shared_counters(conn, cluster, driver, pool, at):
-            if isinstance(entry, dict) and entry.get("name") == set_name and isinstance(entry.get("counters"), dict):
-                counters = entry["counters"]
-                assert isinstance(counters, dict)
-                for cname, value in counters.items():
-                    amount = quantity_value(value)
-                    if amount is not None:
-                        totals[cname] = amount
+        totals = counter_set_totals(shared_counters(conn, cluster, driver, pool, at), set_name)
         in_use: dict[str, Decimal] = defaultdict(Decimal)
         for device, amounts in parts:
             if by_device.get((cluster, driver, pool, device)):
@@ -237,7 +201,7 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
                                                 "fraction": _ratio(share / len(allocs))} for a in allocs]})
         # More in use than the set holds: devices of one piece of hardware allocated past it (a GPU and its
         # partitions at once), a scheduler or driver bug, flagged as a double allocation is (DESIGN §11.5).
-        conflict = any(c in totals and in_use[c] > totals[c] for c in in_use)
+        conflict = over_committed(totals, in_use)
         out.append({"driver": driver, "pool": pool, "counterSet": set_name, "counters": counters_out,
                     "conflict": conflict, "partitions": partitions})
     return out

@@ -203,6 +203,28 @@ def test_a_counter_set_allocated_past_its_hardware_is_flagged_as_a_conflict(ledg
     assert before["counterSets"][0]["conflict"] is False
 
 
+def test_occupancy_flags_the_allocated_devices_of_a_counter_set_allocated_past_its_hardware(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    _kep4815(ledger, tmp_path)
+    whole: Any = _partition_claim("whole", "ml-serve", "gpu-0")
+    whole["status"]["allocation"]["allocationTimestamp"] = stamp(20)
+    assert not ledger.replay(history(tmp_path / "whole.jsonl", [("ADDED", whole, 20)])).rejected
+
+    def flags(minute: int) -> dict[str, bool]:
+        body: Any = ledger.occupancy(at(minute))
+        return {d["device"]: d["counterSetConflict"] for d in body["devices"]}
+
+    # From minute 20 gpu-0 (40Gi) and partitions 0 and 1 (10Gi each) take 60Gi of a 40Gi set: the three allocated
+    # devices are flagged; the free partitions 2 and 3 hold nothing to flag.
+    assert flags(25) == {"gpu-0": True, "gpu-0-partition-0": True, "gpu-0-partition-1": True,
+                         "gpu-0-partition-2": False, "gpu-0-partition-3": False}
+    # Before it, partitions 0 and 1 take 20Gi of 40Gi: no conflict.
+    assert not any(flags(15).values())
+    # Each allocation's own conflict flag stays about two allocations of one device: none here.
+    later: Any = ledger.occupancy(at(25))
+    assert all(not a["conflict"] for d in later["devices"] for a in d["allocations"])
+
+
 def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHandle, tmp_path: Path) -> None:
     _kep4815(ledger, tmp_path)
     body: Any = services.pending(ledger.db, at=T, cluster=ledger.cluster)

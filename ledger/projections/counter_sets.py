@@ -1,0 +1,160 @@
+"""Counter sets of partitionable devices (KEP-4815): what a pool's hardware holds, what its devices take of it, and
+whether the devices allocated at an instant take more than it holds.
+
+A pool publishes ``sharedCounters`` (counter sets, e.g. one per GPU: ``memory: 40Gi``), and each device that is a
+view of that hardware (the GPU whole, each MIG partition) states in ``consumesCounters`` how much of which set it
+takes. The scheduler allocates a device only while the counters it consumes are free, so allocated devices taking
+more than a set holds is a scheduler or driver bug: the same hardware handed out twice, flagged as DESIGN §11.5
+flags two allocations of one device. ``/v1/shared`` lists every counter set with its counters in use
+(:mod:`ledger.projections.shared`); occupancy flags the allocated devices of an over-committed set
+(:func:`counter_set_conflicts`); pending demand counts the partitions that still fit
+(:mod:`ledger.projections.pending`).
+
+Sources: ``device_inventory.consumes_counters`` (``ResourceSlice.spec.devices[].consumesCounters``),
+``device_allocations`` and the latest ``PoolGenerationObserved`` event of a pool (its ``sharedCounters``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import Connection, text
+
+from ledger.projections.base import json_value as _json
+from ledger.quantities import quantity_value
+from ledger.types import JSONValue
+
+DeviceKey = tuple[str, str, str, str]
+"""``(cluster, driver, pool, device)``."""
+
+
+def shared_counters(conn: Connection, cluster: str, driver: str, pool: str, at: datetime) -> list[JSONValue]:
+    """``sharedCounters`` of a pool at ``at`` (``[{"name", "counters": {name: {"value"}}}]``, empty if unknown).
+
+    Source: the latest ``PoolGenerationObserved`` event of stream ``pool:<driver>/<pool>`` at or before
+    ``at`` (table ``events``, index ``events_type_idx``).
+    """
+    payload = conn.execute(text(
+        "SELECT payload FROM events WHERE cluster = :c AND type = 'PoolGenerationObserved' AND stream = :s "
+        "AND occurred_at <= :at ORDER BY global_position DESC LIMIT 1"),
+        {"c": cluster, "s": f"pool:{driver}/{pool}", "at": at}).scalar()
+    body = _json(payload)
+    counters = body.get("sharedCounters") if isinstance(body, dict) else None
+    return counters if isinstance(counters, list) else []
+
+
+def counter_set_totals(shared: Sequence[JSONValue], counter_set: str) -> dict[str, Decimal]:
+    """Counter name -> amount (base units: bytes for memory) that ``counter_set`` holds, from a pool's
+    ``sharedCounters`` (:func:`shared_counters`); empty when the pool does not define the set. A counter whose
+    value is no Quantity is left out."""
+    totals: dict[str, Decimal] = {}
+    for entry in shared:
+        counters = entry.get("counters") if isinstance(entry, dict) and entry.get("name") == counter_set else None
+        if isinstance(counters, dict):
+            for name, value in counters.items():
+                amount = quantity_value(value)
+                if amount is not None:
+                    totals[name] = amount
+    return totals
+
+
+def counter_amounts(consumes: Sequence[JSONValue], counter_set: str) -> dict[str, Decimal]:
+    """Counter name -> amount (base units) a device's ``consumesCounters`` takes from ``counter_set``."""
+    out: dict[str, Decimal] = {}
+    for entry in consumes:
+        if isinstance(entry, dict) and entry.get("counterSet") == counter_set:
+            counters = entry.get("counters")
+            if isinstance(counters, dict):
+                for name, value in counters.items():
+                    amount = quantity_value(value)
+                    if amount is not None:
+                        out[name] = out.get(name, Decimal(0)) + amount
+    return out
+
+
+def counter_set_names(consumes: JSONValue) -> list[str]:
+    """Names of the counter sets a device's ``consumesCounters`` takes from, in order, each once."""
+    names: list[str] = []
+    for entry in consumes if isinstance(consumes, list) else []:
+        name = entry.get("counterSet") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name not in names:
+            names.append(name)
+    return names
+
+
+def over_committed(totals: Mapping[str, Decimal], in_use: Mapping[str, Decimal]) -> bool:
+    """Whether the counters ``in_use`` exceed what the set holds (``totals``) for any counter the set defines.
+
+    A counter the pool never defined (its ``sharedCounters`` unseen, or naming other counters) cannot be
+    exceeded: nothing says how much there is.
+    """
+    return any(name in totals and used > totals[name] for name, used in in_use.items())
+
+
+def counter_set_conflicts(conn: Connection, *, at: datetime, keys: Sequence[DeviceKey]) -> frozenset[DeviceKey]:
+    """The devices among ``keys`` that hold an allocation at ``at`` in a counter set whose allocated devices take
+    more than it holds then (a GPU allocated whole while partitions of it are allocated, say).
+
+    A device is counted in its set's use once, however many allocations hold it (shares of one device take its
+    counters once); ``adminAccess`` allocations take nothing (they never occupy a device, DESIGN §5). A device
+    held after leaving its ResourceSlice has no inventory row at ``at``, so nothing says what it consumes and
+    it is left out. The state of the hardware is read over every allocation, whoever holds it.
+
+    Queries: one for the counter sets ``keys`` consume, then, only when some do, one for the devices of those
+    pools and one ``sharedCounters`` look-up per pool (a page of MIG GPUs spans a few pools).
+
+    Args:
+        keys: ``(cluster, driver, pool, device)`` of one occupancy page (at most a page's worth).
+
+    Returns:
+        The keys to flag; empty when none consumes a counter set.
+    """
+    if not keys:
+        return frozenset()
+    unzipped = {"k_cluster": [k[0] for k in keys], "k_driver": [k[1] for k in keys],
+                "k_pool": [k[2] for k in keys], "k_device": [k[3] for k in keys]}
+    page = conn.execute(text(
+        "SELECT DISTINCT i.cluster, i.driver, i.pool FROM device_inventory i "
+        "JOIN unnest(CAST(:k_cluster AS text[]), CAST(:k_driver AS text[]), CAST(:k_pool AS text[]), "
+        "CAST(:k_device AS text[])) AS k(cluster, driver, pool, device) "
+        "ON k.cluster = i.cluster AND k.driver = i.driver AND k.pool = i.pool AND k.device = i.device "
+        "WHERE i.valid @> :at AND i.counter_set IS NOT NULL"),
+        {"at": at, **unzipped}).all()
+    if not page:
+        return frozenset()
+    pools = sorted((r.cluster, r.driver, r.pool) for r in page)
+    # Every device of those pools in the inventory at T, with whether a non-adminAccess allocation holds it then.
+    members = conn.execute(text(
+        "SELECT i.cluster, i.driver, i.pool, i.device, i.consumes_counters, EXISTS (SELECT 1 FROM device_allocations a "
+        " WHERE a.cluster = i.cluster AND a.driver = i.driver AND a.pool = i.pool AND a.device = i.device "
+        " AND a.valid @> :at AND NOT a.admin_access) AS held "
+        "FROM device_inventory i JOIN unnest(CAST(:p_cluster AS text[]), CAST(:p_driver AS text[]), "
+        "CAST(:p_pool AS text[])) AS p(cluster, driver, pool) "
+        "ON p.cluster = i.cluster AND p.driver = i.driver AND p.pool = i.pool "
+        "WHERE i.valid @> :at AND i.counter_set IS NOT NULL"),
+        {"at": at, "p_cluster": [p[0] for p in pools], "p_driver": [p[1] for p in pools],
+         "p_pool": [p[2] for p in pools]}).all()
+    in_use: dict[tuple[str, str, str, str], dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    held_in: dict[tuple[str, str, str, str], list[DeviceKey]] = defaultdict(list)
+    for m in members:
+        if not m.held:
+            continue
+        consumes = _json(m.consumes_counters)
+        consumes_list = consumes if isinstance(consumes, list) else []
+        for name in counter_set_names(consumes_list):
+            counter_set = (m.cluster, m.driver, m.pool, name)
+            held_in[counter_set].append((m.cluster, m.driver, m.pool, m.device))
+            for counter, amount in counter_amounts(consumes_list, name).items():
+                in_use[counter_set][counter] += amount
+    shared: dict[tuple[str, str, str], list[JSONValue]] = {}
+    flagged: set[DeviceKey] = set()
+    for counter_set, devices in held_in.items():
+        cluster, driver, pool, name = counter_set
+        if (cluster, driver, pool) not in shared:
+            shared[(cluster, driver, pool)] = shared_counters(conn, cluster, driver, pool, at)
+        if over_committed(counter_set_totals(shared[(cluster, driver, pool)], name), in_use[counter_set]):
+            flagged.update(devices)
+    return frozenset(flagged & set(keys))
