@@ -48,10 +48,11 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies.
 
     Raises:
-        LedgerError: ``host`` is empty or blank, or cannot be listened on (:func:`ledger.embedded.require_port`);
-            the configuration is invalid, ``cluster`` is empty (``--cluster ""``) or no cluster name
-            (:func:`ledger.config.check_cluster_name`; :class:`ledger.errors.Invalid`), or no token is
-            configured and ``host`` is not loopback while ``allow_open`` is false.
+        LedgerError: ``host`` is empty or blank, or cannot be listened on (:func:`ledger.embedded.require_port`;
+            checked before the configuration is read, so a host that does not resolve or is not this machine's
+            is named whatever the tokens); the configuration is invalid, ``cluster`` is empty (``--cluster ""``)
+            or no cluster name (:func:`ledger.config.check_cluster_name`; :class:`ledger.errors.Invalid`), or no
+            token is configured and ``host`` is not loopback while ``allow_open`` is false.
     """
     import uvicorn
 
@@ -68,13 +69,15 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
         # uvicorn would listen on every interface for an empty host: said, never guessed.
         raise LedgerError("--host is empty; give an address or name of this machine (default 127.0.0.1; 0.0.0.0 "
                           "for every IPv4 interface)")
+    # Before the configuration and its tokens: a host that does not resolve, or is not this machine's, cannot be
+    # served on whatever the tokens, and the refusal to serve without tokens read as if a token would have done.
+    require_port(host, port)
     config = load_config(settings.config)
     if not config.api.tokens and not _is_loopback(host) and not allow_open:
         raise LedgerError(
             f"no API tokens are configured: refusing to serve on {host}; configure [[api.tokens]] "
             "in the configuration file or pass --allow-unauthenticated"
         )
-    require_port(host, port)
     db = services.open_ledger(settings)
     services.catch_up(db)
     if cluster is not None and not services.has_events(db, cluster):

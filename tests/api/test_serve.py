@@ -21,10 +21,12 @@ from ledger.testing.handle import LedgerHandle
 from tests.factories import CLI, free_port, served_api, taken_port
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
 def test_serving_without_tokens_on_a_non_loopback_address_is_refused(host: str) -> None:
+    # Addresses every machine can listen on (every interface): the host is checked first, so one that is not
+    # this machine's is named as the problem instead (tests/unit/test_cli_ports.py).
     with pytest.raises(LedgerError, match="no API tokens are configured: refusing to serve"):
-        serve_api(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), host=host, port=8472,
+        serve_api(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"), host=host, port=free_port(),
                   allow_open=False)
 
 

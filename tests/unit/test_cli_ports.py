@@ -64,6 +64,23 @@ def test_a_host_that_cannot_be_bound_is_named_without_the_hint_about_a_taken_por
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("host", "said"), [
+    # .invalid never resolves (RFC 6761).
+    ("nosuchhost.invalid", "the host nosuchhost.invalid cannot be resolved ("),
+    ("192.0.2.1", "192.0.2.1 is not an address of this machine (Cannot assign requested address); give --host"),
+])
+def test_a_host_that_cannot_be_bound_is_named_before_the_missing_tokens(host: str, said: str) -> None:
+    # No --allow-unauthenticated and no token configured: the refusal to serve without tokens was said instead,
+    # as if serving there would have worked with a token.
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["serve", "--host", host, "--port", "9999", "--database-url", NOWHERE],
+                                    env={**WIDE, "LEDGER_CONFIG": None})
+
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot listen on {host}:9999: {said}" in result.output
+    assert "refusing to serve" not in result.output
+
+
 @pytest.mark.parametrize("host", ["", "  "])
 def test_an_empty_host_is_refused_not_served_on_every_interface(host: str) -> None:
     with plugin_commands() as app:
