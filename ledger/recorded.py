@@ -23,8 +23,9 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_HALF_UP, Decimal, localcontext
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
@@ -155,21 +156,33 @@ _ISO_DURATION: Final = re.compile(rf"^-?P(?=[0-9T])(?:(?P<W>{_NUMBER})W)?(?:(?P<
 ``0-9`` only (``\\d`` would also take ``１`` and other Unicode digits)."""
 _SECONDS: Final = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 """A number of seconds: ASCII decimal digits, an optional fraction after a ``.``, an optional ``-`` (refused
-later as out of range, with the range in the message). Not what ``float()`` also takes: an exponent
-(``1e3``), ``_`` between digits (``1_800``), other scripts' digits (``１８００``), spaces, ``+``, ``inf``, ``nan``."""
+later as out of range, with the range in the message, unless it rounds to 0 microseconds). Not what ``float()``
+also takes: an exponent (``1e3``), ``_`` between digits (``1_800``), other scripts' digits (``１８００``), spaces,
+``+``, ``inf``, ``nan``."""
 
 _UNIT_SECONDS: Final = {"W": 604_800, "D": 86_400, "H": 3_600, "M": 60, "S": 1}
+_MICROSECOND: Final = timedelta(microseconds=1)
 
 MAX_DURATION: Final = timedelta(days=36_500)
 """Longest duration :func:`parse_duration` accepts (100 years, ``P36500D``): longer is a typo, and past
 999,999,999 days ``timedelta`` itself overflows."""
 
 
-def _magnitude_s(match: re.Match[str]) -> float:
-    """Approximate length in seconds of a duration matched by :data:`_ISO_DURATION` (``inf`` when huge):
-    enough to tell a duration out of range from one in another shape, never used as the value."""
-    return sum(float(number.replace(",", ".")) * _UNIT_SECONDS[unit]
-               for unit, number in match.groupdict().items() if number is not None)
+def _whole_microseconds(terms: Sequence[tuple[str, int]], *, negative: bool) -> Decimal:
+    """The exact length of ``terms`` (ASCII decimal numbers, each with its unit's length in seconds), rounded
+    to whole microseconds, half a microsecond away from zero (``0.0000005`` is 1, ``0.0000004`` is 0).
+
+    Exact: the precision covers every digit given, so no float (``3153600000.0000004`` read as
+    ``3153600000.000000477``) and no parser cutting a long fraction decides the rounding. A ``Decimal``
+    integral value, not an ``int``: a huge one is compared with the range before any conversion.
+    """
+    # Digits of a product <= digits given + 6 (a week is 604,800 s); the sum of at most five terms adds one. The
+    # widest exponents, so that no number of digits overflows (decimal.Overflow past 999,999 digits by default).
+    with localcontext(prec=sum(len(number) for number, _ in terms) + 16, rounding=ROUND_HALF_UP, Emax=MAX_EMAX,
+                      Emin=MIN_EMIN):
+        seconds = sum((Decimal(number) * unit for number, unit in terms), Decimal(0))
+        micros = (seconds * 1_000_000).to_integral_value()
+    return -micros if negative else micros
 
 
 SHORTEST_STEP: Final = timedelta(microseconds=1)
@@ -199,7 +212,9 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
     Both forms take ASCII digits only (:data:`_SECONDS`, :data:`_ISO_DURATION`): ``1e3``, ``1_800`` and
     ``１８００`` are refused, not read as 1000 or 1800 seconds.
 
-    The shape and the range are checked here; pydantic's ``timedelta`` parser does the arithmetic.
+    The value is computed exactly from its digits and rounded to whole microseconds (half a microsecond away
+    from zero), and only then checked against the range, in either form: ``P36500DT0.0000001S`` and
+    ``3153600000.0000004`` are both 100 years, ``3153600000.0000005`` is out of range, and ``-0.0000004`` is 0.
 
     Args:
         value: the text given.
@@ -209,15 +224,13 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
 
     Returns:
         A ``timedelta`` from ``shortest`` to :data:`MAX_DURATION` (100 years) inclusive, in whole microseconds
-        (pydantic rounds a finer fraction to the nearest).
+        (a finer fraction is rounded to the nearest, half a microsecond up).
 
     Raises:
         Invalid: neither form (``PT1H1H`` and ``1e3`` included, or a fraction before the last unit), years or
-            months (no fixed length), or out of range: shorter than ``shortest`` (negative, or under one
-            microsecond for a step) or longer than 100 years (the message gives both bounds, ``P36500D``).
+            months (no fixed length), or out of range once rounded: shorter than ``shortest`` (negative, or under
+            one microsecond for a step) or longer than 100 years (the message gives both bounds, ``P36500D``).
     """
-    from pydantic import TypeAdapter, ValidationError
-
     if _CALENDAR_UNITS.match(value):
         raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), "
                       f"got {shorten(repr(value))}")
@@ -226,23 +239,20 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
     out_of_range = Invalid(f"{name}: {shorten(repr(value))} is out of range; the longest duration accepted is P36500D "
                            f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest "
                            f"{_spell_shortest(shortest)}")
-    raw: object = value
     if _SECONDS.fullmatch(value):
-        raw = seconds = float(value)
+        terms = [(value.removeprefix("-"), 1)]
     elif (match := _ISO_DURATION.match(value)) is not None:
-        seconds = -_magnitude_s(match) if value.startswith("-") else _magnitude_s(match)
+        terms = [(number.replace(",", "."), _UNIT_SECONDS[unit])
+                 for unit, number in match.groupdict().items() if number is not None]
+        if any("." in number for number, _ in terms[:-1]):
+            raise bad  # ISO 8601 allows a fraction in the smallest unit given only (P1.5W1D)
     else:
         raise bad
-    # Checked before pydantic, which refuses a huge number and a misplaced fraction with one error type.
-    if not 0 <= seconds <= MAX_DURATION.total_seconds():
+    # Rounded first, then checked: the range is of whole microseconds, as the value returned.
+    micros = _whole_microseconds(terms, negative=value.startswith("-"))
+    if not shortest // _MICROSECOND <= micros <= MAX_DURATION // _MICROSECOND:
         raise out_of_range
-    try:
-        parsed = TypeAdapter(timedelta).validate_python(raw)
-    except (ValidationError, OverflowError) as e:
-        raise bad from e
-    if not shortest <= parsed <= MAX_DURATION:
-        raise out_of_range
-    return parsed
+    return timedelta(microseconds=int(micros))
 
 
 TIME_LIMIT: Final = datetime(9999, 1, 1, tzinfo=UTC)

@@ -208,6 +208,26 @@ def test_a_min_idle_under_one_microsecond_is_zero_as_the_readme_says(client: Tes
     assert response.json() == client.get("/v1/reports/idle-claims?minIdle=0&at=2026-11-02T12:00:00Z").json()
 
 
+@pytest.mark.parametrize("value", ["P36500DT0.0000001S", "3153600000.0000004"])
+def test_a_min_idle_a_fraction_of_a_microsecond_past_100_years_is_100_years_in_either_form(
+        client: TestClient[Litestar], value: str) -> None:
+    # The same duration; the seconds form was a 422 (out of range) while the ISO 8601 form was a 200.
+    response = client.get(f"/v1/reports/idle-claims?minIdle={value}&at=2026-11-02T12:00:00Z")
+    assert response.status_code == 200, response.text
+    assert response.json() == client.get("/v1/reports/idle-claims?minIdle=P36500D&at=2026-11-02T12:00:00Z").json()
+
+
+@pytest.mark.parametrize("value", ["P36500DT0.0000001S", "3153600000.0000004"])
+def test_the_cli_takes_a_min_idle_a_fraction_of_a_microsecond_past_100_years_in_either_form(
+        seeded: LedgerHandle, value: str) -> None:
+    code, output = run_cli(seeded, "idle-claims", "--at", "2026-11-02T12:00:00Z", "--min-idle", value,
+                           "--output", "json")
+
+    assert code == 0, output
+    assert output == run_cli(seeded, "idle-claims", "--at", "2026-11-02T12:00:00Z", "--min-idle", "P36500D",
+                             "--output", "json")[1]
+
+
 def test_the_cli_refuses_a_step_under_one_microsecond_with_the_same_words(seeded: LedgerHandle) -> None:
     code, output = run_cli(seeded, "usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z",
                            "--step", "0.0000001")

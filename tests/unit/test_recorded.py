@@ -832,6 +832,56 @@ def test_the_longest_duration_accepted_is_exactly_100_years_in_either_form() -> 
         {timedelta(days=36_500)}
 
 
+@pytest.mark.parametrize("value", ["P36500DT0.0000001S", "PT3153600000.0000004S", "3153600000.0000004",
+                                   "P36500DT0.00000049999S", "3153600000.00000049999"])
+def test_a_duration_under_half_a_microsecond_past_100_years_rounds_to_100_years_in_either_form(value: str) -> None:
+    # Rounded to whole microseconds first, then checked: 0.0000004 s is 0 microseconds past P36500D. The
+    # seconds form was checked as a float before rounding (3153600000.0000004 read as 3153600000.000000477), so
+    # it was out of range while the same value in ISO 8601 was accepted.
+    assert parse_duration(value, "minIdle") == timedelta(days=36_500)
+
+
+@pytest.mark.parametrize("value", ["P36500DT0.0000005S", "PT3153600000.0000005S", "3153600000.0000005"])
+def test_half_a_microsecond_past_100_years_rounds_up_and_is_out_of_range_in_either_form(value: str) -> None:
+    with pytest.raises(Invalid, match="is out of range; the longest duration accepted is P36500D"):
+        parse_duration(value, "minIdle")
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    # 3,153,599,999 s = 36,499 days + 86,399 s; half a microsecond rounds up. As a float, 3153599999.0000005 is
+    # 3153599999.000000477 (the nearest float), which rounded down to no microsecond at all.
+    ("3153599999.0000005", timedelta(days=36_499, seconds=86_399, microseconds=1)),
+    ("PT3153599999.0000005S", timedelta(days=36_499, seconds=86_399, microseconds=1)),
+    ("P36499DT86399.0000005S", timedelta(days=36_499, seconds=86_399, microseconds=1)),
+    # A fraction longer than any parser's digits: half a microsecond and a tiny bit more still rounds up.
+    ("0.0000005" + "0" * 40 + "1", timedelta(microseconds=1)),
+    ("PT0.0000005" + "0" * 40 + "1S", timedelta(microseconds=1)),
+    ("0.0000004" + "9" * 40, timedelta(0)),
+    # 1.0000005 days = 86,400 s + 0.0432 s.
+    ("P1.0000005D", timedelta(days=1, microseconds=43_200)),
+])
+def test_a_duration_is_rounded_to_the_nearest_microsecond_from_its_exact_digits(value: str,
+                                                                               expected: timedelta) -> None:
+    assert parse_duration(value, "minIdle") == expected
+
+
+def test_a_duration_of_a_million_digits_is_out_of_range_not_a_decimal_overflow() -> None:
+    # Past 999,999 digits, decimal's default exponent limit raised decimal.Overflow (a traceback, a 500).
+    with pytest.raises(Invalid, match="is out of range; the longest duration accepted is P36500D"):
+        parse_duration("9" * 1_000_001, "minIdle")
+
+
+@pytest.mark.parametrize("value", ["-0.0000004", "-PT0.0000004S", "-0", "-PT0S"])
+def test_a_negative_duration_that_rounds_to_no_microsecond_is_zero(value: str) -> None:
+    assert parse_duration(value, "minIdle") == timedelta(0)
+
+
+@pytest.mark.parametrize("value", ["-0.0000005", "-PT0.0000005S"])
+def test_a_negative_duration_of_half_a_microsecond_rounds_away_from_zero_and_is_out_of_range(value: str) -> None:
+    with pytest.raises(Invalid, match="is out of range"):
+        parse_duration(value, "minIdle")
+
+
 def test_a_broken_yaml_document_after_a_commented_marker_is_reported_at_its_first_content_line() -> None:
     text = "kind: ConfigMap\napiVersion: v1\nmetadata: {name: one}\n--- # second\n\n# note\nkind: [\n"
     results = list(read_text(text, source="docs.yaml"))
