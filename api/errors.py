@@ -23,7 +23,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
-from api.parameters import client_name
+from api.parameters import client_name, required_query_names
 from ledger.errors import MAX_ECHO_CHARS, Conflict, Invalid, LedgerError, NotFound, Unavailable, shorten
 
 _log = logging.getLogger(__name__)
@@ -111,10 +111,29 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         detail = "; ".join(parts) or detail
         status = 422
     elif isinstance(detail, str) and detail.startswith("Missing required "):
-        # "Missing required query parameter 'from' for path /v1/usage?to=...": the path (with the query
-        # string Litestar appends) repeats what the client sent; the parameter's name is the news.
-        detail = detail.split(" for path ", 1)[0]
+        detail = _missing(request, detail)
     return _problem(status, str(detail), headers=exc.headers or None)
+
+
+def _missing(request: Request[Any, Any, Any], detail: str) -> str:
+    """Litestar's 400 for a missing parameter, naming every required query parameter the request lacks
+    (:func:`api.parameters.required_query_names`, in declaration order), where Litestar names the first it
+    meets: ``Missing required query parameters 'from' and 'to'``.
+
+    Another kind of parameter (a header), or none found missing, keeps Litestar's words without the path:
+    ``Missing required query parameter 'from' for path /v1/usage?to=...`` repeats, with the query string
+    Litestar appends, what the client sent; the parameter's name is the news.
+    """
+    if detail.startswith("Missing required query parameter "):
+        handler = request.route_handler
+        given = request.query_params
+        missing = [name for name in required_query_names(handler, frozenset(request.path_params))
+                   if name not in given]
+        if len(missing) == 1:
+            return f"Missing required query parameter {missing[0]!r}"
+        if missing:
+            return f"Missing required query parameters {', '.join(map(repr, missing[:-1]))} and {missing[-1]!r}"
+    return detail.split(" for path ", 1)[0]
 
 
 def _phrase(status: int) -> str:

@@ -61,6 +61,23 @@ def query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = fro
     return frozenset(names)
 
 
+@cache
+def required_query_names(handler: BaseRouteHandler, path_parameters: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The query parameters ``handler`` requires, as clients send them (``from``, ``to``), in declaration order.
+
+    Source: :func:`query_names`, less those with a default or that take ``None`` (``str | None``): Litestar's
+    own rule for a required parameter (``ParameterDefinition.is_required``), which reports only the first
+    missing one it meets, in no fixed order.
+    """
+    names = query_names(handler, path_parameters)
+    required: list[str] = []
+    for name, field in handler.parsed_fn_signature.parameters.items():
+        if ((sent := client_name(field, name)) in names and field.is_required and not field.is_optional
+                and not field.is_any and (not field.has_default or field.default is None)):
+            required.append(sent)
+    return tuple(required)
+
+
 INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 """The form of an integer query parameter: ASCII decimal digits after an optional ``-``, so that a negative
 or huge value is refused by the parameter's range, naming the bound (Litestar reads any length). Not ``+``,
