@@ -535,15 +535,17 @@ def bind_error(host: str, port: int) -> OSError | None:
     Returns:
         ``socket.gaierror`` when ``host`` is no address and no name that resolves; an ``OSError`` whose ``errno``
         says why otherwise (``EADDRINUSE``: the port is taken; ``EADDRNOTAVAIL``: the address is not this
-        machine's; ``EACCES``: a privileged port); ``None`` when the bind succeeded.
+        machine's; ``EACCES``: a privileged port; ``EAFNOSUPPORT``: an IPv6 address where the machine has no IPv6);
+        ``None`` when the bind succeeded.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+    try:
+        # The socket itself may fail: an IPv6 address on a machine without IPv6 (EAFNOSUPPORT).
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
-        except OSError as e:
-            return e
+    except OSError as e:
+        return e
     return None
 
 

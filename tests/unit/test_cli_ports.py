@@ -101,3 +101,23 @@ def test_only_a_port_in_use_gets_the_hint_about_another_process() -> None:
     assert result.exit_code == 2, result.output
     assert (f"error: cannot listen on 127.0.0.1:{port}: Address already in use; another process may hold the port: "
             "stop it or pass --port") in result.output
+
+
+def test_an_ipv6_host_on_a_machine_without_ipv6_is_named_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import socket
+
+    from ledger import embedded
+    from ledger.errors import LedgerError
+
+    real_socket = socket.socket
+
+    def no_ipv6(family: int = socket.AF_INET, *args: object, **kwargs: object) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real_socket(family, *args, **kwargs)  # type: ignore[arg-type]  # the rest as socket.socket takes them
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    # The socket could not even be made: bind_error used to let that OSError out of require_port.
+    with pytest.raises(LedgerError, match=r"^cannot listen on ::1:8472: Address family not supported by protocol$"):
+        embedded.require_port("::1", 8472)
