@@ -168,10 +168,15 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
                 members[(r.cluster, r.driver, r.pool, name)].append(  # type: ignore[attr-defined]
                     (r.device, counter_amounts(consumes, name)))  # type: ignore[attr-defined]
     out: list[JSONValue] = []
+    # A pool's sharedCounters hold all its counter sets (a MIG node: one per GPU): read once a pool, not once a set
+    # (800 look-ups for a 1,000-node fleet's MIG GPUs took 0.75 s of a 1 s answer).
+    pool_counters: dict[tuple[str, str, str], list[JSONValue]] = {}
     for (cluster, driver, pool, set_name), parts in sorted(members.items()):
         if len(parts) < 2 and not any(by_device.get((cluster, driver, pool, d)) for d, _ in parts):
             continue
-        totals = counter_set_totals(shared_counters(conn, cluster, driver, pool, at), set_name)
+        if (cluster, driver, pool) not in pool_counters:
+            pool_counters[(cluster, driver, pool)] = shared_counters(conn, cluster, driver, pool, at)
+        totals = counter_set_totals(pool_counters[(cluster, driver, pool)], set_name)
         in_use: dict[str, Decimal] = defaultdict(Decimal)
         for device, amounts in parts:
             if by_device.get((cluster, driver, pool, device)):
