@@ -283,6 +283,7 @@ class Shared(msgspec.Struct, kw_only=True):
     devices: list[dict[str, Any]]
     counterSets: list[dict[str, Any]]
     claims: list[dict[str, Any]]
+    nextPageToken: str | None = None
 
 
 class PendingClass(msgspec.Struct, kw_only=True):

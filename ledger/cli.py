@@ -1149,7 +1149,7 @@ def shared(at: AtOpt = None,
     when = _time(at, "--at")
 
     def run(db: LedgerDatabase) -> JSONObject:
-        return services.shared(db, at=when, cluster=cluster, config=cfg)
+        return _whole_page(services.shared(db, at=when, cluster=cluster, config=cfg))
 
     _emit(_query(settings_from(url, data_dir), run), output, render_shared)
 

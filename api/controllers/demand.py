@@ -12,7 +12,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster, parse_instant
+from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import Pending, Quotas, Shared, to_struct
@@ -86,17 +86,30 @@ class DemandController(Controller):
 
     @read("/shared", responses=V1_PROBLEMS, operation_id="getShared", sync_to_thread=True, tags=["shared"],
          summary="Shared devices, partitioned counter sets and multi-consumer claims")
-    def shared(self, ctx: NamedDependency[AppState], access: NamedDependency[Access], at: AtParam = None,
-               cluster: ClusterParam = None) -> Shared:
+    def shared(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState], access: NamedDependency[Access],
+               at: AtParam = None, cluster: ClusterParam = None, limit: LimitParam = 100,
+               page_token: TokenParam = None) -> Shared:
         """Devices with more than one allocation (``shareID``, ``consumedCapacity``, or a double booking)
         with each holder's chargeback fraction; partitionable devices grouped by the counter set they
         consume (``sharedCounters`` / ``consumesCounters``) with counters in use; claims with more than one
         live consumer.
+
+        Paginated as one list: ``limit`` counts the entries of ``devices``, ``counterSets`` and ``claims``
+        together, in that order (a page may end inside any of them and the next one go on from there);
+        ``totals`` count every entry, on every page. A fleet with MIG partitions lists every GPU's counter set
+        (4,000 for 500 MIG nodes of 8 GPUs), too much for one answer.
         """
         scope = parse_cluster(cluster, ctx)
-        when = parse_instant(at, "at")
+        asked = asked_instant(at)
+        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
+        page = pagination.decode(page_token, query=query)
+        when = page_instant(page.at, asked)
         body = scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access)
-        return to_struct(body, Shared)
+        lists = ("devices", "counterSets", "claims")
+        entries = [(name, entry) for name in lists for entry in body[name]]
+        chunk, token = pagination.cut(entries, page=page, limit=limit, at=str(body["at"]), query=query)
+        paged = {name: [entry for of, entry in chunk if of == name] for name in lists}
+        return to_struct({**body, **paged, "nextPageToken": token}, Shared)
 
     @read("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
          summary="Pending demand vs free devices per DeviceClass")

@@ -121,7 +121,7 @@ SAME_QUERIES = [
     pytest.param(["pending", "--at", "2026-11-02T09:30:00Z"], "/v1/pending", {"at": "2026-11-02T09:30:00Z"},
                  id="pending"),
     pytest.param(["shared", "--at", "2026-11-02T09:30:00Z"], "/v1/shared", {"at": "2026-11-02T09:30:00Z"},
-                 id="shared (not paged)"),
+                 id="shared"),
 ]
 
 

@@ -500,6 +500,41 @@ def test_shared_devices_over_http_match(client: TestClient[Litestar], check: dic
     assert body["totals"]["sharedClaims"] == len(check["shared_devices"])
 
 
+def test_shared_is_paged_as_one_list_of_devices_then_counter_sets_then_claims(client: TestClient[Litestar],
+                                                                               seeded: Any) -> None:
+    # Real partitionable devices (KEP-4815's GPU and four partitions; DeviceNetwork's two devices of one counter
+    # set) make two counter sets; the seed lab's claim shared by two pods (09:30) is one shared claim.
+    for name in ("kep4815_resourceslice_counter-slice-sharedcounters-only_v1.yaml",
+                 "kep4815_resourceslice_device-slice-gpu0-plus-4-partitions-consumescounters_v1.yaml",
+                 "devicenetwork_resourceslice_worker-slice0-consumescounters-multialloc_v1.yaml",
+                 "devicenetwork_resourceslice_worker-slice1-sharedcounters-only_v1.yaml"):
+        seeded.replay(REAL / name, at=parse_time("2026-11-02T09:00:00Z"))
+    whole = ok(client, "/v1/shared", at="2026-11-02T09:30:00Z", limit=1000)
+    entries = [(n, e) for n in ("devices", "counterSets", "claims") for e in whole[n]]
+    assert [n for n, _ in entries].count("counterSets") == 2 and [n for n, _ in entries].count("claims") == 1
+    assert whole["nextPageToken"] is None
+
+    pages, token = [], None
+    while True:
+        params: dict[str, Any] = {"at": "2026-11-02T09:30:00Z", "limit": 1}
+        if token is not None:
+            params["pageToken"] = token
+        page = ok(client, "/v1/shared", **params)
+        pages.append(page)
+        token = page["nextPageToken"]
+        if token is None:
+            break
+
+    # One entry a page, in the order devices, counterSets, claims, with every page's totals over all of them.
+    assert len(pages) == len(entries)
+    assert [(n, e) for p in pages for n in ("devices", "counterSets", "claims") for e in p[n]] == entries
+    assert all(p["totals"] == whole["totals"] for p in pages)
+    first = ok(client, "/v1/shared", at="2026-11-02T09:30:00Z", limit=1)
+    response = client.get("/v1/shared", params={"at": "2026-11-02T10:40:00Z", "limit": 1,
+                                                "pageToken": first["nextPageToken"]})
+    assert response.status_code == 422, response.text
+
+
 @pytest.mark.parametrize("check", [c for c in CHECKS if "pending_claims" in c], ids=lambda c: c["at"])
 def test_pending_demand_over_http_shows_requested_against_free(client: TestClient[Litestar],
                                                                check: dict[str, Any]) -> None:
