@@ -197,6 +197,7 @@ class ClaimHistory(msgspec.Struct, kw_only=True):
     name: str
     uids: list[str]
     events: list[LedgerEvent]
+    nextPageToken: str | None = None
 
 
 class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -224,6 +225,7 @@ class Timeline(msgspec.Struct, kw_only=True):
     entries: list[TimelineEntry]
     from_: str = msgspec.field(name="from")
     to: str
+    nextPageToken: str | None = None
 
 
 class Health(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -96,18 +96,24 @@ class ClaimsController(Controller):
     )
     def history(
         self,
+        request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         namespace: FromPath[str],
         name: FromPath[str],
         cluster: ClusterParam = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
+        page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> ClaimHistory:
         """Every event of every ResourceClaim recorded as ``namespace/name`` (table ``events``, streams
-        ``claim:<uid>``) in stream order, claim by claim (a name can be reused by a newer claim).
+        ``claim:<uid>``) in stream order, claim by claim (a name can be reused by a newer claim), ``limit``
+        events a page; ``uids`` lists every claim of the name on every page.
 
         Raises 404 when no such claim was recorded, or when the caller's token may not see its team.
         """
         scope = parse_cluster(cluster, ctx)
+        query = pagination.fingerprint(request.url.path, {"cluster": scope})
+        page = pagination.decode(page_token, query=query)
         body: Any = services.claim_history(ctx.db, namespace=namespace, name=name, cluster=scope)
         if access.teams is not None:
             # Each claim by the team it is billed to (a deleted one: its team when deleted), never by the
@@ -121,4 +127,9 @@ class ClaimsController(Controller):
             streams = {f"claim:{uid}" for uid in mine}
             body = {**body, "uids": [u for u in body["uids"] if u in mine],
                     "events": [e for e in body["events"] if e["stream"] in streams]}
-        return to_struct(body, ClaimHistory)
+        # Offsets stay valid as the ledger grows: events are only ever appended to a stream, claims are listed by
+        # creation, and of one cluster's claims of one name only the newest can still be alive, so new events land
+        # after every page already served. (Without ``cluster``, two clusters' live claims of one name can both
+        # grow: later pages may then repeat events the earlier claim added.)
+        chunk, token = pagination.cut(body["events"], page=page, limit=limit, at=None, query=query)
+        return to_struct({**body, "events": chunk, "nextPageToken": token}, ClaimHistory)

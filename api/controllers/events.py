@@ -10,7 +10,7 @@ from litestar.params import FromPath, QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import TOKEN_DOC
+from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.methods import read
@@ -103,6 +103,7 @@ class DevicesController(Controller):
     )
     def timeline(
         self,
+        request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
         driver: FromPath[str],
@@ -114,17 +115,25 @@ class DevicesController(Controller):
         ] = None,
         end: Annotated[str | None, QueryParameter(name="to", description="Window end (RFC 3339); default now.")] = None,
         cluster: ClusterParam = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
+        page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> Timeline:
         """Inventory intervals (``device_inventory``: which slice published it, on which node) and allocation
         intervals (``device_allocations``: which claim held it, for which team) overlapping the window, in
-        start order. A pool name containing ``/`` must be percent-encoded. Team-limited tokens see only
-        their teams' allocations. 404 when the device was never recorded.
+        start order, ``limit`` entries a page. A pool name containing ``/`` must be percent-encoded.
+        Team-limited tokens see only their teams' allocations. 404 when the device was never recorded.
+        Without ``to`` the window ends at the first page's instant on every later page (the token carries it),
+        so the entries of a device still in use do not move between pages.
         """
         from datetime import UTC, datetime
 
         scope = parse_cluster(cluster, ctx)
         t0 = parse_instant(start, "from", default=datetime(1970, 1, 1, tzinfo=UTC))
-        t1 = parse_instant(end, "to")
+        asked = parse_instant(end, "to") if end is not None else None
+        # The parsed window, not its text, is the query (the path names the device).
+        query = pagination.fingerprint(request.url.path, {"from": t0, "to": asked, "cluster": scope})
+        page = pagination.decode(page_token, query=query)
+        t1 = asked or (parse_instant(page.at, "pageToken") if page.at is not None else datetime.now(UTC))
         if not t0 < t1:
             given = "from" if start is not None else "from (by default 1970-01-01T00:00:00Z)"
             until = "to" if end is not None else f"to (by default now, {rfc3339(t1)})"
@@ -134,4 +143,5 @@ class DevicesController(Controller):
         )
         if access.teams is not None:
             body["entries"] = [e for e in body["entries"] if e["kind"] == "inventory" or access.sees(e["team"])]
-        return to_struct(body, Timeline)
+        chunk, token = pagination.cut(body["entries"], page=page, limit=limit, at=rfc3339(t1), query=query)
+        return to_struct({**body, "entries": chunk, "nextPageToken": token}, Timeline)

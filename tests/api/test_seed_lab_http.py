@@ -154,6 +154,41 @@ def test_gpu_1_timeline_shows_its_publication_and_the_shared_claim(client: TestC
     assert before <= parse_time(said.group(1)) <= after  # the default it used, so the user sees why
 
 
+def walk(client: TestClient[Litestar], path: str, **params: Any) -> list[Any]:
+    """Every page of a paged answer, from the first (``params``) by each ``nextPageToken`` in turn."""
+    pages = [ok(client, path, **params)]
+    while pages[-1]["nextPageToken"] is not None:
+        pages.append(ok(client, path, **params, pageToken=pages[-1]["nextPageToken"]))
+    return pages
+
+
+def test_a_claim_history_is_paged_one_event_at_a_time_in_the_same_order(client: TestClient[Litestar]) -> None:
+    whole = ok(client, "/v1/claims/ml-serve/shared-gpu/history")
+    assert whole["nextPageToken"] is None and len(whole["events"]) == 6  # the six events worked out above
+
+    pages = walk(client, "/v1/claims/ml-serve/shared-gpu/history", limit=1)
+
+    assert [len(p["events"]) for p in pages] == [1] * 6
+    assert [e for p in pages for e in p["events"]] == whole["events"]
+    assert all(p["uids"] == whole["uids"] for p in pages)
+    foreign = client.get("/v1/claims/ml-train/big/history", params={"limit": 1, "pageToken": pages[0]["nextPageToken"]})
+    assert foreign.status_code == 422, foreign.text  # a token of another claim's history
+
+
+def test_a_device_timeline_is_paged_and_without_to_keeps_the_first_page_window(client: TestClient[Litestar],
+                                                                                seeded: LedgerHandle) -> None:
+    path = "/v1/devices/gpu.example.com/lab-node/gpu-1/timeline"
+    pages = walk(client, path, **{"from": "2026-11-02T08:00:00Z"}, limit=1)
+
+    # The inventory interval, then the shared claim's allocation (as the unpaged test above worked out).
+    assert [[(e["kind"], e["from"]) for e in p["entries"]] for p in pages] == [
+        [("inventory", "2026-11-02T08:50:00Z")], [("allocation", "2026-11-02T09:10:00Z")]]
+    assert pages[0]["to"] == pages[1]["to"]  # the default "now" of the first page, carried by the token
+    other = client.get(path, params={"from": "2026-11-02T08:00:01Z", "limit": 1,
+                                     "pageToken": pages[0]["nextPageToken"]})
+    assert other.status_code == 422, other.text  # another window is another query
+
+
 def test_a_device_of_one_name_in_two_clusters_has_entries_that_name_their_cluster(
         client: TestClient[Litestar], seeded: LedgerHandle) -> None:
     services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
