@@ -881,7 +881,9 @@ def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str
     """Every event of every claim named ``namespace/name`` (a name can be reused by a new claim), in order.
 
     Returns:
-        ``{"namespace", "name", "uids": [...], "events": [event bodies in stream order, claim by claim]}``.
+        ``{"namespace", "name", "uids": [...], "events": [event bodies in stream order, claim by claim]}``;
+        ``uids`` in creation order, each once (a claim recorded in two clusters is listed once, its events twice,
+        each naming its cluster).
 
     Raises:
         UnknownClaim: no claim of that name was recorded.
@@ -891,7 +893,10 @@ def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str
     history: list[JSONValue] = []
     for claim_cluster, uid in found:
         history.extend(event_body(e) for e in db.read_stream(cluster=claim_cluster, stream=f"claim:{uid}"))
-    return {"namespace": namespace, "name": name, "uids": [uid for _, uid in found], "events": history}
+    # A uid once however many clusters recorded it (one history replayed into two clusters): each event names its
+    # cluster.
+    return {"namespace": namespace, "name": name, "uids": list(dict.fromkeys(uid for _, uid in found)),
+            "events": history}
 
 
 def device_timeline(db: LedgerDatabase, *, driver: str, pool: str, device: str, start: datetime, end: datetime,

@@ -634,3 +634,15 @@ def test_an_empty_filter_is_refused_like_an_empty_cluster(client: TestClient[Lit
     assert response.status_code == 422, response.text
     assert response.json()["detail"] == f"{name}: empty; leave the parameter out {meaning}"
     assert client.get(path).status_code == 200
+
+
+def test_a_claim_recorded_in_two_clusters_lists_its_uid_once_and_its_events_once_a_cluster(
+        client: TestClient[Litestar], seeded: LedgerHandle) -> None:
+    services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
+
+    body = ok(client, "/v1/claims/ml-serve/shared-gpu/history", limit=1000)
+
+    [uid] = body["uids"]  # was listed once a cluster
+    # The six events worked out above, once from each cluster.
+    assert Counter(e["cluster"] for e in body["events"]) == {seeded.cluster: 6, "lab-2": 6}
+    assert {e["stream"] for e in body["events"]} == {f"claim:{uid}"}
