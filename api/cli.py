@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -113,9 +112,7 @@ def register(app: typer.Typer) -> None:
         allow_unauthenticated: Annotated[
             bool, typer.Option("--allow-unauthenticated", help="Serve without tokens on a non-loopback address.")
         ] = False,
-        config: Annotated[
-            Path | None, typer.Option("--config", envvar="LEDGER_CONFIG", help="Configuration file (TOML or YAML).")
-        ] = None,
+        config: cli.ConfigOpt = None,
         cluster: Annotated[str | None, typer.Option(help="Answer for this cluster only.")] = None,
         workers: Annotated[int, typer.Option(
             min=1, max=MAX_WORKERS, envvar="LEDGER_API_WORKERS",

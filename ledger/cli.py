@@ -91,13 +91,26 @@ SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 
 
 
-def _data_dir(text: str) -> Path:
-    """``--data-dir``'s text as a path; a blank one is refused (exit code 2). Read as text, before the path: an
-    empty path is ``.``, the directory the command runs from, where ``replay`` made a PostgreSQL data directory."""
-    if not text.strip():
-        raise typer.BadParameter("empty; leave the option out (and LEDGER_DATA_DIR unset) for the default data "
-                                 "directory", param_hint="--data-dir")
-    return Path(text)
+def path_parser(option: str, envvar: str, default: str) -> Callable[[str], Path]:
+    """A Typer ``parser=`` for a path option that refuses a blank text (exit code 2), naming ``option``,
+    ``envvar`` and what leaving both out gives (``default``).
+
+    Read as text, before the path: an empty path is ``.``, the directory the command runs from (``--data-dir ""``
+    made a PostgreSQL data directory there; ``--config ""`` read "." as a configuration file).
+    """
+
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise typer.BadParameter(f"empty; leave the option out (and {envvar} unset) for {default}",
+                                     param_hint=option)
+        return Path(text)
+
+    return parse
+
+
+_data_dir = path_parser("--data-dir", "LEDGER_DATA_DIR", "the default data directory")
+config_path = path_parser("--config", "LEDGER_CONFIG", "the built-in defaults")
+"""The ``parser=`` of every ``--config`` option (``ledger``'s, ``serve``'s, ``watch``'s and ``jobs``')."""
 
 
 def _database_url(value: str | None) -> str | None:
@@ -176,7 +189,8 @@ ClusterOpt = Annotated[str | None, typer.Option(
     help="Cluster name (default: every cluster); an empty name is refused.")]
 """``--cluster`` of the queries: answer for this cluster only."""
 OutputOpt = Annotated[Output, choice_option(Output, "--output", "-o", help="table or json.")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
+ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG", parser=config_path,
+                                                metavar="FILE",
                                                 help="Configuration file (TOML or YAML); unset = defaults.")]
 """``--config``: the queries read its overrides, mappings, quotas and prices; ``replay`` its ``teams.label``."""
 AtOpt = Annotated[str | None, typer.Option("--at", help="Instant T (RFC 3339); default now.")]
@@ -443,6 +457,9 @@ def db_stop(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     from ledger.embedded import EmbeddedPostgres, default_data_dir
 
     _refuse_with_url(url)
+    # Read like every command's settings, so that an empty LEDGER_DATA_DIR or LEDGER_DATABASE_URL is refused here
+    # too: Click takes an empty variable for an unset one, and this stopped the default server instead.
+    data_dir = settings_from(None, data_dir).data_dir
     require_embedded_ledger(data_dir)  # "not running" for a mistyped --data-dir hid the mistake
     with reported_errors():
         server = EmbeddedPostgres(data_dir or default_data_dir())

@@ -35,15 +35,14 @@ class Settings(BaseSettings):
     never empty, no blank (an empty one was found on no namespace, so every namespace billed itself)."""
     config: Path | None = None
     """Configuration file (TOML or YAML, see :mod:`ledger.config`); unset = built-in defaults."""
-    @field_validator("database_url", "data_dir", mode="before")
+    @field_validator("database_url", "data_dir", "config", mode="before")
     @classmethod
     def _not_blank(cls, value: object) -> object:
         """Refuse a set but empty (or blank) value: ``LEDGER_DATA_DIR=""`` read as the current directory (an embedded
-        server was made in whatever directory the command ran from) and ``LEDGER_DATABASE_URL=""`` as unset (a
-        container whose URL came out empty wrote to a throwaway embedded server)."""
+        server was made in whatever directory the command ran from), ``LEDGER_DATABASE_URL=""`` as unset (a
+        container whose URL came out empty wrote to a throwaway embedded server), ``LEDGER_CONFIG=""`` as ``.``."""
         if isinstance(value, str) and not value.strip():
-            raise ValueError("empty; unset the variable for the default (an embedded PostgreSQL in the user's data "
-                             "directory)")
+            raise ValueError("empty; unset the variable for its default")
         return value
 
     batch_size: int = Field(default=5000, ge=1, le=MAX_BATCH_SIZE)

@@ -232,15 +232,13 @@ def register(app: typer.Typer) -> None:
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
         cluster: cli.WriteClusterOpt = None,
-        database_url: Annotated[str | None, typer.Option("--database-url", envvar="LEDGER_DATABASE_URL",
-                                                         help="Ledger database URL; unset = embedded.")] = None,
+        database_url: cli.UrlOpt = None,
         identity: Annotated[str | None, typer.Option("--identity", help="Lease holder identity "
                                                      "(default $POD_NAME, else host-pid).")] = None,
         leader_election: Annotated[bool, typer.Option(help="Compete for the Lease (off: write at once).")] = True,
         jobs: Annotated[bool, typer.Option(help="Run the report jobs (hourly rollups, snapshots) while leader.")]
         = True,
-        config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
-                                                    help="Configuration file (TOML or YAML) for the jobs.")] = None,
+        config: cli.ConfigOpt = None,
         health_port: Annotated[int | None, typer.Option("--health-port", min=-1, max=65535,
                                                         help="Port of /healthz /readyz /metrics (default "
                                                         "LEDGER_WATCH_HEALTH_PORT, 8081; 0: a free one, -1: "

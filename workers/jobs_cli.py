@@ -74,8 +74,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def jobs(
         once: Annotated[bool, typer.Option("--once", help="Run each job once and exit (for cron).")] = False,
-        config: Annotated[Path | None, typer.Option("--config", envvar="LEDGER_CONFIG",
-                                                    help="Configuration file (TOML or YAML).")] = None,
+        config: cli.ConfigOpt = None,
         cluster: Annotated[str | None, typer.Option(
             "--cluster", callback=cli.refuse_bad_cluster(leaving_out="to run the jobs for every cluster",
                                                            envvar=False),

@@ -141,12 +141,16 @@ def _replay_into(cwd: Path, args: list[str], env: dict[str, str | None]) -> tupl
     # An empty --data-dir was the path ".": replay made an embedded server in the directory it ran from.
     (["--data-dir", ""], {}, "Invalid value for --data-dir: empty; leave the option out (and LEDGER_DATA_DIR unset)"),
     (["--data-dir", "  "], {}, "Invalid value for --data-dir: empty;"),
-    ([], {"LEDGER_DATA_DIR": ""}, "error: bad setting: LEDGER_DATA_DIR: empty; unset the variable for the default"),
+    ([], {"LEDGER_DATA_DIR": ""}, "error: bad setting: LEDGER_DATA_DIR: empty; unset the variable for its default"),
     # An empty URL read as unset: the command used an embedded server, not the database meant.
     (["--database-url", ""], {}, "Invalid value for --database-url: empty; leave the option out (and "
                                  "LEDGER_DATABASE_URL unset) for an embedded PostgreSQL"),
     ([], {"LEDGER_DATABASE_URL": " "}, "Invalid value for --database-url: empty;"),
     ([], {"LEDGER_DATABASE_URL": ""}, "error: bad setting: LEDGER_DATABASE_URL: empty;"),
+    # An empty --config read "." as the configuration file; an empty LEDGER_CONFIG was taken as unset.
+    (["--config", ""], {}, "Invalid value for --config: empty; leave the option out (and LEDGER_CONFIG unset) for "
+                           "the built-in defaults"),
+    ([], {"LEDGER_CONFIG": ""}, "error: bad setting: LEDGER_CONFIG: empty; unset the variable for its default"),
 ])
 def test_an_empty_data_dir_or_database_url_is_refused_and_nothing_is_made(tmp_path: Path, args: list[str],
                                                                           env: dict[str, str | None],
@@ -168,3 +172,30 @@ def test_a_data_dir_option_still_names_the_directory_it_is_given(tmp_path: Path)
                                 env={**WIDE, "LEDGER_DATABASE_URL": None})
     assert result.exit_code == 2, result.output
     assert str(missing) in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("env", [{"LEDGER_DATA_DIR": ""}, {"LEDGER_DATABASE_URL": ""}])
+def test_db_stop_refuses_an_empty_variable_rather_than_stopping_the_default_server(tmp_path: Path,
+                                                                                  env: dict[str, str]) -> None:
+    # It read the empty variable as unset and stopped the default embedded server (a running demo's).
+    from ledger.cli import app
+
+    result = CliRunner().invoke(app, ["db", "stop"], env={**WIDE, "LEDGER_DATA_DIR": None, "LEDGER_DATABASE_URL": None,
+                                                          **env})
+
+    assert result.exit_code == 2, result.output
+    assert f"error: bad setting: {next(iter(env))}: empty; unset the variable for its default" in result.output
+
+
+@pytest.mark.parametrize("command", [["watch", "--health-port", "-1"], ["jobs", "--once"], ["serve"]])
+def test_the_commands_other_packages_register_refuse_an_empty_database_url_and_config(tmp_path: Path,
+                                                                                      command: list[str]) -> None:
+    # watch declared its own --database-url, which took "" for unset and watched into the default embedded ledger.
+    with plugin_commands() as app:
+        url = CliRunner().invoke(app, [*command, "--database-url", ""], env={**WIDE, "LEDGER_DATABASE_URL": None})
+        config = CliRunner().invoke(app, [*command, "--config", " "], env={**WIDE, "LEDGER_CONFIG": None})
+
+    assert url.exit_code == 2, url.output
+    assert "Invalid value for --database-url: empty;" in " ".join(url.output.split())
+    assert config.exit_code == 2, config.output
+    assert "Invalid value for --config: empty;" in " ".join(config.output.split())
