@@ -14,6 +14,7 @@ import importlib.resources
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -473,7 +474,14 @@ def db_stop(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
 # --- write side ----------------------------------------------------------------------------------
 
 
-def _count_lines(paths: list[Path]) -> int:
+def _count_lines(paths: list[Path]) -> int | None:
+    """Lines of ``paths`` in all, for a progress bar; ``None`` (no bar) when one is not a regular file.
+
+    A pipe, a FIFO or ``/dev/stdin`` can be read once only: counting its lines first left nothing for the replay,
+    which recorded 0 lines and exited 0 (a FIFO made it wait for a second writer).
+    """
+    if not all(stat.S_ISREG(path.stat().st_mode) for path in paths):
+        return None
     total = 0
     for path in paths:
         with path.open("rb") as fh:

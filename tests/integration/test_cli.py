@@ -321,3 +321,18 @@ def test_a_rejected_line_is_reported_on_one_line_with_its_control_characters_esc
     # The kind is echoed in the reason as the object spelled it: escaped, so it retitles and clears nothing.
     assert "Foo\\x1b]0;owned\\x07\\x1b[2J" in report
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+
+
+def test_replay_reads_a_pipe_once_and_records_every_line(ledger_engine: Engine) -> None:
+    # The progress count read the stream first and left nothing: "0 lines: 0 recorded", exit 0.
+    import subprocess
+
+    from tests.factories import CLI
+    from tests.paths import HISTORIES
+
+    result = subprocess.run([*CLI, "replay", "/dev/stdin", "--database-url", _url(ledger_engine)],
+                            input=(HISTORIES / "seed-lab.jsonl").read_bytes(), capture_output=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    # seed-lab.jsonl: 39 lines, 51 events (its expected file's replay counts).
+    assert b"39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended" in result.stderr
