@@ -214,6 +214,9 @@ class Quota(_Model):
     @field_validator("nominal_quota", mode="before")
     @classmethod
     def _quantity(cls, value: object) -> object:
+        if isinstance(value, bool):
+            # pydantic would read true as 1.0: TOML's true and YAML's yes are no count.
+            raise ValueError(f"{value!r} is a boolean, not a count or a quantity (such as 4 or \"80Gi\")")
         if isinstance(value, str):
             try:
                 exact = parse_quantity(value)

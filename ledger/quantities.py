@@ -21,7 +21,10 @@ _SUFFIXES: dict[str, Decimal] = {
     "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
     "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
 }
-_QUANTITY = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?\s*$")
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?")
+"""Kubernetes' Quantity grammar (``resource.Quantity``), matched whole (``fullmatch``): ASCII digits only (``\\d``
+would take ``١``, an Arabic-Indic one), and no blank around it (``" 1"`` and ``"1Ki "`` are no quantity; the API
+server never sends one)."""
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
@@ -41,7 +44,7 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise Invalid(f"not a quantity: {value!r}")
     if isinstance(value, int | float):
         return Decimal(str(value))
-    match = _QUANTITY.match(value)
+    match = _QUANTITY.fullmatch(value)
     if match is None:
         raise Invalid(f"not a quantity: {value!r}")
     number, exponent, suffix = match.groups()

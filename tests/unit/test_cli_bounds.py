@@ -317,6 +317,26 @@ def test_a_nominal_quota_above_2_to_the_53_is_refused_instead_of_rounded(tmp_pat
     assert f"quotas.0.nominalQuota: {echoed} {ABOVE}" in _config_error(tmp_path, QUOTA.format(value=value))
 
 
+@pytest.mark.parametrize(("value", "said"), [
+    # A boolean read as 1.0 by pydantic: a quota of 1.
+    ("true", "True is a boolean, not a count or a quantity"),
+    ("false", "False is a boolean, not a count or a quantity"),
+    # Quantities as Kubernetes writes them: ASCII digits, nothing around them.
+    ('" 1"', "not a quantity: ' 1'"),
+    ('"1Ki "', "not a quantity: '1Ki '"),
+    ('"\u0661"', "not a quantity: '\u0661'"),  # an Arabic-Indic one, which Python's int() reads as 1
+])
+def test_a_nominal_quota_that_is_no_count_and_no_quantity_is_refused(tmp_path: Path, value: str, said: str) -> None:
+    assert f"quotas.0.nominalQuota: {said}" in _config_error(tmp_path, QUOTA.format(value=value))
+
+
+def test_a_yaml_yes_is_no_quota(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.yaml"
+    path.write_text("quotas:\n- team: vision\n  resourceName: example.com/gpu\n  nominalQuota: yes\n", encoding="utf-8")
+    with pytest.raises(Invalid, match="nominalQuota: True is a boolean, not a count or a quantity"):
+        load_config(path)
+
+
 def test_the_quotas_command_refuses_it_with_exit_code_2_before_the_database(tmp_path: Path) -> None:
     path = tmp_path / "ledger.toml"
     path.write_text(QUOTA.format(value="99999999999999999999999999999999999"), encoding="utf-8")
