@@ -538,13 +538,16 @@ def bind_error(host: str, port: int) -> OSError | None:
         machine's; ``EACCES``: a privileged port; ``EAFNOSUPPORT``: an IPv6 address where the machine has no IPv6);
         ``None`` when the bind succeeded.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
+        # getaddrinfo, as servers resolve their --host: a name, an IPv4 or IPv6 address, a scoped link-local one
+        # (fe80::1%eth0, whose scope a plain (host, port) tuple loses). Its first answer is the one bound.
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
         # The socket itself may fail: an IPv6 address on a machine without IPv6 (EAFNOSUPPORT).
-        with socket.socket(family, socket.SOCK_STREAM) as s:
+        with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-    except OSError as e:
+            s.bind(address)
+    except OSError as e:  # socket.gaierror is one
         return e
     return None
 
@@ -563,7 +566,8 @@ def require_port(host: str, port: int, *, doing: str = "listen") -> None:
     if error is None:
         return
     reason = error.strerror or str(error)
-    where = f"cannot {doing} on {host}:{port}"
+    # An IPv6 address in brackets, as in a URL, so that its colons stay apart from the port's ([::1]:8472).
+    where = f"cannot {doing} on {f'[{host}]' if ':' in host else host}:{port}"
     if isinstance(error, socket.gaierror):
         raise LedgerError(f"{where}: the host {host} cannot be resolved ({reason}); give --host an address or name "
                           "of this machine")

@@ -119,5 +119,20 @@ def test_an_ipv6_host_on_a_machine_without_ipv6_is_named_not_a_traceback(monkeyp
 
     monkeypatch.setattr(socket, "socket", no_ipv6)
     # The socket could not even be made: bind_error used to let that OSError out of require_port.
-    with pytest.raises(LedgerError, match=r"^cannot listen on ::1:8472: Address family not supported by protocol$"):
+    with pytest.raises(LedgerError,
+                       match=r"^cannot listen on \[::1\]:8472: Address family not supported by protocol$"):
         embedded.require_port("::1", 8472)
+
+
+def test_an_ipv6_address_is_written_in_brackets_and_a_scoped_one_of_no_interface_is_named() -> None:
+    from ledger import embedded
+    from ledger.errors import LedgerError
+
+    # 2001:db8::/32 is for documentation (RFC 3849): never this machine's.
+    with pytest.raises(LedgerError, match=r"^cannot listen on \[2001:db8::1\]:8472: 2001:db8::1 is not an address"):
+        embedded.require_port("2001:db8::1", 8472)
+    # A scope naming no interface: the resolver refuses it (the scope used to be dropped, and the bind said only
+    # "Invalid argument").
+    with pytest.raises(LedgerError, match=r"^cannot listen on \[fe80::1%nosuchif0\]:8472: the host .* cannot be "
+                                          r"resolved"):
+        embedded.require_port("fe80::1%nosuchif0", 8472)
