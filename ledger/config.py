@@ -202,6 +202,10 @@ not all above it; ``99999999999999999999999999999999999`` was printed as ``99,99
 Refusing is simpler than carrying decimals through every answer, and 2**53 is still 8 PiB of memory in bytes."""
 
 
+SMALLEST_NOMINAL_QUOTA = Decimal("1e-9")
+"""The smallest quota above 0: ``1n``, the finest Kubernetes Quantity (what a claim consumes is never finer)."""
+
+
 class Quota(_Model):
     """Nominal quota of a team for one logical resource name (a count, like Kueue's nominalQuota)."""
 
@@ -231,6 +235,10 @@ class Quota(_Model):
         if exact.is_finite() and math.isfinite(float(exact)) and exact > MAX_NOMINAL_QUOTA:
             raise ValueError(f"{shorten(repr(value))} is above {MAX_NOMINAL_QUOTA:,} (2**53), the largest quota "
                              "kept exactly")
+        if exact.is_finite() and 0 < exact < SMALLEST_NOMINAL_QUOTA:
+            # Nothing a claim uses is finer than 1n, so such a quota is a typo (1e-300 printed 300 digits).
+            raise ValueError(f"{shorten(repr(value))} is above 0 but below 1n (0.000000001), the finest Kubernetes "
+                             "quantity")
         return float(exact) if isinstance(value, str) else value
 
 

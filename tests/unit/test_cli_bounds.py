@@ -325,6 +325,9 @@ def test_a_nominal_quota_above_2_to_the_53_is_refused_instead_of_rounded(tmp_pat
     ('" 1"', "not a quantity: ' 1'"),
     ('"1Ki "', "not a quantity: '1Ki '"),
     ('"\u0661"', "not a quantity: '\u0661'"),  # an Arabic-Indic one, which Python's int() reads as 1
+    # Above 0 but finer than 1n: printed as 300 digits.
+    ("1e-300", "1e-300 is above 0 but below 1n (0.000000001), the finest Kubernetes quantity"),
+    ('"0.1n"', "'0.1n' is above 0 but below 1n (0.000000001), the finest Kubernetes quantity"),
 ])
 def test_a_nominal_quota_that_is_no_count_and_no_quantity_is_refused(tmp_path: Path, value: str, said: str) -> None:
     assert f"quotas.0.nominalQuota: {said}" in _config_error(tmp_path, QUOTA.format(value=value))
