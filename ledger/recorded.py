@@ -458,34 +458,16 @@ def _read_binary(handle: BinaryIO, *, source: str, at: datetime | None) -> Itera
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        yield from _read_damaged_text(data.decode("utf-8", "surrogateescape"), source=source, at=at)
+        # Not JSON Lines (probed above), so YAML or JSON documents; each bad byte kept findable (a lone surrogate)
+        # so that the documents holding one are rejected and the others read (_read_documents).
+        text = data.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+        yield from _read_documents(text, source=source, at=at, damaged=True)
         return
     yield from _read_text(text, source=source, at=at)
 
 
 _ESCAPED_BYTE: Final = re.compile("[\udc80-\udcff]")
 """A byte that is not UTF-8, as ``bytes.decode("utf-8", "surrogateescape")`` keeps it (a lone surrogate)."""
-
-
-def _read_damaged_text(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
-    """A file of YAML or JSON documents (not JSON Lines) holding bytes that are not UTF-8, decoded with
-    ``surrogateescape`` so that each bad byte stays findable: every document holding one is rejected whole, once,
-    naming the line and byte of its first bad byte; the documents around it are read as usual, in file order.
-
-    Why: the bad bytes used to be reported line by line, and the text then read with each replaced by U+FFFD, so a
-    document's line was rejected twice (not UTF-8, then invalid YAML), the reports came out of line order, and a
-    document that still parsed was recorded with characters its cluster never sent.
-    """
-    text = text.removeprefix("\ufeff")
-    if text.lstrip().startswith("{"):
-        yield from _read_json_documents(text, source=source, at=at, damaged=True)
-        return
-    for first_line, chunk in _yaml_chunks(text):
-        if (found := _ESCAPED_BYTE.search(chunk)) is None:
-            yield from _read_yaml_chunk(chunk, first_line=first_line, source=source, at=at)
-        else:
-            yield _damaged(source, _first_content_line(chunk.split("\n"), first_line), chunk, found.start(),
-                           first_line=first_line)
 
 
 def _damaged(source: str, line: int, document: str, bad: int, *, first_line: int) -> BrokenLine:
@@ -509,10 +491,24 @@ def _read_text(text: str, *, source: str, at: datetime | None) -> Iterator[ReadR
                 break
     if _is_json_lines(probe):
         yield from _read_json_lines(enumerate(_iter_lines(text), 1), source=source, at=at)
-    elif text.lstrip().startswith("{"):
-        yield from _read_json_documents(text, source=source, at=at)
     else:
-        yield from _read_yaml(text, source=source, at=at)
+        yield from _read_documents(text, source=source, at=at)
+
+
+def _read_documents(text: str, *, source: str, at: datetime | None, damaged: bool = False) -> Iterator[ReadResult]:
+    """Formats 2 and 3: JSON documents back to back when the text starts with ``{``, else YAML documents.
+
+    ``damaged``: ``text`` was decoded with ``surrogateescape`` from bytes that are not all UTF-8. Every document
+    holding such a byte is then rejected whole, once, naming the line and byte of its first one (:func:`_damaged`),
+    and the documents around it are read as usual, in file order. Why: the bad bytes used to be reported line by
+    line and the text then read with each replaced by U+FFFD, so a document's line was rejected twice (not UTF-8,
+    then invalid YAML), the reports came out of line order, and a document that still parsed was recorded with
+    characters its cluster never sent.
+    """
+    if text.lstrip().startswith("{"):
+        yield from _read_json_documents(text, source=source, at=at, damaged=damaged)
+    else:
+        yield from _read_yaml(text, source=source, at=at, damaged=damaged)
 
 
 def _is_json_lines(probe: list[str]) -> bool:
@@ -707,8 +703,7 @@ _JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")
 def _read_json_documents(text: str, *, source: str, at: datetime | None,
                          damaged: bool = False) -> Iterator[ReadResult]:
     """Concatenated JSON documents (``kubectl get -o json``, ``--watch`` output), each a watch event, an object or a
-    List. ``damaged``: ``text`` was decoded with ``surrogateescape`` and a document holding a byte that is not UTF-8
-    is rejected (:func:`_read_damaged_text`)."""
+    List. ``damaged``: as :func:`_read_documents`."""
     decoder = json.JSONDecoder()
     pos, line = 0, 1
     while True:
@@ -728,18 +723,15 @@ def _read_json_documents(text: str, *, source: str, at: datetime | None,
             # Resynchronise where kubectl starts its next document: a '{' in column 0.
             after = text.find("\n{", start)
             end = len(text) if after == -1 else after + 1
-            if damaged and (found := _ESCAPED_BYTE.search(text, start, end)) is not None:
-                yield _damaged(source, line, text[start:end].rstrip(), found.start() - start, first_line=line)
-            else:
-                yield _broken(source, line, reason, text[start:end].rstrip())
-        elif damaged and (found := _ESCAPED_BYTE.search(text, start, end)) is not None:
-            yield _damaged(source, line, text[start:end], found.start() - start, first_line=line)
+        raw = text[start:end]
+        if damaged and (found := _ESCAPED_BYTE.search(raw)) is not None:
+            yield _damaged(source, line, raw.rstrip(), found.start(), first_line=line)
+        elif reason is not None:
+            yield _broken(source, line, reason, raw.rstrip())
+        elif _is_watch_event(decoded):
+            yield _watch_event(decoded, source=source, line=line, raw=raw, at=at, time_required=False)
         else:
-            raw = text[start:end]
-            if _is_watch_event(decoded):
-                yield _watch_event(decoded, source=source, line=line, raw=raw, at=at, time_required=False)
-            else:
-                yield from _objects(decoded, source=source, line=line, item_lines=None, raw=raw, at=at)
+            yield from _objects(decoded, source=source, line=line, item_lines=None, raw=raw, at=at)
         line += text.count("\n", start, end)
         pos = end
 
@@ -817,9 +809,14 @@ def _construct_plain_string(loader: yaml.SafeLoader, node: ScalarNode) -> str:
 _YAMLLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_plain_string)
 
 
-def _read_yaml(text: str, *, source: str, at: datetime | None) -> Iterator[ReadResult]:
+def _read_yaml(text: str, *, source: str, at: datetime | None, damaged: bool = False) -> Iterator[ReadResult]:
+    """YAML documents, chunk by chunk (:func:`_yaml_chunks`); ``damaged``: as :func:`_read_documents`."""
     for first_line, chunk in _yaml_chunks(text):
-        yield from _read_yaml_chunk(chunk, first_line=first_line, source=source, at=at)
+        if damaged and (found := _ESCAPED_BYTE.search(chunk)) is not None:
+            yield _damaged(source, _first_content_line(chunk.split("\n"), first_line), chunk, found.start(),
+                           first_line=first_line)
+        else:
+            yield from _read_yaml_chunk(chunk, first_line=first_line, source=source, at=at)
 
 
 def _yaml_chunks(text: str) -> Iterator[tuple[int, str]]:
