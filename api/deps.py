@@ -100,20 +100,20 @@ def asked_instant(at: str | None) -> datetime | None:
     return parse_instant(at, "at") if at is not None else None
 
 
-def page_instant(page_at: str | None, asked: datetime | None) -> datetime:
+def page_instant(page_at: str | None, asked: datetime | None, *, name: str = "at") -> datetime:
     """The instant a paged answer is for: the one the first page answered for, as its ``pageToken`` carries it (so
-    that an ``at`` left to default, now, stays put from page to page), else ``asked`` (:func:`asked_instant`), else
-    now; aware UTC.
+    that an instant left to default, now, stays put from page to page), else ``asked`` (:func:`asked_instant`; a
+    timeline's ``to``), else now; aware UTC.
 
     Raises:
         Invalid: ``asked`` given and the token carrying another instant (a token edited, or issued for another
-            ``at``): the token does not belong to this query, as for any other parameter changed.
+            ``name``): the token does not belong to this query, as for any other parameter changed.
     """
     if page_at is None:
         return asked or datetime.now(UTC)
     carried = parse_instant(page_at, "pageToken")
     if asked is not None and asked != carried:
-        raise Invalid("pageToken does not belong to this query (it was issued for another at)")
+        raise Invalid(f"pageToken does not belong to this query (it was issued for another {name})")
     return carried
 
 

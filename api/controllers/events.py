@@ -11,7 +11,7 @@ from litestar.params import FromPath, QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
-from api.deps import AppState, ClusterParam, parse_cluster, parse_instant
+from api.deps import AppState, ClusterParam, page_instant, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.methods import read
 from api.schemas import Events, Timeline, to_struct
@@ -133,7 +133,7 @@ class DevicesController(Controller):
         # The parsed window, not its text, is the query (the path names the device).
         query = pagination.fingerprint(request.url.path, {"from": t0, "to": asked, "cluster": scope})
         page = pagination.decode(page_token, query=query)
-        t1 = asked or (parse_instant(page.at, "pageToken") if page.at is not None else datetime.now(UTC))
+        t1 = page_instant(page.at, asked, name="to")
         if not t0 < t1:
             given = "from" if start is not None else "from (by default 1970-01-01T00:00:00Z)"
             until = "to" if end is not None else f"to (by default now, {rfc3339(t1)})"
