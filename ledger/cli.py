@@ -92,18 +92,26 @@ SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 
 
 
+def _refuse_blank(text: str, *, option: str, envvar: str, default: str) -> None:
+    """Refuse an empty or blank option value (exit code 2), naming ``option``, ``envvar`` and what leaving both out
+    gives (``default``). The environment variables themselves are checked by :class:`ledger.settings.Settings`.
+
+    Raises:
+        typer.BadParameter: ``text`` is empty or blank.
+    """
+    if not text.strip():
+        raise typer.BadParameter(f"empty; leave the option out (and {envvar} unset) for {default}", param_hint=option)
+
+
 def path_parser(option: str, envvar: str, default: str) -> Callable[[str], Path]:
-    """A Typer ``parser=`` for a path option that refuses a blank text (exit code 2), naming ``option``,
-    ``envvar`` and what leaving both out gives (``default``).
+    """A Typer ``parser=`` for a path option that refuses a blank text (:func:`_refuse_blank`).
 
     Read as text, before the path: an empty path is ``.``, the directory the command runs from (``--data-dir ""``
     made a PostgreSQL data directory there; ``--config ""`` read "." as a configuration file).
     """
 
     def parse(text: str) -> Path:
-        if not text.strip():
-            raise typer.BadParameter(f"empty; leave the option out (and {envvar} unset) for {default}",
-                                     param_hint=option)
+        _refuse_blank(text, option=option, envvar=envvar, default=default)
         return Path(text)
 
     return parse
@@ -117,9 +125,8 @@ config_path = path_parser("--config", "LEDGER_CONFIG", "the built-in defaults")
 def _database_url(value: str | None) -> str | None:
     """``--database-url`` as given; a blank one is refused (exit code 2): it read as unset, so the command used an
     embedded PostgreSQL instead of the database its caller meant."""
-    if value is not None and not value.strip():
-        raise typer.BadParameter("empty; leave the option out (and LEDGER_DATABASE_URL unset) for an embedded "
-                                 "PostgreSQL", param_hint="--database-url")
+    if value is not None:
+        _refuse_blank(value, option="--database-url", envvar="LEDGER_DATABASE_URL", default="an embedded PostgreSQL")
     return value
 
 
