@@ -61,6 +61,32 @@ def counter_set_totals(shared: Sequence[JSONValue], counter_set: str) -> dict[st
     return totals
 
 
+class CounterSetTotals:
+    """What each counter set of the ledger holds at one instant: counter name -> amount (base units), as
+    :func:`counter_set_totals` reads it from its pool's ``sharedCounters`` (:func:`shared_counters`).
+
+    A pool's ``sharedCounters`` hold all its counter sets (a MIG node's: one a GPU), so each pool is read once
+    however many of its sets are asked about, and each set worked out once: read set by set, the look-ups were
+    0.75 s of a 1.07 s ``/v1/shared`` at 1,000 simulated nodes. Shared usage, occupancy's conflict flag and pending
+    demand's free partitions all read totals through this.
+    """
+
+    def __init__(self, conn: Connection, at: datetime) -> None:
+        self._conn, self._at = conn, at
+        self._pools: dict[tuple[str, str, str], list[JSONValue]] = {}
+        self._sets: dict[tuple[str, str, str, str], dict[str, Decimal]] = {}
+
+    def of(self, cluster: str, driver: str, pool: str, counter_set: str) -> dict[str, Decimal]:
+        """The counters ``counter_set`` of pool ``driver``/``pool`` in ``cluster`` holds; empty when the pool's
+        ``sharedCounters`` were never seen or do not define it."""
+        key = (cluster, driver, pool, counter_set)
+        if key not in self._sets:
+            if (pool_key := (cluster, driver, pool)) not in self._pools:
+                self._pools[pool_key] = shared_counters(self._conn, cluster, driver, pool, self._at)
+            self._sets[key] = counter_set_totals(self._pools[pool_key], counter_set)
+        return self._sets[key]
+
+
 def counter_amounts(consumes: Sequence[JSONValue], counter_set: str) -> dict[str, Decimal]:
     """Counter name -> amount (base units) a device's ``consumesCounters`` takes from ``counter_set``."""
     out: dict[str, Decimal] = {}
@@ -149,12 +175,9 @@ def counter_set_conflicts(conn: Connection, *, at: datetime, keys: Sequence[Devi
             held_in[counter_set].append((m.cluster, m.driver, m.pool, m.device))
             for counter, amount in counter_amounts(consumes_list, name).items():
                 in_use[counter_set][counter] += amount
-    shared: dict[tuple[str, str, str], list[JSONValue]] = {}
+    totals = CounterSetTotals(conn, at)
     flagged: set[DeviceKey] = set()
     for counter_set, devices in held_in.items():
-        cluster, driver, pool, name = counter_set
-        if (cluster, driver, pool) not in shared:
-            shared[(cluster, driver, pool)] = shared_counters(conn, cluster, driver, pool, at)
-        if over_committed(counter_set_totals(shared[(cluster, driver, pool)], name), in_use[counter_set]):
+        if over_committed(totals.of(*counter_set), in_use[counter_set]):
             flagged.update(devices)
     return frozenset(flagged & set(keys))

@@ -31,11 +31,10 @@ from sqlalchemy import Connection, text
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.base import request_count
-from ledger.projections.counter_sets import counter_amounts, shared_counters
+from ledger.projections.counter_sets import CounterSetTotals, counter_amounts, counter_set_names
 from ledger.projections.queries import NO_OVERRIDES, rfc3339, until_now
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of, selects
-from ledger.quantities import quantity_value
 from ledger.types import JSONObject, JSONValue
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -107,36 +106,20 @@ def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catal
     in_use: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
     sets_of: dict[DeviceId, list[str]] = {}
     for d in catalog.devices:
-        names = [e["counterSet"] for e in d.consumes_counters
-                 if isinstance(e, dict) and isinstance(e.get("counterSet"), str)]
-        sets_of[(d.driver, d.pool, d.device)] = [str(n) for n in names]
+        names = counter_set_names(list(d.consumes_counters))
+        sets_of[(d.driver, d.pool, d.device)] = names
         if (d.driver, d.pool, d.device) in held:
             for name in names:
-                assert isinstance(name, str)
                 for counter, amount in counter_amounts(d.consumes_counters, name).items():
                     in_use[(d.driver, d.pool, name, counter)] += amount
-    totals_cache: dict[tuple[str, str], dict[tuple[str, str], Decimal]] = {}
-
-    def totals(driver: str, pool: str) -> dict[tuple[str, str], Decimal]:
-        if (driver, pool) not in totals_cache:
-            found: dict[tuple[str, str], Decimal] = {}
-            for entry in shared_counters(conn, cluster, driver, pool, at):
-                counters = entry.get("counters") if isinstance(entry, dict) else None
-                name = entry.get("name") if isinstance(entry, dict) else None
-                if isinstance(counters, dict) and isinstance(name, str):
-                    for counter, value in counters.items():
-                        amount = quantity_value(value)
-                        if amount is not None:
-                            found[(name, counter)] = amount
-            totals_cache[(driver, pool)] = found
-        return totals_cache[(driver, pool)]
+    totals = CounterSetTotals(conn, at)
 
     def counters_fit(d: Device) -> bool:
         for name in sets_of.get((d.driver, d.pool, d.device), []):
-            known = totals(d.driver, d.pool)
+            known = totals.of(cluster, d.driver, d.pool, name)
             for counter, amount in counter_amounts(d.consumes_counters, name).items():
                 used = in_use.get((d.driver, d.pool, name, counter), Decimal(0))
-                total = known.get((name, counter))
+                total = known.get(counter)
                 if total is None:
                     if used > 0:
                         return False  # the set's size is unknown: any use of it blocks its partitions

@@ -30,7 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
-from ledger.projections.counter_sets import counter_amounts, counter_set_totals, over_committed, shared_counters
+from ledger.projections.counter_sets import CounterSetTotals, counter_amounts, counter_set_names, over_committed
 from ledger.projections.queries import NO_OVERRIDES, consumers_at, rfc3339, team_at
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
@@ -162,21 +162,15 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
         consumes = _json(r.consumes_counters)  # type: ignore[attr-defined]  # a device_inventory row
         if not isinstance(consumes, list):
             continue
-        for entry in consumes:
-            name = entry.get("counterSet") if isinstance(entry, dict) else None
-            if isinstance(name, str):
-                members[(r.cluster, r.driver, r.pool, name)].append(  # type: ignore[attr-defined]
-                    (r.device, counter_amounts(consumes, name)))  # type: ignore[attr-defined]
+        for name in counter_set_names(consumes):
+            members[(r.cluster, r.driver, r.pool, name)].append(  # type: ignore[attr-defined]
+                (r.device, counter_amounts(consumes, name)))  # type: ignore[attr-defined]
     out: list[JSONValue] = []
-    # A pool's sharedCounters hold all its counter sets (a MIG node: one per GPU): read once a pool, not once a set
-    # (800 look-ups for a 1,000-node fleet's MIG GPUs took 0.75 s of a 1 s answer).
-    pool_counters: dict[tuple[str, str, str], list[JSONValue]] = {}
+    held_totals = CounterSetTotals(conn, at)
     for (cluster, driver, pool, set_name), parts in sorted(members.items()):
         if len(parts) < 2 and not any(by_device.get((cluster, driver, pool, d)) for d, _ in parts):
             continue
-        if (cluster, driver, pool) not in pool_counters:
-            pool_counters[(cluster, driver, pool)] = shared_counters(conn, cluster, driver, pool, at)
-        totals = counter_set_totals(pool_counters[(cluster, driver, pool)], set_name)
+        totals = held_totals.of(cluster, driver, pool, set_name)
         in_use: dict[str, Decimal] = defaultdict(Decimal)
         for device, amounts in parts:
             if by_device.get((cluster, driver, pool, device)):
