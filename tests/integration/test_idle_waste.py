@@ -5,23 +5,29 @@ by several allocations at once (shares of an ``allowMultipleAllocations`` device
 is split among them as usage splits it, and ``adminAccess`` allocations take no part. Counting
 "idle hours x allocation results" instead billed a single shared NIC three times over.
 
-Every history here: a device ``eth0`` published at minute 0, claims allocated at minute 0 with an empty
-``reservedFor`` (category ``unreserved``, idle from minute 0), and the report asked for at minute 120:
-two idle hours.
+The shared-device histories here: a device ``eth0`` published at minute 0, claims allocated at minute 0 with an
+empty ``reservedFor`` (category ``unreserved``, idle from minute 0), and the report asked for at minute 120:
+two idle hours. The last tests check every category's ``idleSince`` and that the report's statements do not grow
+with the number of live claims.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from ledger import services
 from ledger.config import DEFAULT
+from ledger.projections import runner
+from ledger.projections.queries import rfc3339
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject, JSONValue
-from tests.factories import at, claim, history, namespace, resource_slice, uid
+from tests.factories import at, claim, gpu, history, namespace, pod, resource_slice, uid
 
 NIC = "nic.example.com"
 REPORT_AT = at(120)
@@ -134,3 +140,92 @@ def test_a_double_booked_device_is_wasted_by_halves(ledger: LedgerHandle, tmp_pa
     assert hours == {"first": 1.0, "second": 1.0}
     usage = billed(ledger)
     assert hours["first"] <= usage["net-a"] and hours["second"] <= usage["net-b"]
+
+
+def busy_and_idle_claims(n: int) -> list[JSONObject]:
+    """``n`` claims of each kind on ``n * 3`` GPUs of one slice, all made at minute 0:
+
+    ``busy-i`` reserved by a Running pod (not listed), ``loose-i`` allocated and unreserved (``unreserved``),
+    ``done-i`` reserved by a Succeeded pod (``inactive-consumers``), and ``wait-i``, a manual claim left pending
+    that no pod references (``unreferenced``).
+    """
+    objects: list[JSONObject] = [namespace("ml", "vision"),
+                                 resource_slice(name=uid("slice"), devices=[gpu(f"gpu-{i}") for i in range(3 * n)])]
+    for i in range(n):
+        busy_pod, done_pod = uid("pod"), uid("pod")
+        objects += [pod(name=f"run-{i}", pod_uid=busy_pod, claim_name=f"busy-{i}"),
+                    pod(name=f"fin-{i}", pod_uid=done_pod, phase="Succeeded", claim_name=f"done-{i}"),
+                    claim(name=f"busy-{i}", claim_uid=uid("claim"), results=[f"gpu-{3 * i}"], allocated_at=0,
+                          reserved=[(f"run-{i}", busy_pod)]),
+                    claim(name=f"loose-{i}", claim_uid=uid("claim"), results=[f"gpu-{3 * i + 1}"], allocated_at=0),
+                    claim(name=f"done-{i}", claim_uid=uid("claim"), results=[f"gpu-{3 * i + 2}"], allocated_at=0,
+                          reserved=[(f"fin-{i}", done_pod)]),
+                    claim(name=f"wait-{i}", claim_uid=uid("claim"))]
+    return objects
+
+
+def test_the_idle_report_reads_the_same_few_statements_however_many_claims_are_live(
+        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path) -> None:
+    # The report used to ask the database once per live claim (when its reservedFor last ended), and three
+    # more times per listed claim: its time grew with the cluster. Now each kind of evidence is one query.
+    statements: dict[int, int] = {}
+    for n in (2, 6):
+        ledger = ledger_factory()
+        (tmp_path / str(n)).mkdir()
+        replay(ledger, tmp_path / str(n), busy_and_idle_claims(n))
+        runner.catch_up(ledger.engine)
+        body, statements[n] = report_and_statements(ledger)
+        rows = {row["name"]: (row["category"], row["devices"], row["wastedDeviceHours"]) for row in body["claims"]}
+        expected = {}
+        for i in range(n):
+            expected[f"loose-{i}"] = ("unreserved", [f"gpu.example.com/node-a/gpu-{3 * i + 1}"], 2.0)
+            expected[f"done-{i}"] = ("inactive-consumers", [f"gpu.example.com/node-a/gpu-{3 * i + 2}"], 2.0)
+            expected[f"wait-{i}"] = ("unreferenced", [], 0.0)
+        assert rows == expected
+    assert statements[2] == statements[6]
+
+
+def report_and_statements(ledger: LedgerHandle) -> tuple[Any, int]:
+    """The idle report at :data:`REPORT_AT` and how many SQL statements it sent."""
+    seen: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        seen.append(statement)
+
+    event.listen(ledger.engine, "before_cursor_execute", count)
+    try:
+        body: Any = services.idle_report(ledger.db, at=REPORT_AT, config=DEFAULT, cluster=ledger.cluster)
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", count)
+    return body, len(seen)
+
+
+def test_idle_since_follows_the_last_reservation_and_the_last_pod_reference(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # freed: reserved by a pod from minute 0 to 45, then its reservedFor emptied: unreserved since minute 45.
+    # left: a pending manual claim a pod referenced until the pod went at minute 30: unreferenced since 30.
+    # used: a pending manual claim a Running pod still references at minute 120: not listed.
+    # never: a pending manual claim made at minute 10 that no pod referenced: unreferenced since 10.
+    pod_a, pod_b, pod_c, freed_uid = uid("pod"), uid("pod"), uid("pod"), uid("claim")
+    left_pod = pod(name="b", pod_uid=pod_b, claim_name="left")
+    path = history(tmp_path / "since.jsonl", [
+        ("ADDED", namespace("ml", "vision"), 0),
+        ("ADDED", resource_slice(name=uid("slice"), devices=[gpu("gpu-0")]), 0),
+        ("ADDED", pod(name="a", pod_uid=pod_a, claim_name="freed"), 0),
+        ("ADDED", left_pod, 0),
+        ("ADDED", pod(name="c", pod_uid=pod_c, claim_name="used"), 0),
+        ("ADDED", claim(name="freed", claim_uid=freed_uid, results=["gpu-0"], allocated_at=0,
+                        reserved=[("a", pod_a)]), 0),
+        ("ADDED", claim(name="left", claim_uid=uid("claim")), 0),
+        ("ADDED", claim(name="used", claim_uid=uid("claim")), 0),
+        ("ADDED", claim(name="never", claim_uid=uid("claim"), created_at=10), 10),
+        ("DELETED", left_pod, 30),
+        ("MODIFIED", claim(name="freed", claim_uid=freed_uid, results=["gpu-0"], allocated_at=0), 45),
+    ])
+    assert not ledger.replay(path).rejected
+    body: Any = services.idle_report(ledger.db, at=REPORT_AT, config=DEFAULT, cluster=ledger.cluster,
+                                     min_idle=timedelta(0))
+    rows = {row["name"]: (row["category"], row["idleSince"], row["wastedDeviceHours"]) for row in body["claims"]}
+    assert rows == {"freed": ("unreserved", rfc3339(at(45)), 1.25),
+                    "left": ("unreferenced", rfc3339(at(30)), 0.0),
+                    "never": ("unreferenced", rfc3339(at(10)), 0.0)}
