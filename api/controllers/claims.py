@@ -74,18 +74,14 @@ class ClaimsController(Controller):
         )
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        body: Any = services.claims(
-            ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, config=ctx.config
+        listed = services.claims_page(
+            ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, origin=origin, team=team,
+            sees=access.sees, config=ctx.config, offset=page.offset, limit=limit,
         )
-        rows = [
-            c
-            for c in body["claims"]
-            if access.sees(c["team"])
-            and (team is None or c["team"] == team)
-            and (origin is None or c["origin"] == origin)
-        ]
-        chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
-        return to_struct({**body, "claims": chunk, "nextPageToken": token}, Claims)
+        body: Any = listed.body
+        token = (pagination.encode(offset=page.offset + limit, at=str(body["at"]), query=query)
+                 if listed.more else None)
+        return to_struct({**body, "nextPageToken": token}, Claims)
 
     @read(
         "/{namespace:str}/{name:str}/history",
