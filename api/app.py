@@ -117,8 +117,8 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
             wall clock unless a test moves time.
 
     Raises:
-        Invalid: a token's ``tokenEnv`` variable is unset or too short, or ``cluster`` is empty (which
-            would filter on a cluster named ``""`` and answer nothing).
+        Invalid: a token's ``tokenEnv`` variable is unset or too short, two tokens have the same value, or
+            ``cluster`` is empty (which would filter on a cluster named ``""`` and answer nothing).
     """
     if cluster == "":
         raise Invalid("cluster: empty; leave it out to answer for every cluster")

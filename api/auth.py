@@ -48,11 +48,12 @@ class TokenTable:
         """Build the table from ``config.api.tokens`` (reading ``tokenEnv`` variables now).
 
         Raises:
-            Invalid: a ``tokenEnv`` variable is unset or too short.
+            Invalid: a ``tokenEnv`` variable is unset or too short, or two entries have the same token
+                (:meth:`ledger.config.ApiConfig.secrets`): one request must match one entry only.
         """
         entries = []
-        for token in config.api.tokens:
-            digest = hashlib.sha256(token.secret().encode()).digest()
+        for token, secret in zip(config.api.tokens, config.api.secrets(), strict=True):
+            digest = hashlib.sha256(secret.encode()).digest()
             entries.append(
                 (digest, Access(name=token.name, teams=frozenset(token.teams) if token.teams is not None else None))
             )

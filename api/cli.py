@@ -72,6 +72,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     # served on whatever the tokens, and the refusal to serve without tokens read as if a token would have done.
     require_port(host, port)
     config = load_config(settings.config)
+    # The tokenEnv variables before the database: a missing or shared token is named whatever the database says.
+    config.api.secrets()
     if not config.api.tokens and not _is_loopback(host) and not allow_open:
         raise LedgerError(
             f"no API tokens are configured: refusing to serve on {host}; configure [[api.tokens]] "

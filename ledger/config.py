@@ -47,7 +47,7 @@ import os
 import re
 import tomllib
 import unicodedata
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
@@ -313,9 +313,60 @@ class ApiConfig(_Model):
     """REST API access."""
 
     tokens: list[ApiToken] = Field(default_factory=list)
+    """One entry per token: no two entries share a name or a token (see :meth:`secrets` for ``tokenEnv``)."""
     metrics_public: bool = Field(default=True, alias="metricsPublic")
     """Serve ``/metrics`` without a token (default); ``false``: any configured token is needed (when tokens are
     configured at all)."""
+
+    @field_validator("tokens")
+    @classmethod
+    def _one_entry_per_token(cls, tokens: list[ApiToken]) -> list[ApiToken]:
+        # A token is one identity: with two entries a request matched both and the last entry's teams applied, so
+        # the order of the file decided whether the token saw one team or every team and the audit log.
+        if (pair := _first_repeat([token.name for token in tokens])) is not None:
+            first, second = pair
+            raise ValueError(f"the name {tokens[first].name!r} is given twice (api.tokens[{first}] and "
+                             f"api.tokens[{second}]); give each entry its own name")
+        # Equal literal tokens, or one tokenEnv variable named twice; two variables holding one value: secrets().
+        sources = [("tokenEnv", t.token_env) if t.token is None else ("token", t.token) for t in tokens]
+        if (pair := _first_repeat(sources)) is not None:
+            raise ValueError(_same_token(tokens, *pair))
+        return tokens
+
+    def secrets(self) -> list[str]:
+        """Return each token's value, in the order of :attr:`tokens` (``tokenEnv`` variables read now).
+
+        Raises:
+            Invalid: a ``tokenEnv`` variable is unset or too short (:meth:`ApiToken.secret`), or two entries give
+                the same value (two variables, or a variable and a ``token``); the message names both entries by
+                position and name, never the value.
+        """
+        secrets = [token.secret() for token in self.tokens]
+        if (pair := _first_repeat(secrets)) is not None:
+            raise Invalid(f"api.tokens: {_same_token(self.tokens, *pair)}")
+        return secrets
+
+
+def _first_repeat(values: Sequence[Hashable]) -> tuple[int, int] | None:
+    """The positions (0-based) of the first value given twice, where it first and next appears; ``None`` if none."""
+    seen: dict[Hashable, int] = {}
+    for position, value in enumerate(values):
+        if value in seen:
+            return seen[value], position
+        seen[value] = position
+    return None
+
+
+def _same_token(tokens: Sequence[ApiToken], first: int, second: int) -> str:
+    """Why two entries of ``api.tokens`` cannot share a token, naming both (position, name, variable), never it."""
+
+    def entry(position: int) -> str:
+        token = tokens[position]
+        source = f" (tokenEnv {token.token_env})" if token.token_env is not None else ""
+        return f"api.tokens[{position}] {token.name!r}{source}"
+
+    return (f"{entry(first)} and {entry(second)} have the same token, so the API could not tell whose teams "
+            "apply; give each entry its own token")
 
 
 class LedgerConfig(_Model):

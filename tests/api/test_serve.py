@@ -17,6 +17,7 @@ from ledger import cli
 from ledger.config import DEFAULT, LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
+from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
 from tests.factories import CLI, free_port, served_api, taken_port
 
@@ -115,6 +116,32 @@ def test_serve_names_a_database_it_cannot_use_in_one_line_and_exits_2() -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+TWIN = "twin-token-0123456789"
+
+
+@pytest.mark.parametrize("source", ["token", "tokenEnv"])
+def test_two_token_entries_with_one_value_start_no_server_and_no_app(source: str, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The user's case: "a" limited to nlp, "b" unlimited, one token; the last entry's access used to win.
+    monkeypatch.setenv("TOKEN_A", TWIN)
+    monkeypatch.setenv("TOKEN_B", TWIN)
+    a, b = (f'token = "{TWIN}"',) * 2 if source == "token" else ('tokenEnv = "TOKEN_A"', 'tokenEnv = "TOKEN_B"')
+    path = tmp_path / "c7.toml"
+    path.write_text(f'[[api.tokens]]\nname = "a"\n{a}\nteams = ["nlp"]\n\n[[api.tokens]]\nname = "b"\n{b}\n')
+
+    # The database URL leads nowhere: the tokens are refused before it is tried, and nothing listens.
+    result = subprocess.run([*CLI, "serve", "--config", str(path), "--port", str(free_port()), "--database-url",
+                             "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "api.tokens[0] 'a'" in result.stderr and "api.tokens[1] 'b'" in result.stderr
+    assert "have the same token" in result.stderr
+    assert TWIN not in result.stderr + result.stdout
+    with pytest.raises(Invalid, match=r"api\.tokens\[0\] 'a'.* and api\.tokens\[1\] 'b'.* have the same token"):
+        create_app(db=LedgerDatabase.from_url("postgresql://nobody@127.0.0.1:1/none"), config=load_config(path))
 
 
 TOKEN = "worker-token-0123456789"

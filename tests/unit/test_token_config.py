@@ -1,0 +1,85 @@
+"""``[[api.tokens]]``: one entry per token and per name, refused by naming the entries, never the token itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger.config import LedgerConfig, load_config
+from ledger.errors import Invalid
+
+SECRET = "0123456789abcdef"
+
+
+def _config_error(tmp_path: Path, body: str) -> str:
+    """The message of the ``Invalid`` that loading ``body`` as ``ledger.toml`` raises (failing if none is)."""
+    path = tmp_path / "ledger.toml"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+    return str(caught.value)
+
+
+def _entry(name: str, source: str, teams: str = "") -> str:
+    return f'[[api.tokens]]\nname = "{name}"\n{source}\n{teams}\n'
+
+
+LIMITED = _entry("a", f'token = "{SECRET}"', 'teams = ["nlp"]')
+UNLIMITED = _entry("b", f'token = "{SECRET}"')
+
+
+@pytest.mark.parametrize(("body", "first", "second"), [
+    (LIMITED + UNLIMITED, "api.tokens[0] 'a'", "api.tokens[1] 'b'"),
+    (UNLIMITED + LIMITED, "api.tokens[0] 'b'", "api.tokens[1] 'a'"),  # the order decided the token's access
+])
+def test_two_entries_with_one_token_are_refused_naming_both_but_not_the_token(tmp_path: Path, body: str,
+                                                                               first: str, second: str) -> None:
+    message = _config_error(tmp_path, body)
+
+    assert f"api.tokens: {first} and {second} have the same token" in message
+    assert SECRET not in message
+
+
+def test_one_token_environment_variable_named_by_two_entries_is_refused_without_reading_it(tmp_path: Path) -> None:
+    shared = 'tokenEnv = "SHARED_TOKEN"'  # unset: the names alone say the two entries are one token
+    message = _config_error(tmp_path, _entry("a", shared) + _entry("b", shared))
+
+    assert ("api.tokens[0] 'a' (tokenEnv SHARED_TOKEN) and api.tokens[1] 'b' (tokenEnv SHARED_TOKEN) have the same "
+            "token") in message
+
+
+@pytest.mark.parametrize(("first", "second", "says"), [
+    ('tokenEnv = "TOKEN_A"', 'tokenEnv = "TOKEN_B"',
+     "api.tokens[0] 'a' (tokenEnv TOKEN_A) and api.tokens[1] 'b' (tokenEnv TOKEN_B) have the same token"),
+    (f'token = "{SECRET}"', 'tokenEnv = "TOKEN_B"',
+     "api.tokens[0] 'a' and api.tokens[1] 'b' (tokenEnv TOKEN_B) have the same token"),
+])
+def test_two_entries_whose_tokens_turn_out_equal_when_read_from_the_environment_are_refused(
+        first: str, second: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKEN_A", SECRET)
+    monkeypatch.setenv("TOKEN_B", SECRET)
+    path = tmp_path / "ledger.toml"
+    path.write_text(_entry("a", first) + _entry("b", second), encoding="utf-8")
+    config = load_config(path)  # the values are not known until the variables are read
+
+    with pytest.raises(Invalid) as caught:
+        config.api.secrets()
+
+    assert str(caught.value).startswith(f"api.tokens: {says}")
+    assert SECRET not in str(caught.value)
+
+
+def test_a_token_name_given_twice_is_refused_naming_both_entries(tmp_path: Path) -> None:
+    message = _config_error(tmp_path, _entry("a", f'token = "{SECRET}"') + _entry("a", f'token = "{SECRET}x"'))
+
+    assert "api.tokens: the name 'a' is given twice (api.tokens[0] and api.tokens[1])" in message
+
+
+def test_distinct_tokens_and_names_still_load_in_order() -> None:
+    config = LedgerConfig.model_validate({"api": {"tokens": [
+        {"name": "a", "token": SECRET, "teams": ["nlp"]},
+        {"name": "A", "token": SECRET + "x"},  # names are compared as written, as team names are
+    ]}})
+
+    assert config.api.secrets() == [SECRET, SECRET + "x"]
