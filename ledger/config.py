@@ -280,12 +280,28 @@ class IdleConfig(_Model):
     unreferenced_seconds: IdleSeconds = Field(default=1800, alias="unreferencedSeconds")
 
 
+MIN_TOKEN_LENGTH = 16
+"""Shortest API token accepted, in characters."""
+PADDED_TOKEN = ("a blank at the start or the end (a line end, perhaps): the API strips the token a request sends, "
+                "so this one could never be presented")
+"""Why a token padded with blanks is refused: it was accepted, and every request bearing it was a 401."""
+
+
+def _unpadded_token(value: str) -> str:
+    # The message never holds the value: it is a secret.
+    if value != value.strip():
+        raise ValueError(PADDED_TOKEN)
+    return value
+
+
 class ApiToken(_Model):
     """A bearer token of the REST API; ``teams`` limits what it sees (``None`` = every team)."""
 
     name: Name
-    token: str | None = Field(default=None, min_length=16)
+    token: Annotated[str, Field(min_length=MIN_TOKEN_LENGTH), AfterValidator(_unpadded_token)] | None = None
+    """The token itself: at least :data:`MIN_TOKEN_LENGTH` characters, no blank at either end."""
     token_env: str | None = Field(default=None, alias="tokenEnv")
+    """The environment variable holding the token instead, read when the app is built (same rules)."""
     teams: list[Name] | None = None
 
     @model_validator(mode="after")
@@ -298,14 +314,17 @@ class ApiToken(_Model):
         """Return the token value (read from the environment for ``tokenEnv``).
 
         Raises:
-            Invalid: the named environment variable is unset or shorter than 16 characters.
+            Invalid: the named environment variable is unset, shorter than :data:`MIN_TOKEN_LENGTH` characters, or
+                has a blank at either end (:data:`PADDED_TOKEN`).
         """
         if self.token is not None:
             return self.token
         value = os.environ.get(str(self.token_env), "")
-        if len(value) < 16:
+        if len(value) < MIN_TOKEN_LENGTH:
             raise Invalid(f"api.tokens[{self.name}]: environment variable {self.token_env} is unset or "
-                          "shorter than 16 characters")
+                          f"shorter than {MIN_TOKEN_LENGTH} characters")
+        if value != value.strip():
+            raise Invalid(f"api.tokens[{self.name}]: environment variable {self.token_env} has {PADDED_TOKEN}")
         return value
 
 

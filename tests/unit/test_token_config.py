@@ -83,3 +83,23 @@ def test_distinct_tokens_and_names_still_load_in_order() -> None:
     ]}})
 
     assert config.api.secrets() == [SECRET, SECRET + "x"]
+
+
+@pytest.mark.parametrize("token", [f" {SECRET}", f"{SECRET}\\n", " " * 16])  # the second: TOML's escape of a line end
+def test_a_token_padded_with_blanks_which_no_request_could_present_is_refused(tmp_path: Path, token: str) -> None:
+    message = _config_error(tmp_path, _entry("a", f'token = "{token}"'))
+
+    assert message.endswith("api.tokens.0.token: a blank at the start or the end (a line end, perhaps): the API "
+                            "strips the token a request sends, so this one could never be presented")
+    assert SECRET not in message
+
+
+def test_a_token_variable_padded_with_blanks_is_refused_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FROM_A_FILE", f"{SECRET}\n")  # a Secret made from a file that ends in a line end
+    config = LedgerConfig.model_validate({"api": {"tokens": [{"name": "a", "tokenEnv": "FROM_A_FILE"}]}})
+
+    with pytest.raises(Invalid, match=r"^api\.tokens\[a\]: environment variable FROM_A_FILE has a blank at the "
+                                      r"start or the end") as caught:
+        config.api.secrets()
+
+    assert SECRET not in str(caught.value)
