@@ -36,7 +36,7 @@ Example (TOML)::
     [[api.tokens]]
     name = "chargeback"
     token = "change-me"                     # or tokenEnv = "CHARGEBACK_TOKEN"
-    teams = ["vision"]                      # omit for all teams
+    teams = ["vision"]                      # omit for all teams; never empty
 """
 
 from __future__ import annotations
@@ -303,6 +303,16 @@ class ApiToken(_Model):
     token_env: str | None = Field(default=None, alias="tokenEnv")
     """The environment variable holding the token instead, read when the app is built (same rules)."""
     teams: list[Name] | None = None
+    """The teams whose rows the token sees (a team listed twice counts once); left out (``None``): every team.
+    Never empty: ``[]`` reads as "no limit" to some and saw no team here, so it is refused rather than guessed."""
+
+    @field_validator("teams")
+    @classmethod
+    def _some_team(cls, teams: list[str] | None) -> list[str] | None:
+        if teams == []:
+            raise ValueError("an empty list: leave teams out for a token that sees every team, or list the teams "
+                             "it sees")
+        return teams
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiToken:

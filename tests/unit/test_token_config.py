@@ -103,3 +103,10 @@ def test_a_token_variable_padded_with_blanks_is_refused_when_read(monkeypatch: p
         config.api.secrets()
 
     assert SECRET not in str(caught.value)
+
+
+def test_an_empty_teams_list_is_refused_rather_than_read_as_every_team_or_none(tmp_path: Path) -> None:
+    message = _config_error(tmp_path, _entry("a", f'token = "{SECRET}"', "teams = []"))
+
+    assert message.endswith("api.tokens.0.teams: an empty list: leave teams out for a token that sees every team, "
+                            "or list the teams it sees")
