@@ -253,6 +253,17 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
     # left its slice (no inventory row at T) is its own unit, named as the old Python code named it, but
     # only while a non-adminAccess allocation holds it: adminAccess never occupies, so a device held by
     # adminAccess alone after leaving its slice is neither in the inventory nor occupied (DESIGN §5, §11.4).
+    busy_sets, busy = "", ""
+    if scope.members is not None:
+        # With a DeviceClass, a unit is also allocated when a device of its counter set outside the class holds
+        # it: a GPU allocated whole leaves none of its MIG partitions free, though none of them is allocated.
+        busy_sets = (", busy AS (SELECT DISTINCT o.cluster, o.driver, o.pool, o.counter_set AS unit "
+                     "FROM device_allocations a JOIN device_inventory o ON o.cluster = a.cluster "
+                     "AND o.driver = a.driver AND o.pool = a.pool AND o.device = a.device AND o.valid @> :at "
+                     f"WHERE a.valid @> :at AND NOT a.admin_access AND o.counter_set IS NOT NULL"
+                     f"{scope.where('a', members=False)})")
+        busy = (" OR EXISTS (SELECT 1 FROM busy b WHERE b.cluster = u.cluster AND b.driver = u.driver "
+                "AND b.pool = u.pool AND b.unit = u.unit)")
     return (
         f"WITH multi AS ({_multi_consumer_claims(scope)}), held AS ({held}), "
         "inv AS (SELECT i.cluster, i.driver, i.pool, i.device, i.counter_set FROM device_inventory i "
@@ -263,10 +274,10 @@ def occupancy_totals_statement(scope: OccupancyScope) -> str:
         f" coalesce(h.holding, 0) > 0 AS allocated, coalesce({shared}, false) AS shared "
         " FROM inv i FULL JOIN held h ON h.cluster = i.cluster AND h.driver = i.driver AND h.pool = i.pool "
         "  AND h.device = i.device WHERE i.device IS NOT NULL OR h.holding > 0), "
-        "units AS (SELECT bool_or(allocated) AS allocated, bool_or(shared) AS shared FROM dev "
-        " GROUP BY cluster, driver, pool, unit) "
-        "SELECT count(*) AS devices, count(*) FILTER (WHERE allocated) AS allocated, "
-        "count(*) FILTER (WHERE shared) AS shared FROM units")
+        "units AS (SELECT cluster, driver, pool, unit, bool_or(allocated) AS allocated, bool_or(shared) AS shared "
+        f" FROM dev GROUP BY cluster, driver, pool, unit){busy_sets} "
+        f"SELECT count(*) AS devices, count(*) FILTER (WHERE u.allocated{busy}) AS allocated, "
+        "count(*) FILTER (WHERE u.shared) AS shared FROM units u")
 
 
 Counted = Mapping[str, int] | None

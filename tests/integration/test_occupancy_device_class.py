@@ -187,6 +187,33 @@ def test_partitions_of_one_counter_set_stay_one_unit_in_their_class_totals(ledge
     assert whole["totals"] == part["totals"] == {"devices": 1, "allocated": 0, "free": 1, "shared": 0}
 
 
+@pytest.mark.parametrize(("held", "asked"), [("gpu-0", "part"), ("gpu-0-partition-2", "whole")])
+def test_a_class_unit_is_allocated_when_a_device_of_another_class_holds_its_counter_set(
+        ledger: LedgerHandle, tmp_path: Path, held: str, asked: str) -> None:
+    # The same KEP-4815 slices. A claim holds `held`; the class `asked` for does not list that device, but its own
+    # devices share gpu-0-counter-set with it, so the one piece of hardware is not free for that class either:
+    # a whole GPU held leaves no partition to allocate, a partition held leaves no whole GPU.
+    memory = "device.capacity['resource-driver.example.com'].memory"
+    claim_path = tmp_path / "claim.json"
+    claim_path.write_text(json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "hold", "namespace": "ml", "uid": uid("claim"), "resourceVersion": rv(),
+                     "creationTimestamp": stamp(0)},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "any"}}]}},
+        "status": {"allocation": {"allocationTimestamp": stamp(0), "devices": {"results": [
+            {"request": "r", "driver": "resource-driver.example.com", "pool": "my-pool", "device": held}]}}}}))
+    ledger.replay(REAL / "kep4815_resourceslice_counter-slice-sharedcounters-only_v1.yaml",
+                  REAL / "kep4815_resourceslice_device-slice-gpu0-plus-4-partitions-consumescounters_v1.yaml",
+                  _class_file(tmp_path / "whole.yaml", "whole", f"{memory}.compareTo(quantity('40Gi')) == 0"),
+                  _class_file(tmp_path / "part.yaml", "part", f"{memory}.compareTo(quantity('10Gi')) == 0"),
+                  claim_path, at=T)
+    body: Any = ledger.occupancy(T, device_class=asked)
+    assert all(not d["allocations"] for d in body["devices"])  # the class's own devices are not allocated
+    assert body["totals"] == {"devices": 1, "allocated": 1, "free": 0, "shared": 0}
+    # Without a class the unit is the same one, allocated.
+    assert ledger.occupancy(T)["totals"] == {"devices": 1, "allocated": 1, "free": 0, "shared": 0}
+
+
 def test_a_class_counts_only_in_the_clusters_that_define_it(lab: LedgerHandle, tmp_path: Path) -> None:
     # Cluster `other` publishes two A100s of the same driver (whole-gpu's selectors would take them) but
     # defines no DeviceClass.
