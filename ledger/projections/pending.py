@@ -188,6 +188,11 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
     class_claims: dict[str, set[tuple[str, str]]] = defaultdict(set)
     class_requested: dict[str, int] = defaultdict(int)
     claims: list[JSONValue] = []
+    # Per (cluster, class, request selectors): the free devices the class (and the request) select, and how many
+    # the request selects in all. Pending claims repeat a few requests; building these sets for every claim made
+    # the answer O(claims x devices): 26 s for 1,486 pending claims over 12,200 devices.
+    class_free_keys: dict[tuple[str, str], set[tuple[str, str, str, str]]] = {}  # also added to class_free once
+    request_sets: dict[tuple[str, str, tuple[str, ...]], tuple[int, int]] = {}
     for r in rows:
         catalog = catalogs.get(r.cluster, Catalog())
         if r.cluster not in free_by_cluster:
@@ -199,18 +204,24 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
             cls = spec.get("deviceClassName")
             if not isinstance(cls, str) or not cls:
                 continue
-            of_class = {(d.driver, d.pool, d.device) for d in catalog.devices_of(cls)}
-            selected = {(d.driver, d.pool, d.device)
-                        for d in catalog.devices_of(cls, expressions_of(spec.get("selectors")))}
+            if (r.cluster, cls) not in class_free_keys:
+                class_free_keys[(r.cluster, cls)] = {
+                    (r.cluster, d.driver, d.pool, d.device) for d in catalog.devices_of(cls)
+                    if (d.driver, d.pool, d.device) in free}
+                class_free[cls] |= class_free_keys[(r.cluster, cls)]
+            expressions = tuple(expressions_of(spec.get("selectors")))
+            if (r.cluster, cls, expressions) not in request_sets:
+                selected = {(d.driver, d.pool, d.device) for d in catalog.devices_of(cls, expressions)}
+                request_sets[(r.cluster, cls, expressions)] = (len(selected), len(selected & free))
+            selected_count, selected_free = request_sets[(r.cluster, cls, expressions)]
             mode = spec.get("allocationMode") or "ExactCount"
-            count = request_count(spec) if mode == "ExactCount" else len(selected)
+            count = request_count(spec) if mode == "ExactCount" else selected_count
             if spec.get("adminAccess") is True:
                 count = 0
-            class_free[cls] |= {(r.cluster, *k) for k in of_class & free}
             class_claims[cls].add((r.cluster, r.uid))
             class_requested[cls] += count
             out_requests.append({"request": name, "deviceClass": cls, "allocationMode": str(mode), "count": count,
-                                 "free": len(selected & free)})
+                                 "free": selected_free})
         claims.append({"cluster": r.cluster, "namespace": r.namespace, "name": r.name,
                        "team": overrides.get(r.namespace) or r.team or r.namespace, "origin": r.origin,
                        "pendingSince": rfc3339(r.since), "ageSeconds": max((until - r.since).total_seconds(), 0.0),
