@@ -999,22 +999,13 @@ def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, 
     return out
 
 
-def team_at(conn: Connection, cluster: str, namespace: str, at: datetime, overrides: Mapping[str, str]) -> str:
-    """The team billed for ``namespace`` at ``at``: its override, else table ``namespace_teams``, else the name."""
-    if namespace in overrides:
-        return overrides[namespace]
-    team = conn.execute(text("SELECT team FROM namespace_teams WHERE cluster = :c AND namespace = :ns "
-                             "AND valid @> :at LIMIT 1"), {"c": cluster, "ns": namespace, "at": at}).scalar()
-    return str(team) if team is not None else namespace
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TeamBook:
     """Every namespace's team over time (table ``namespace_teams``), read once for a query that names many claims.
 
-    :func:`team_at` asks the database once a claim; a listing of every claim ever created (``/v1/claims``, 81,000
-    of them after a simulated 1,000-node day) spent 30 s of its 36 there. Teams change rarely, so all of a
-    cluster's intervals fit in memory (one row a namespace and relabel).
+    Asking the database once a claim, a listing of every claim ever created (``/v1/claims``, 81,000 of them after
+    a simulated 1,000-node day) spent 30 s of its 36 there. Teams change rarely, so all of a cluster's intervals
+    fit in memory (one row a namespace and relabel).
     """
 
     intervals: Mapping[tuple[str, str], Sequence[tuple[datetime | None, datetime | None, str]]]
@@ -1023,7 +1014,8 @@ class TeamBook:
     """``[teams] overrides``: namespace -> team, winning over the intervals."""
 
     def team(self, cluster: str, namespace: str, at: datetime) -> str:
-        """The team billed for ``namespace`` at ``at`` (aware), as :func:`team_at` answers it."""
+        """The team billed for ``namespace`` at ``at`` (aware): its override, else its ``namespace_teams`` interval
+        containing ``at``, else the namespace's name."""
         if namespace in self.overrides:
             return self.overrides[namespace]
         for lower, upper, team in self.intervals.get((cluster, namespace), ()):
