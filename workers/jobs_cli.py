@@ -20,7 +20,7 @@ import typer
 from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
-from ledger.recorded import parse_time
+from ledger.recorded import parse_query_time
 from ledger.settings import Settings
 from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
 
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
             # Read before anything starts, and named: an empty value rolled up from the last rolled hour, as if left
             # out, and a bad one said "not an RFC 3339 time" without saying which option.
             try:
-                start = parse_time(rollup_from)
+                start = parse_query_time(rollup_from)
             except LedgerError as e:
                 raise typer.BadParameter(str(e), param_hint="--rollup-from") from e
         settings = cli.settings_from(url, data_dir)

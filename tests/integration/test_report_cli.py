@@ -114,3 +114,9 @@ def test_jobs_once_rolls_up_and_snapshots(seeded: tuple[Engine, Path]) -> None:
         assert conn.execute(text("SELECT count(*) FROM quota_usage_snapshots")).scalar_one() >= 1
     bad = CliRunner().invoke(jobs_app, ["jobs", "--once", "--database-url", url, "--rollup-from", "yesterday"])
     assert bad.exit_code == 2
+    # Year 9999 is refused as every query time is (the latest accepted is 9998-12-31T23:59:59.999999Z), not rolled
+    # up as zero hours.
+    late = CliRunner().invoke(jobs_app, ["jobs", "--once", "--database-url", url,
+                                         "--rollup-from", "9999-01-01T00:00:00Z"])
+    assert late.exit_code == 2
+    assert "--rollup-from" in late.output and "9998-12-31T23:59:59.999999Z" in late.output
