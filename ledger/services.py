@@ -32,6 +32,7 @@ from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watc
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
+from ledger.store.locks import lock_rolled_hours
 from ledger.store.postgres import (
     EVICTED_PREFIXES,
     ObservationKey,
@@ -1349,7 +1350,10 @@ def rollup_chunks(db: LedgerDatabase, *, end: datetime, start: datetime | None =
 
     Each chunk is its own transaction and is committed before it is yielded: stopping between chunks (not
     asking for the next, Ctrl-C, a cancelled job) keeps every committed chunk and half-writes none, and the
-    next run without ``start`` resumes from the last rolled hour. A chunk reads at most ``max_pieces``
+    next run without ``start`` resumes from the last rolled hour. Each chunk holds the rolled-hours lock
+    (:func:`ledger.store.locks.lock_rolled_hours`): runs at once (two ``dra-ledger jobs``, ``watch`` beside
+    ``jobs``) take turns chunk by chunk, a run waiting for another's chunk then rolling the same hours up again
+    to the same rows, so together they leave exactly the rows one run leaves. A chunk reads at most ``max_pieces``
     (interval, hour) pieces, or one whole hour (:func:`ledger.projections.rollups.next_chunk`), so memory does
     not grow with how far back the oldest interval starts. No transaction is open while the generator is
     suspended.
@@ -1380,6 +1384,10 @@ def rollup_chunks(db: LedgerDatabase, *, end: datetime, start: datetime | None =
     hour, hours = h0, FIRST_CHUNK_HOURS
     while hour < h1:
         with db.engine.begin() as conn:
+            # First in the chunk's transaction, before next_chunk reads device_allocations: a rebuild takes this
+            # lock and then truncates that table, so reading it first could deadlock with one. Another run rolling
+            # up (a second `dra-ledger jobs`, or `watch` beside it) waits here until this chunk commits.
+            lock_rolled_hours(conn)
             stop, pieces = rollups.next_chunk(conn, start=hour, end=h1, hours=hours, cluster=cluster,
                                               max_pieces=max_pieces)
             rollups.rollup_usage(conn, start=hour, end=stop, cluster=cluster)

@@ -3,7 +3,10 @@
 The hourly job (``workers/jobs.py``) recomputes whole hours from the ``device_allocations``
 intervals into table ``usage_rollups`` and, summed over nodes, into ``usage_rollups_by_team`` (delete +
 insert per hour in one transaction, so a re-run replaces them, both tables always hold the same hours,
-and a late event is absorbed by the next run over that hour). A run covers its hours in chunks of at
+and a late event is absorbed by the next run over that hour). Every transaction that writes or forgets rolled
+hours holds :func:`ledger.store.locks.lock_rolled_hours` first, so two runs at once (two ``dra-ledger jobs``,
+or ``watch`` and ``jobs``) take turns instead of each inserting a copy, and a projection batch forgets the rows
+of a chunk that summed the intervals before the batch changed them. A run covers its hours in chunks of at
 most :data:`ROLLUP_MAX_PIECES` interval-hours (:func:`next_chunk`), each in its own transaction
 (``ledger.services.rollup_chunks``), so memory stays bounded however far back the oldest interval starts,
 and a run stopped between chunks keeps the chunks it committed. :func:`usage_from_rollups` answers a usage
@@ -26,6 +29,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid, shorten
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339, split_equally
+from ledger.store.locks import lock_rolled_hours
 from ledger.store.tables import usage_rollups, usage_rollups_by_team
 from ledger.types import JSONObject, JSONValue
 
@@ -206,7 +210,10 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     ``usage_rollups_by_team``.
 
     Source: ``device_allocations`` through :func:`live_seconds`. Idempotent: the hours' rows of both
-    tables are deleted and inserted again in the caller's transaction.
+    tables are deleted and inserted again in the caller's transaction, which holds the rolled-hours lock
+    (:func:`ledger.store.locks.lock_rolled_hours`) from here to its end: a concurrent rollup or forget waits for
+    the commit, and this call waits for theirs (never fails for them). Take the lock earlier when the
+    transaction reads ``device_allocations`` before this call (see its lock order).
 
     Args:
         start: first instant to cover (rounded down to its UTC hour).
@@ -221,6 +228,9 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     h0, h1 = floor_hour(start), floor_hour(end)
     if h1 <= h0:
         return 0
+    # Before the intervals are read: the sums below are of the rows committed when no other writer of these
+    # hours is open, and a second run replaces this one's rows instead of adding its own beside them.
+    lock_rolled_hours(conn)
     seconds = live_seconds(conn, start=h0, end=h1, cluster=cluster, by_hour=True)
     params: dict[str, object] = {"h0": h0, "h1": h1, "cluster": cluster}
     hours = "hour >= :h0 AND hour < :h1" + _cluster_filter(cluster)
@@ -262,14 +272,23 @@ def forget_rolled_hours(conn: Connection, earliest: Mapping[str, datetime]) -> N
     seconds, and the next run would not roll it again. Both ``usage_rollups`` and
     ``usage_rollups_by_team`` lose those hours, in the caller's transaction. Live events land in the
     current hour, which is never rolled; a late or back-filled event forgets the hours it may change.
+
+    With ``earliest`` not empty, holds the rolled-hours lock (:func:`ledger.store.locks.lock_rolled_hours`) to the
+    end of the caller's transaction: a rollup chunk in flight, which may have summed the intervals before this
+    batch changed them, commits first, and the DELETE (a statement started after it) removes its rows too.
     """
     if earliest:
+        lock_rolled_hours(conn)
         _forget_hours(conn, "hour >= :h", {"h": floor_hour(min(earliest.values()))})
 
 
 def forget_all_rolled_hours(conn: Connection) -> None:
     """Delete every rolled hour of every cluster from both rollup tables (a rebuild of
-    ``device_allocations`` may change any of them; the hourly job rolls them up again)."""
+    ``device_allocations`` may change any of them; the hourly job rolls them up again).
+
+    Holds the rolled-hours lock (:func:`ledger.store.locks.lock_rolled_hours`) to the end of the caller's
+    transaction; a caller that also truncates ``device_allocations`` calls this first (the lock order)."""
+    lock_rolled_hours(conn)
     _forget_hours(conn, "true", {})
 
 

@@ -1,7 +1,9 @@
 """Runs the projections: catch up from their checkpoints, rebuild from position 0, report lag.
 
 Rows and checkpoints commit in one transaction per batch, so a crash leaves every projection exactly
-at its checkpoint. ``SELECT ... FOR UPDATE`` on the checkpoint rows makes one runner at a time.
+at its checkpoint. ``SELECT ... FOR UPDATE`` on the checkpoint rows makes one runner at a time; a batch that
+forgets rolled usage hours also holds the rolled-hours lock (``ledger.store.locks``), so it waits for a rollup
+chunk in flight and forgets the rows that chunk writes.
 Appends hold an advisory append lock until commit (see ``ledger.store.postgres``), so
 global positions become visible in order and reading ``global_position > checkpoint`` never skips one.
 """
@@ -230,13 +232,14 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
         # Before the TRUNCATE: a refresh holds the coverage rows and then reads these tables, so taking the
         # rows first keeps one lock order (the hourly job then computes the counts again).
         counts.forget_all(conn)
+    if ALLOCATIONS in names:
+        # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
+        # again; until then usage reads the live intervals). Before the TRUNCATE for the same reason: a rollup
+        # chunk holds the rolled-hours lock and then reads device_allocations, so this takes that lock first.
+        forget_all_rolled_hours(conn)
     # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
     # DDL rights (SECURITY.md); row ids carry no meaning.
     conn.execute(text(f"TRUNCATE {tables}"))
-    if ALLOCATIONS in names:
-        # Hourly rollups are sums of device_allocations: forget them all (the hourly job rolls them up
-        # again; until then usage reads the live intervals).
-        forget_all_rolled_hours(conn)
     for name in names:
         positions[name] = 0
     conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})
