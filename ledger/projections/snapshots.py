@@ -4,7 +4,8 @@ The ``reporting`` views that Grafana reads need plain rows; these three reports 
 configuration (thresholds, mappings, quotas) or on CEL, so the report job computes them every N
 minutes and stores one snapshot per cluster here (tables ``idle_claim_snapshots``,
 ``quota_usage_snapshots``, ``pending_demand_snapshots``). Taking a snapshot at an instant that
-already has one replaces it (idempotent per (cluster, taken_at)).
+already has one replaces it (idempotent per (cluster, taken_at)), also when two runs store the same instant at
+once: each holds :func:`ledger.store.locks.lock_report_snapshots` for its transaction, so they take turns.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ledger.projections import queries, quotas
 from ledger.projections.base import clusters
 from ledger.projections.queries import IdleThresholds
 from ledger.recorded import parse_time
+from ledger.store.locks import lock_report_snapshots
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,8 +50,12 @@ def take_snapshots(conn: Connection, *, at: datetime, config: LedgerConfig,
         cluster: only this cluster (``None``: every cluster with events).
 
     Returns:
-        How many rows were written per report. Idempotent per (cluster, ``at``).
+        How many rows were written per report. Idempotent per (cluster, ``at``): the caller's transaction holds
+        the report-snapshot lock (:func:`ledger.store.locks.lock_report_snapshots`) from the first statement to
+        its end, so a concurrent run waits for it (never fails), then replaces its rows.
     """
+    # Before the DELETEs: two runs at once would each delete only rows committed before them and both insert.
+    lock_report_snapshots(conn)
     idle_n = quota_n = pending_n = 0
     for name in [cluster] if cluster is not None else clusters(conn):
         params = {"c": name, "at": at}
