@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shlex
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,18 @@ def test_the_commands_the_services_run_exist() -> None:
     for name, wanted in (("workers", "watch"), ("jobs", "jobs"), ("api", "serve")):
         assert f"dra-ledger {wanted}" in services[name]["command"][-1], name
         assert wanted in registered, wanted
+
+
+def test_the_report_jobs_run_in_the_jobs_service_alone() -> None:
+    # The README: "Pass `--no-jobs` when `dra-ledger jobs` runs them in a process of its own". The stack ran the
+    # jobs in both services, and two schedulers at once billed the rolled hours twice (a user trial).
+    services = compose()["services"]
+    watch = shlex.split(services["workers"]["command"][-1].split("&&")[-1])
+    jobs = shlex.split(services["jobs"]["command"][-1].split("&&")[-1])
+    assert watch[:3] == ["exec", "dra-ledger", "watch"] and "--no-jobs" in watch and "--jobs" not in watch
+    assert jobs[:3] == ["exec", "dra-ledger", "jobs"] and "--once" not in jobs
+    readme = " ".join((ROOT / "README.md").read_text().split())  # the README says so too, however it wraps
+    assert "the watch workers (`KUBECONFIG_FILE`; `watch --no-jobs`), the report jobs (service `jobs`" in readme
 
 
 def test_the_example_configuration_file_the_stack_mounts_is_valid() -> None:
