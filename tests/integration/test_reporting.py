@@ -40,11 +40,17 @@ VIEWS = {"device_inventory", "device_occupancy", "team_usage_hourly", "quota_usa
          "shared_devices", "claim_consumers"}
 
 
-def grafana_sql(sql: str, *, start: datetime = FROM, end: datetime = TO, cluster: str = "default") -> str:
-    """Expand the Grafana PostgreSQL macros and the ``$cluster`` variable as Grafana does."""
-    lo, hi = f"'{start.isoformat()}'", f"'{end.isoformat()}'"
+def grafana_sql(sql: str, *, start: datetime = FROM, end: datetime = TO, cluster: str = "default",
+                interval: str = "5m") -> str:
+    """Expand the Grafana PostgreSQL macros and the ``$cluster`` variable as Grafana does.
+
+    As Grafana's SQL data sources (``sqleng``) do: ``$__timeFilter(c)`` is ``c BETWEEN 'from' AND 'to'`` (both
+    ends included), ``$__timeFrom()`` / ``$__timeTo()`` are quoted RFC 3339 UTC times, and ``$__interval`` is the
+    interval's text *unquoted* (``5m``), so a panel must quote it itself (``'$__interval'::interval``).
+    """
+    lo, hi = (f"'{t.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}'" for t in (start, end))
     sql = re.sub(r"\$__timeFilter\(([^)]+)\)", lambda m: f"{m.group(1)} BETWEEN {lo} AND {hi}", sql)
-    sql = sql.replace("$__timeFrom()", lo).replace("$__timeTo()", hi).replace("$__interval", "'5m'")
+    sql = sql.replace("$__timeFrom()", lo).replace("$__timeTo()", hi).replace("$__interval", interval)
     return sql.replace("$cluster", f"'{cluster}'")
 
 
