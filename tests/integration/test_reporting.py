@@ -37,7 +37,7 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "dra-ledger.json"
 FROM, TO = parse_time("2026-11-02T09:00:00Z"), parse_time("2026-11-02T12:00:00Z")
 SNAPSHOTS = [parse_time(t) for t in ("2026-11-02T09:30:00Z", "2026-11-02T10:40:00Z", "2026-11-02T12:00:00Z")]
 VIEWS = {"device_inventory", "device_occupancy", "team_usage_hourly", "quota_usage", "idle_claims", "pending_demand",
-         "shared_devices", "claim_consumers"}
+         "shared_devices", "claim_consumers", "occupancy_units"}
 
 
 def grafana_sql(sql: str, *, start: datetime = FROM, end: datetime = TO, cluster: str = "default",
@@ -111,8 +111,10 @@ def test_dashboard_and_datasource_are_provisioned_from_the_repository() -> None:
     board = dashboard()
     assert board["uid"] == "dra-ledger" and len(board["panels"]) >= 10
     assert {p["datasource"]["uid"] for p in board["panels"]} == {"dra-ledger"}
-    read_views = {v for _, sql in panel_queries() for v in re.findall(r"reporting\.(\w+)", sql)}
-    assert read_views == VIEWS  # every view is shown somewhere
+    variables = [v["query"] for v in board["templating"]["list"]]
+    read_views = {v for sql in [*variables, *(sql for _, sql in panel_queries())]
+                  for v in re.findall(r"reporting\.(\w+)", sql)}
+    assert read_views == VIEWS  # every view is read somewhere: by a panel or by the cluster variable
     source = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/dra-ledger.yaml").read_text())
     assert source["datasources"][0]["uid"] == "dra-ledger"
     provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/dra-ledger.yaml").read_text())

@@ -35,7 +35,7 @@ from tests.reliability.world import READ_PATHS, Sandwich, client
 
 SECURITY = Path(__file__).resolve().parents[2] / "SECURITY.md"
 REPORTING_VIEWS = ("device_inventory", "device_occupancy", "team_usage_hourly", "quota_usage", "idle_claims",
-                   "pending_demand", "shared_devices", "claim_consumers")
+                   "pending_demand", "shared_devices", "claim_consumers", "occupancy_units")
 
 
 def documented_grants(role: str, database: str, password: str) -> str:
