@@ -8,6 +8,8 @@ and compares the rows with the service's answer and with values worked out by ha
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,15 +17,19 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from ledger import services
 from ledger.projections import queries
+from ledger.recorded import parse_time
 from ledger.simulate import write_history
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject
 from tests.factories import at, claim, dig, gpu, history, namespace, resource_slice, uid
 from tests.integration.test_reporting import dashboard, grafana_sql
 from tests.integration.test_simulate import SMALL
+from tests.paths import HISTORIES
 
 OCCUPANCY_PANEL = "Devices and allocated devices"
+USAGE_PANELS = ("Device-hours per team per hour", "Device-hours per team and DeviceClass")
 
 
 def panel_sql(title: str) -> str:
@@ -129,3 +135,40 @@ def test_the_occupancy_panel_follows_a_simulated_fleet_as_the_api_does(ledger: L
         "WHERE cluster IN ($cluster) AND published_from <= $__timeFrom() "
         "AND (published_to IS NULL OR published_to > $__timeFrom())"), start=start, end=end)
     assert partitions > sets > 0 and rows[0][1:] == (plain + sets, 0)
+
+
+# --- usage: the hour that starts at the range's end is not in the range ---------------------------
+
+EXPECTED = json.loads((HISTORIES / "seed-lab.expected.json").read_text())["device_hours"]
+
+
+@pytest.fixture()
+def rolled_past_the_window(ledger: LedgerHandle) -> LedgerHandle:
+    """The seed lab, rolled up over 09:00-13:00: one rolled hour more than the fixture's window [09:00, 12:00)."""
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    assert services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"),
+                                 end=parse_time("2026-11-02T13:00:00Z")) == 4
+    return ledger
+
+
+def hours_by_team(title: str, rows: list[Any]) -> dict[str, float]:
+    """Device-hours per team in a usage panel's rows (every row is of one DeviceClass in the seed lab)."""
+    out: dict[str, float] = defaultdict(float)
+    for row in rows:
+        team = row.team if title == "Device-hours per team and DeviceClass" else row.metric.split(" / ")[0]
+        out[team] += float(row.device_hours if title == "Device-hours per team and DeviceClass" else row.value)
+    return dict(out)
+
+
+@pytest.mark.parametrize("title", USAGE_PANELS)
+def test_a_usage_panel_over_whole_hours_is_the_usage_of_that_window(rolled_past_the_window: LedgerHandle,
+                                                                     title: str) -> None:
+    start, end = parse_time(EXPECTED["from"]), parse_time(EXPECTED["to"])
+    rows = run_as_reader(rolled_past_the_window, panel_sql(title), start=start, end=end)
+    if title == "Device-hours per team per hour":
+        assert sorted({r.time for r in rows}) == [start + timedelta(hours=h) for h in range(3)]  # not 12:00
+    assert hours_by_team(title, rows) == pytest.approx(EXPECTED["by_team"], abs=EXPECTED["tolerance_hours"])
+    # The API's answer for the same window, from the same rollups.
+    body: Any = services.usage(rolled_past_the_window.db, start=start, end=end, group_by="team")
+    api = {r["team"]: r["deviceHours"] for r in body["rows"]}
+    assert hours_by_team(title, rows) == pytest.approx(api, abs=0.0005)  # the table rounds to 3 decimals
