@@ -451,12 +451,30 @@ def _refuse_with_url(url: str | None) -> None:
         raise typer.Exit(2)
 
 
+EMBEDDED_TRUST = ("the embedded server trusts every connection from 127.0.0.1 (any local user can connect as "
+                  "superuser postgres, no password): for demos and single-user machines; in production set "
+                  "LEDGER_DATABASE_URL to a PostgreSQL of your own (SECURITY.md)")
+"""Said on stderr wherever a command hands out the embedded server's URL."""
+
+
+def _libpq_hint(db: LedgerDatabase) -> str:
+    """The line that gives ``psql`` and Grafana the embedded ledger's URL in the form libpq reads."""
+    return f"for psql and Grafana (libpq form): {db.libpq_url}"
+
+
 @db_app.command("start")
 def db_start(data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
-    """Start (or reuse) the embedded PostgreSQL, migrate its ledger database, and print that database's URL."""
+    """Start (or reuse) the embedded PostgreSQL, migrate its ledger database, and print that database's URL.
+
+    Stdout is the URL alone (``export LEDGER_DATABASE_URL=$(dra-ledger db start)``); stderr adds the libpq form
+    that ``psql`` and Grafana take, and that the server trusts local connections.
+    """
     _refuse_with_url(url)
     with reported_errors():
-        typer.echo(services.open_ledger(settings_from(None, data_dir)).url)
+        db = services.open_ledger(settings_from(None, data_dir))
+        typer.echo(db.url)
+        typer.echo(_libpq_hint(db), err=True)
+        typer.echo(EMBEDDED_TRUST, err=True)
 
 
 @db_app.command("stop")
@@ -1292,7 +1310,9 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
                 err.print(f"embedded PostgreSQL 18 in {server.data_dir}")
             db = services.open_ledger(settings)
             if not settings.database_url:
-                err.print(f"ledger database: {db.url}")
+                err.print(f"ledger database: {db.url}", markup=False)
+                err.print(_libpq_hint(db), markup=False)
+                err.print(EMBEDDED_TRUST, markup=False)
             times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
             report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
             _print_report(report)

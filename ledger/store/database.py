@@ -141,6 +141,13 @@ class LedgerDatabase:
         """The database URL, with its password, for handing to another process."""
         return self.engine.url.render_as_string(hide_password=False)
 
+    @property
+    def libpq_url(self) -> str:
+        """The same URL as libpq takes it (``postgresql://user@host:port/db``, with its password), for ``psql``,
+        Grafana and other non-SQLAlchemy clients, which refuse :attr:`url`'s ``postgresql+psycopg://`` scheme
+        (``psql`` reads it as a database name). The ledger's own ``--database-url`` takes either form."""
+        return self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
     def require_current(self) -> None:
         """Raise ``SchemaNotReady`` unless the schema is at this code's head revision."""
         schema.require_current(self.engine)

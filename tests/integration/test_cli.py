@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from typer.testing import CliRunner
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from ledger import cli
 from ledger.cli import app
 from ledger.recorded import BrokenLine, WatchLine, read_history
-from ledger.testing.pg import create_database, drop_database
+from ledger.testing.pg import create_database, drop_database, temporary_data_dir
 from tests.factories import taken_port
 
 
@@ -90,6 +91,34 @@ def test_database_urls_that_are_not_postgresql_are_refused_clearly() -> None:
 def test_db_stop_refuses_when_a_database_url_is_set() -> None:
     result = CliRunner().invoke(app, ["db", "stop", "--database-url", "postgresql://x@127.0.0.1/y"])
     assert result.exit_code == 2 and "embedded server is not in use" in result.output
+
+
+def test_db_start_and_the_demo_give_the_embedded_ledgers_url_in_the_form_psql_takes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEDGER_DATABASE_URL", raising=False)
+    with temporary_data_dir() as data_dir:
+        try:
+            started = CliRunner().invoke(app, ["db", "start", "--data-dir", str(data_dir)])
+            assert started.exit_code == 0, started.output
+            # Stdout stays the one URL the ledger's commands take (export LEDGER_DATABASE_URL=$(dra-ledger db start)).
+            [sqlalchemy_url] = started.stdout.splitlines()
+            assert sqlalchemy_url.startswith("postgresql+psycopg://postgres@127.0.0.1:")
+            with pytest.raises(psycopg.ProgrammingError):  # libpq (psql, Grafana) cannot read that form
+                psycopg.connect(sqlalchemy_url).close()
+            libpq_url = sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+            assert f"for psql and Grafana (libpq form): {libpq_url}\n" in started.stderr
+            assert "trusts every connection from 127.0.0.1" in started.stderr
+            with psycopg.connect(libpq_url) as conn:
+                row = conn.execute("SELECT current_database(), has_schema_privilege('ledger_reader', 'reporting', "
+                                   "'USAGE')").fetchone()
+            assert row == ("dra_ledger", True)
+            demo = CliRunner().invoke(app, ["demo", "--no-serve", "--data-dir", str(data_dir)])
+            assert demo.exit_code == 0, demo.output
+            assert f"for psql and Grafana (libpq form): {libpq_url}\n" in demo.stderr
+            assert "trusts every connection from 127.0.0.1" in demo.stderr
+        finally:
+            stopped = CliRunner().invoke(app, ["db", "stop", "--data-dir", str(data_dir)])
+            assert stopped.exit_code == 0, stopped.output
 
 
 def test_a_configuration_file_that_is_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
