@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import pytest
 import typer
 
 from ledger import cli
 from ledger.cli_typer import LedgerTyper
+from ledger.config import load_config
+from ledger.errors import Invalid
 from ledger.events import NewEvent
 from ledger.translator.translate import Observation, TranslatorState, translate
 from ledger.types import JSONObject, JSONValue
@@ -257,3 +260,12 @@ def plugin_commands() -> Iterator[typer.Typer]:
         yield app
     finally:
         cli.DEMO_FOLLOWUPS[:] = followups
+
+
+def config_error(tmp_path: Path, body: str) -> str:
+    """The message of the ``Invalid`` that loading ``body`` as ``ledger.toml`` raises (failing if none is)."""
+    path = tmp_path / "ledger.toml"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+    return str(caught.value)

@@ -12,6 +12,7 @@ from ledger.cli import app, render_quotas
 from ledger.config import load_config
 from ledger.errors import Invalid
 from ledger.types import JSONObject
+from tests.factories import config_error
 
 WIDE = {"COLUMNS": "300", "LEDGER_DATABASE_URL": None}
 
@@ -40,7 +41,7 @@ def test_half_a_window_is_still_refused(command: str, tmp_path: Path) -> None:
     ("-1", "greater than or equal to 0"),
     ("true", "Input should be a valid number"),  # a boolean is no number of seconds
 ])
-def test_an_idle_threshold_past_100_years_or_infinite_is_a_named_config_error(tmp_path: Path, value: str,
+def test_an_idle_threshold_past_100_years_or_infinite_is_a_namedconfig_error(tmp_path: Path, value: str,
                                                                             problem: str) -> None:
     path = tmp_path / "ledger.toml"
     path.write_text(f"[idle]\nunreferencedSeconds = {value}\n", encoding="utf-8")
@@ -49,15 +50,6 @@ def test_an_idle_threshold_past_100_years_or_infinite_is_a_named_config_error(tm
         load_config(path)
 
     assert problem in str(caught.value)
-
-
-def _config_error(tmp_path: Path, body: str) -> str:
-    """The message of the ``Invalid`` that loading ``body`` as ``ledger.toml`` raises (failing if none is)."""
-    path = tmp_path / "ledger.toml"
-    path.write_text(body, encoding="utf-8")
-    with pytest.raises(Invalid) as caught:
-        load_config(path)
-    return str(caught.value)
 
 
 FINITE = "Input should be a finite number"
@@ -90,7 +82,7 @@ NOT_EMPTY = "String should have at least 1 character"
 ])
 def test_a_bad_value_in_the_configuration_is_an_error_naming_its_location(tmp_path: Path, body: str,
                                                                         says: str) -> None:
-    assert re.search(says, _config_error(tmp_path, body)), _config_error(tmp_path, body)
+    assert re.search(says, config_error(tmp_path, body)), config_error(tmp_path, body)
 
 
 PRICE = '[[prices]]\n{key} = "{name}"\nperDeviceHour = {value}\ncurrency = "{currency}"\n'
@@ -118,7 +110,7 @@ PRICE = '[[prices]]\n{key} = "{name}"\nperDeviceHour = {value}\ncurrency = "{cur
     (PRICE.format(key="deviceClass", name="gpu.example.com", value="1", currency="USD "),
      r"prices\.0\.currency: a blank at the start or the end"),
 ])
-def test_a_price_that_would_overflow_repeats_a_key_or_mixes_currencies_is_a_config_error(
+def test_a_price_that_would_overflow_repeats_a_key_or_mixes_currencies_is_aconfig_error(
         tmp_path: Path, body: str, says: str) -> None:
     path = tmp_path / "ledger.toml"
     path.write_text(body, encoding="utf-8")
@@ -314,7 +306,7 @@ ABOVE = "is above 9,007,199,254,740,992 (2**53), the largest quota kept exactly"
 ])
 def test_a_nominal_quota_above_2_to_the_53_is_refused_instead_of_rounded(tmp_path: Path, value: str,
                                                                         echoed: str) -> None:
-    assert f"quotas.0.nominalQuota: {echoed} {ABOVE}" in _config_error(tmp_path, QUOTA.format(value=value))
+    assert f"quotas.0.nominalQuota: {echoed} {ABOVE}" in config_error(tmp_path, QUOTA.format(value=value))
 
 
 @pytest.mark.parametrize(("value", "said"), [
@@ -330,7 +322,7 @@ def test_a_nominal_quota_above_2_to_the_53_is_refused_instead_of_rounded(tmp_pat
     ('"0.1n"', "'0.1n' is above 0 but below 1n (0.000000001), the finest Kubernetes quantity"),
 ])
 def test_a_nominal_quota_that_is_no_count_and_no_quantity_is_refused(tmp_path: Path, value: str, said: str) -> None:
-    assert f"quotas.0.nominalQuota: {said}" in _config_error(tmp_path, QUOTA.format(value=value))
+    assert f"quotas.0.nominalQuota: {said}" in config_error(tmp_path, QUOTA.format(value=value))
 
 
 def test_a_yaml_yes_is_no_quota(tmp_path: Path) -> None:

@@ -8,17 +8,9 @@ import pytest
 
 from ledger.config import LedgerConfig, load_config
 from ledger.errors import Invalid
+from tests.factories import config_error
 
 SECRET = "0123456789abcdef"
-
-
-def _config_error(tmp_path: Path, body: str) -> str:
-    """The message of the ``Invalid`` that loading ``body`` as ``ledger.toml`` raises (failing if none is)."""
-    path = tmp_path / "ledger.toml"
-    path.write_text(body, encoding="utf-8")
-    with pytest.raises(Invalid) as caught:
-        load_config(path)
-    return str(caught.value)
 
 
 def _entry(name: str, source: str, teams: str = "") -> str:
@@ -35,7 +27,7 @@ UNLIMITED = _entry("b", f'token = "{SECRET}"')
 ])
 def test_two_entries_with_one_token_are_refused_naming_both_but_not_the_token(tmp_path: Path, body: str,
                                                                                first: str, second: str) -> None:
-    message = _config_error(tmp_path, body)
+    message = config_error(tmp_path, body)
 
     assert f"api.tokens: {first} and {second} have the same token" in message
     assert SECRET not in message
@@ -43,7 +35,7 @@ def test_two_entries_with_one_token_are_refused_naming_both_but_not_the_token(tm
 
 def test_one_token_environment_variable_named_by_two_entries_is_refused_without_reading_it(tmp_path: Path) -> None:
     shared = 'tokenEnv = "SHARED_TOKEN"'  # unset: the names alone say the two entries are one token
-    message = _config_error(tmp_path, _entry("a", shared) + _entry("b", shared))
+    message = config_error(tmp_path, _entry("a", shared) + _entry("b", shared))
 
     assert ("api.tokens[0] 'a' (tokenEnv SHARED_TOKEN) and api.tokens[1] 'b' (tokenEnv SHARED_TOKEN) have the same "
             "token") in message
@@ -71,7 +63,7 @@ def test_two_entries_whose_tokens_turn_out_equal_when_read_from_the_environment_
 
 
 def test_a_token_name_given_twice_is_refused_naming_both_entries(tmp_path: Path) -> None:
-    message = _config_error(tmp_path, _entry("a", f'token = "{SECRET}"') + _entry("a", f'token = "{SECRET}x"'))
+    message = config_error(tmp_path, _entry("a", f'token = "{SECRET}"') + _entry("a", f'token = "{SECRET}x"'))
 
     assert "api.tokens: the name 'a' is given twice (api.tokens[0] and api.tokens[1])" in message
 
@@ -87,7 +79,7 @@ def test_distinct_tokens_and_names_still_load_in_order() -> None:
 
 @pytest.mark.parametrize("token", [f" {SECRET}", f"{SECRET}\\n", " " * 16])  # the second: TOML's escape of a line end
 def test_a_token_padded_with_blanks_which_no_request_could_present_is_refused(tmp_path: Path, token: str) -> None:
-    message = _config_error(tmp_path, _entry("a", f'token = "{token}"'))
+    message = config_error(tmp_path, _entry("a", f'token = "{token}"'))
 
     assert message.endswith("api.tokens.0.token: a blank at the start or the end (a line end, perhaps): the API "
                             "strips the token a request sends, so this one could never be presented")
@@ -106,7 +98,7 @@ def test_a_token_variable_padded_with_blanks_is_refused_when_read(monkeypatch: p
 
 
 def test_an_empty_teams_list_is_refused_rather_than_read_as_every_team_or_none(tmp_path: Path) -> None:
-    message = _config_error(tmp_path, _entry("a", f'token = "{SECRET}"', "teams = []"))
+    message = config_error(tmp_path, _entry("a", f'token = "{SECRET}"', "teams = []"))
 
     assert message.endswith("api.tokens.0.teams: an empty list: leave teams out for a token that sees every team, "
                             "or list the teams it sees")
