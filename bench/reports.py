@@ -5,7 +5,7 @@ Run (against a kept ledger database, e.g. one replayed from ``dra-ledger simulat
     .venv/bin/python -m bench.reports --url postgresql+psycopg://postgres@127.0.0.1:5432/bench_reports \\
         --at 2026-11-01T23:00:00Z --from 2026-11-01T00:00:00Z --to 2026-11-02T00:00:00Z -o /tmp/reports.json
 
-Why: DESIGN §10 sets targets for occupancy and usage only, but the other answers read the same read models and
+Why: the performance targets name occupancy and usage only, but the other answers read the same read models and
 can grow with what the ledger ever recorded (every claim, every pending claim, every allocation edge) rather
 than with their answer. This script calls each ``ledger.services`` query the REST API and the CLI serve, a
 few times each, and prints the median milliseconds and the size of the answer, so that such growth shows up
