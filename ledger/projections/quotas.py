@@ -116,6 +116,7 @@ class Catalog:
     devices: Sequence[Device] = ()
     _selected: dict[tuple[str, tuple[str, ...]], list[Device]] = field(default_factory=dict, compare=False,
                                                                       repr=False)
+    _by_key: dict[tuple[str, str, str], Device] = field(default_factory=dict, compare=False, repr=False)
 
     def devices_of(self, device_class: str, request_selectors: Sequence[str] = ()) -> list[Device]:
         """Devices the class selectors and the request selectors both select (CEL, errors = no match).
@@ -130,11 +131,15 @@ class Catalog:
         return self._selected[key]
 
     def device(self, driver: str, pool: str, name: str) -> Device | None:
-        """The inventory entry of one device, or ``None`` (withdrawn: held off-slice)."""
-        for d in self.devices:
-            if (d.driver, d.pool, d.device) == (driver, pool, name):
-                return d
-        return None
+        """The inventory entry of one device, or ``None`` (withdrawn: held off-slice).
+
+        The first entry of ``devices`` with that key, looked up in an index built on the first call (a scan
+        per allocation result cost counter and capacity sources one pass over the inventory each).
+        """
+        if not self._by_key and self.devices:
+            for d in self.devices:
+                self._by_key.setdefault((d.driver, d.pool, d.device), d)
+        return self._by_key.get((driver, pool, name))
 
 
 @dataclass(slots=True)
