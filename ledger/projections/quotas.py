@@ -118,6 +118,8 @@ class Catalog:
     _selected: dict[tuple[str, tuple[str, ...]], list[Device]] = field(default_factory=dict, compare=False,
                                                                       repr=False)
     _by_key: dict[tuple[str, str, str], Device] = field(default_factory=dict, compare=False, repr=False)
+    _largest: dict[tuple[str, tuple[str, ...], str | None, str | None], Decimal | None] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def devices_of(self, device_class: str, request_selectors: Sequence[str] = ()) -> list[Device]:
         """Devices the class selectors and the request selectors both select (CEL, errors = no match).
@@ -130,6 +132,18 @@ class Catalog:
             wanted = [*expressions_of(spec.get("selectors")), *request_selectors] if spec is not None else None
             self._selected[key] = [] if wanted is None else [d for d in self.devices if selects(wanted, d.view)]
         return self._selected[key]
+
+    def largest(self, device_class: str, request_selectors: Sequence[str], source: MappingSource) -> Decimal | None:
+        """The largest value of ``source`` (a counter, or a capacity) among :meth:`devices_of`; ``None`` when
+        none of them has it. Quantities in base units.
+
+        Cached like :meth:`devices_of`: every claim of a class is charged from the same devices at one
+        instant, and reading their counters again for each claim cost a quantity parse per device.
+        """
+        key = (device_class, tuple(request_selectors), source.counter, source.capacity)
+        if key not in self._largest:
+            self._largest[key] = _largest(self.devices_of(device_class, request_selectors), source)
+        return self._largest[key]
 
     def device(self, driver: str, pool: str, name: str) -> Device | None:
         """The inventory entry of one device, or ``None`` (withdrawn: held off-slice).
@@ -222,6 +236,17 @@ def _capacity_of(device: Device, capacity: str) -> Decimal | None:
     return default if default is not None else quantity_value(entry.get("value"))
 
 
+def _largest(devices: Sequence[Device], source: MappingSource) -> Decimal | None:
+    """The largest counter (or capacity) of ``source`` among ``devices``, ``None`` if none has it."""
+    if source.counter is not None:
+        counter = source.counter
+        values = [v for v in (_counter_of(d, counter) for d in devices) if v is not None]
+    else:
+        capacity = str(source.capacity)
+        values = [v for v in (_capacity_of(d, capacity) for d in devices) if v is not None]
+    return max(values) if values else None
+
+
 def _source_charge(unit: _Unit, source: MappingSource, catalog: Catalog) -> tuple[Decimal, list[str]]:
     """Charge of one counter or capacity source for one unit (Kueue ``pkg/dra/{counters,capacity}.go``)."""
     reasons: list[str] = []
@@ -240,23 +265,27 @@ def _source_charge(unit: _Unit, source: MappingSource, catalog: Catalog) -> tupl
                                                                  or Decimal(0))
         return total, reasons
     selectors = expressions_of(unit.exactly.get("selectors"))
-    matched = catalog.devices_of(unit.device_class, selectors) or held
+
+    def largest_matched() -> Decimal | None:  # among the selected devices, else among those held
+        if catalog.devices_of(unit.device_class, selectors):
+            return catalog.largest(unit.device_class, selectors, source)
+        return _largest(held, source)
+
     if source.counter is not None:
-        values = [v for v in (_counter_of(d, source.counter) for d in matched) if v is not None]
-        if not values:
+        largest = largest_matched()
+        if largest is None:
             reasons.append(f"matched devices have no consumesCounters entry for counter {source.counter}")
             return Decimal(0), reasons
-        return max(max(values), Decimal(0)) * unit.count, reasons
+        return max(largest, Decimal(0)) * unit.count, reasons
     name = str(source.capacity)
     requests = unit.exactly.get("capacity")
     wanted = requests.get("requests") if isinstance(requests, dict) else None
     base = quantity_value(wanted.get(name)) if isinstance(wanted, dict) else None
     if base is None:
-        values = [v for v in (_capacity_of(d, name) for d in matched) if v is not None]
-        if not values:
+        base = largest_matched()
+        if base is None:
             reasons.append(f"matched devices have no capacity {name}")
             return Decimal(0), reasons
-        base = max(values)
     return base * unit.count, reasons
 
 
