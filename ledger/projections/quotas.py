@@ -120,6 +120,10 @@ class Catalog:
     _by_key: dict[tuple[str, str, str], Device] = field(default_factory=dict, compare=False, repr=False)
     _largest: dict[tuple[str, tuple[str, ...], str | None, str | None], Decimal | None] = field(
         default_factory=dict, compare=False, repr=False)
+    selections: dict[tuple[int, tuple[str, ...]], bool] | None = field(default=None, compare=False, repr=False)
+    """(``id`` of a device, CEL expressions) -> selected, shared by catalogs that hold the same
+    :class:`Device` objects (the instants of one quota history); whoever passes it keeps those objects
+    alive while it is used, so that an ``id`` names one device. ``None``: no memo."""
 
     def devices_of(self, device_class: str, request_selectors: Sequence[str] = ()) -> list[Device]:
         """Devices the class selectors and the request selectors both select (CEL, errors = no match).
@@ -130,8 +134,21 @@ class Catalog:
         if key not in self._selected:
             spec = self.classes.get(device_class)
             wanted = [*expressions_of(spec.get("selectors")), *request_selectors] if spec is not None else None
-            self._selected[key] = [] if wanted is None else [d for d in self.devices if selects(wanted, d.view)]
+            if wanted is None:
+                self._selected[key] = []
+            elif self.selections is None:
+                self._selected[key] = [d for d in self.devices if selects(wanted, d.view)]
+            else:
+                self._selected[key] = [d for d in self.devices if self._selects(wanted, tuple(wanted), d)]
         return self._selected[key]
+
+    def _selects(self, wanted: list[str], wanted_key: tuple[str, ...], device: Device) -> bool:
+        assert self.selections is not None
+        key = (id(device), wanted_key)
+        hit = self.selections.get(key)
+        if hit is None:
+            hit = self.selections[key] = selects(wanted, device.view)
+        return hit
 
     def largest(self, device_class: str, request_selectors: Sequence[str], source: MappingSource) -> Decimal | None:
         """The largest value of ``source`` (a counter, or a capacity) among :meth:`devices_of`; ``None`` when
@@ -353,19 +370,28 @@ def load_catalogs(conn: Connection, *, at: datetime, cluster: str | None,
         classes[r.cluster][r.name] = spec if isinstance(spec, dict) else {}
     devices: dict[str, list[Device]] = defaultdict(list)
     rows = [] if not with_devices else conn.execute(text(
-            "SELECT d.cluster, d.driver, d.pool, d.device, d.attributes, d.capacity, d.consumes_counters, "
-            "d.allow_multiple_allocations FROM device_inventory d WHERE d.valid @> :at"
-            + _cluster_filter(cluster, "d") + " ORDER BY d.driver, d.pool, d.device"), params).all()
-    for r in rows:
-        attributes, capacity, counters = _json(r.attributes), _json(r.capacity), _json(r.consumes_counters)
-        devices[r.cluster].append(Device(
-            driver=r.driver, pool=r.pool, device=r.device,
-            consumes_counters=counters if isinstance(counters, list) else [],
-            view=DeviceView(driver=r.driver, attributes=attributes if isinstance(attributes, dict) else {},
-                            capacity=capacity if isinstance(capacity, dict) else {},
-                            allow_multiple_allocations=bool(r.allow_multiple_allocations))))
+            f"SELECT {_DEVICE_COLUMNS} FROM device_inventory d WHERE d.valid @> :at"
+            + _cluster_filter(cluster, "d") + f" ORDER BY {_DEVICE_ORDER}"), params).mappings().all()
+    for m in rows:
+        devices[m["cluster"]].append(_device_of(m))
     return {c: Catalog(classes=classes.get(c, {}), devices=devices.get(c, []))
             for c in {*classes, *devices}}
+
+
+_DEVICE_COLUMNS = ("d.cluster, d.driver, d.pool, d.device, d.attributes, d.capacity, d.consumes_counters, "
+                   "d.allow_multiple_allocations")
+"""What counting reads of a ``device_inventory`` row (alias ``d``)."""
+_DEVICE_ORDER = "d.driver, d.pool, d.device"
+"""The order of a catalog's devices (in the database's collation)."""
+
+
+def _device_of(m: RowMapping) -> Device:
+    attributes, capacity, counters = _json(m["attributes"]), _json(m["capacity"]), _json(m["consumes_counters"])
+    return Device(driver=m["driver"], pool=m["pool"], device=m["device"],
+                  consumes_counters=counters if isinstance(counters, list) else [],
+                  view=DeviceView(driver=m["driver"], attributes=attributes if isinstance(attributes, dict) else {},
+                                  capacity=capacity if isinstance(capacity, dict) else {},
+                                  allow_multiple_allocations=bool(m["allow_multiple_allocations"])))
 
 
 _HELD_COLUMNS = ("a.cluster, a.claim_uid, a.namespace, a.claim, a.team, a.request, a.device_class, a.driver, "
@@ -544,17 +570,23 @@ _NO_CATALOG = Catalog()
 """The catalog of a cluster with no DeviceClass and no device at T (what :func:`quotas` counts with)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Span:
-    """One ``device_allocations`` row of the window: what counting reads of it, its ``valid`` bounds
-    (``None``: unbounded) and its rank in :data:`_RESULT_ORDER` (unique within one sweep)."""
+def _in_window(alias: str, cluster: str | None) -> tuple[str, str]:
+    """The bounds of ``alias.valid`` (as :func:`_valid_of` reads them), then the ``FROM``-less filter
+    of the rows whose interval holds an instant of ``[:s, :e)``: ``(columns, where)``."""
+    return (f"lower({alias}.valid) AS lo, lower_inc({alias}.valid) AS lo_inc, upper({alias}.valid) AS hi, "
+            f"upper_inc({alias}.valid) AS hi_inc",
+            f" WHERE {alias}.valid && tstzrange(:s, :e, '[)') AND NOT isempty({alias}.valid)"
+            + _cluster_filter(cluster, alias))
 
-    held: _HeldRow
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Valid:
+    """A ``valid`` interval's bounds (``None``: unbounded), to answer ``valid @> t`` in memory."""
+
     lo: datetime | None
     lo_inc: bool
     hi: datetime | None
     hi_inc: bool
-    rank: int
 
     def holds(self, t: datetime) -> bool:
         """``valid @> t``."""
@@ -564,6 +596,84 @@ class _Span:
     def over(self, t: datetime) -> bool:
         """Whether ``valid`` holds no instant from ``t`` on."""
         return self.hi is not None and (self.hi < t or (self.hi == t and not self.hi_inc))
+
+    def changes(self) -> list[tuple[datetime, bool]]:
+        """The instants where ``holds`` changes, each with whether it changes only just after it (an
+        exclusive lower or inclusive upper bound) rather than at it."""
+        out = [] if self.lo is None else [(self.lo, not self.lo_inc)]
+        return out if self.hi is None else [*out, (self.hi, self.hi_inc)]
+
+
+def _valid_of(m: RowMapping) -> _Valid:
+    return _Valid(lo=m["lo"], lo_inc=bool(m["lo_inc"]), hi=m["hi"], hi_inc=bool(m["hi_inc"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Span:
+    """One ``device_allocations`` row of the window: what counting reads of it, its ``valid`` interval
+    and its rank in :data:`_RESULT_ORDER` (unique within one sweep)."""
+
+    held: _HeldRow
+    valid: _Valid
+    rank: int
+
+
+class _CatalogHistory:
+    """The DeviceClass and device intervals that hold some instant of a window, per cluster: the
+    catalog at any edge of the window without asking the database again.
+
+    :meth:`at` answers as :func:`load_catalogs` at that instant: the classes and devices whose interval
+    holds it, the devices in :data:`_DEVICE_ORDER`. One :class:`Device` per ``device_inventory`` row
+    serves every instant, so a CEL selection is evaluated once per device interval and selector
+    (``Catalog.selections``) rather than at each catalog change.
+    """
+
+    def __init__(self, conn: Connection, *, start: datetime, end: datetime, cluster: str | None,
+                 with_devices: bool) -> None:
+        params = {"s": start, "e": end, "cluster": cluster}
+        self._classes: dict[str, list[tuple[_Valid, str, JSONObject]]] = defaultdict(list)
+        self._devices: dict[str, list[tuple[_Valid, Device]]] = defaultdict(list)
+        self._selections: dict[tuple[int, tuple[str, ...]], bool] = {}
+        bounds: list[tuple[_Valid, str]] = []
+        bounds_of, window = _in_window("c", cluster)
+        for m in conn.execute(text(f"SELECT c.cluster, c.name, c.spec, {bounds_of} FROM device_classes c"
+                                   + window), params).mappings():
+            spec = _json(m["spec"])
+            self._classes[m["cluster"]].append((_valid_of(m), m["name"], spec if isinstance(spec, dict) else {}))
+            bounds.append((_valid_of(m), m["cluster"]))
+        if with_devices:
+            bounds_of, window = _in_window("d", cluster)
+            for m in conn.execute(text(f"SELECT {_DEVICE_COLUMNS}, {bounds_of} FROM device_inventory d" + window
+                                       + f" ORDER BY {_DEVICE_ORDER}"), params).mappings():
+                self._devices[m["cluster"]].append((_valid_of(m), _device_of(m)))
+                bounds.append((_valid_of(m), m["cluster"]))
+        at: list[tuple[datetime, str]] = []
+        after: list[tuple[datetime, str]] = []
+        for valid, name in bounds:
+            for instant, later in valid.changes():
+                if start <= instant < end:
+                    (after if later else at).append((instant, name))
+        self._at, self._after = deque(sorted(at)), deque(sorted(after))
+
+    def changed(self, t: datetime) -> set[str]:
+        """Clusters whose catalog may differ at ``t`` from the previous instant asked (the first call
+        answers for everything up to ``t``); instants are asked in increasing order."""
+        out: set[str] = set()
+        while self._at and self._at[0][0] <= t:
+            out.add(self._at.popleft()[1])
+        while self._after and self._after[0][0] < t:
+            out.add(self._after.popleft()[1])
+        return out
+
+    def clusters(self) -> set[str]:
+        """Clusters with a DeviceClass or a device in the window."""
+        return {*self._classes, *self._devices}
+
+    def at(self, cluster: str, t: datetime) -> Catalog:
+        """The catalog of ``cluster`` at ``t`` (an instant of the window)."""
+        return Catalog(classes={name: spec for valid, name, spec in self._classes.get(cluster, ()) if valid.holds(t)},
+                       devices=[d for valid, d in self._devices.get(cluster, ()) if valid.holds(t)],
+                       selections=self._selections)
 
 
 @dataclass(slots=True)
@@ -651,8 +761,8 @@ class _Sweep:
         claim = self._claims[key[0]].get(key)
         if claim is None:
             return set()
-        live = sorted((s for s in claim.spans if s.holds(t)), key=lambda s: s.rank)
-        claim.spans = [s for s in claim.spans if not s.over(t)]
+        live = sorted((s for s in claim.spans if s.valid.holds(t)), key=lambda s: s.rank)
+        claim.spans = [s for s in claim.spans if not s.valid.over(t)]
         charges: dict[_UsageKey, Decimal] = {}
         if live:
             counted = _claim_of([s.held for s in live])
@@ -677,31 +787,6 @@ class _Sweep:
         return changed
 
 
-def _catalog_changes(conn: Connection, *, start: datetime, end: datetime, cluster: str | None,
-                     with_devices: bool) -> tuple[deque[tuple[datetime, str]], deque[tuple[datetime, str]]]:
-    """Instants in ``[start, end)`` where what :func:`load_catalogs` reads may change, per cluster.
-
-    Source: the bounds of ``device_classes`` (and, ``with_devices``, ``device_inventory``) intervals.
-
-    Returns:
-        ``(at, after)``, each sorted by instant: a change in ``at`` shows from its instant on (the lower
-        bound of a ``[)`` interval, or its upper bound), one in ``after`` only after it (an inclusive
-        upper or an exclusive lower bound).
-    """
-    parts: list[str] = []
-    for table in ("device_classes", "device_inventory") if with_devices else ("device_classes",):
-        rows = f" FROM {table} x WHERE x.valid && tstzrange(:s, :e, '[]')" + _cluster_filter(cluster, "x")
-        parts.append("SELECT x.cluster, lower(x.valid) AS b, NOT lower_inc(x.valid) AS after" + rows)
-        parts.append("SELECT x.cluster, upper(x.valid) AS b, upper_inc(x.valid) AS after" + rows)
-    at: deque[tuple[datetime, str]] = deque()
-    after: deque[tuple[datetime, str]] = deque()
-    for r in conn.execute(text("SELECT DISTINCT cluster, b, after FROM (" + " UNION ALL ".join(parts) +
-                               ") bounds WHERE b >= :s AND b < :e ORDER BY b"),
-                          {"s": start, "e": end, "cluster": cluster}):
-        (after if r.after else at).append((r.b, r.cluster))
-    return at, after
-
-
 def quota_history(conn: Connection, *, start: datetime, end: datetime, config: LedgerConfig,
                   cluster: str | None = None) -> JSONObject:
     """Counted usage over ``[start, end)`` as intervals of constant usage per (team, resource name).
@@ -712,11 +797,10 @@ def quota_history(conn: Connection, *, start: datetime, end: datetime, config: L
     counts again only what can have changed (see the invariant in the body).
 
     Sources: ``device_allocations`` rows in the window with ``claims.requests``, ``device_classes``
-    and ``device_inventory`` (read as :func:`quotas` reads them). Statements: three, or four when a mapping
-    has sources (the catalog's change instants, the catalogs at ``start``, the window's rows, streamed
-    :data:`HISTORY_ROWS` a fetch), plus the catalogs again (one statement, two with sources) per cluster at
-    each edge where its catalog changed: their number grows with catalog changes, never with edges.
-    Memory: the rows of the claims held at the current edge, and the answer.
+    and ``device_inventory`` (read as :func:`quotas` reads them). Statements: two, three when a mapping
+    has sources (the DeviceClass and device intervals of the window, then its allocation rows, streamed
+    :data:`HISTORY_ROWS` a fetch), whatever the number of edges and catalog changes. Memory: the catalog
+    intervals of the window, the rows of the claims held at the current edge, and the answer.
 
     Returns:
         ``{"from", "to", "intervals": [{"team", "resourceName", "from", "to", "used", "nominalQuota",
@@ -730,24 +814,25 @@ def quota_history(conn: Connection, *, start: datetime, end: datetime, config: L
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     # Invariant that makes the sweep exact: what quotas() at an edge t charges a claim depends only on
     # (a) its device_allocations rows holding t (joined to its claims row, which has no interval: the same
-    # at every t), (b) the catalog at t (load_catalogs: device_classes, and device_inventory when a mapping
-    # has sources) and (c) the configuration. Between two consecutive edges p < t, (a) changes only for
-    # claims with a row bound at t (or an inclusive/exclusive bound at p taking effect after it): every
-    # bound of a row in the window is an edge, so no bound lies strictly between p and t. (b) changes only
-    # where a catalog interval bound lies in (p, t]. So at t it is enough to count again the claims with a
-    # row bound there, and every claim of a cluster whose catalog changed since p; every other claim's
-    # charges are those it had at p. The totals are then the sums quotas() forms (see _Total).
-    with_devices = any(m.sources for m in config.device_class_mappings)
-    at_changes, after_changes = _catalog_changes(conn, start=start, end=end, cluster=cluster,
-                                                 with_devices=with_devices)
-    sweep = _Sweep(config=config, catalogs=load_catalogs(conn, at=start, cluster=cluster, with_devices=with_devices))
+    # at every t), (b) its cluster's catalog at t (what load_catalogs reads: device_classes, and
+    # device_inventory when a mapping has sources) and (c) the configuration. Between two consecutive edges
+    # p < t, (a) changes only for claims with a row bound at t (or an exclusive lower / inclusive upper bound
+    # at p, which takes effect just after p): every bound of a row in the window is an edge, so none lies
+    # strictly between p and t. (b) changes only if a catalog interval has a bound in (p, t] (or one taking
+    # effect just after p). So at t it is enough to count again the claims with a row bound there, and every
+    # claim of a cluster whose catalog changed since p; every other claim's charges are those it had at p.
+    # The totals are then the sums quotas() forms (see _Total).
+    catalogs = _CatalogHistory(conn, start=start, end=end, cluster=cluster,
+                               with_devices=any(m.sources for m in config.device_class_mappings))
+    catalogs.changed(start)  # the catalogs at start are those of catalogs.at(start)
+    sweep = _Sweep(config=config, catalogs={name: catalogs.at(name, start) for name in catalogs.clusters()})
+    bounds_of, window = _in_window("a", cluster)
     rows = iter(conn.execute(text(
-        f"SELECT {_HELD_COLUMNS}, c.uid IS NOT NULL AS known, lower(a.valid) AS lo, lower_inc(a.valid) AS lo_inc, "
-        f"upper(a.valid) AS hi, upper_inc(a.valid) AS hi_inc, row_number() OVER (ORDER BY {_RESULT_ORDER}) AS rank "
+        f"SELECT {_HELD_COLUMNS}, c.uid IS NOT NULL AS known, {bounds_of}, "
+        f"row_number() OVER (ORDER BY {_RESULT_ORDER}) AS rank "
         # LEFT JOIN: a row whose claim is not (yet) in claims counts nothing but is an edge all the same.
-        "FROM device_allocations a LEFT JOIN claims c ON c.cluster = a.cluster AND c.uid = a.claim_uid "
-        "WHERE a.valid && tstzrange(:s, :e, '[)') AND NOT isempty(a.valid)" + _cluster_filter(cluster, "a") +
-        " ORDER BY lower(a.valid) NULLS FIRST"),
+        "FROM device_allocations a LEFT JOIN claims c ON c.cluster = a.cluster AND c.uid = a.claim_uid" + window
+        + " ORDER BY lower(a.valid) NULLS FIRST"),
         {"s": start, "e": end, "cluster": cluster}, execution_options={"yield_per": HISTORY_ROWS}).mappings())
     upcoming = next(rows, None)
     ends: list[tuple[datetime, int, _ClaimKey | None, bool]] = []
@@ -763,30 +848,22 @@ def quota_history(conn: Connection, *, start: datetime, end: datetime, config: L
         due, carried = carried, set()
         # Rows starting at t; at start, also every row begun before the window.
         while upcoming is not None and (upcoming["lo"] is None or upcoming["lo"] <= t):
-            lo, hi, claim = upcoming["lo"], upcoming["hi"], None
+            valid, claim = _valid_of(upcoming), None
             if upcoming["known"]:
-                claim = sweep.hold(_Span(held=_held_row(upcoming), lo=lo, lo_inc=bool(upcoming["lo_inc"]), hi=hi,
-                                         hi_inc=bool(upcoming["hi_inc"]), rank=int(upcoming["rank"])))
-                (due if lo is None or lo < t or upcoming["lo_inc"] else carried).add(claim)
-            if hi is not None and hi < end:
-                heappush(ends, (hi, next(tie), claim, bool(upcoming["hi_inc"])))
+                claim = sweep.hold(_Span(held=_held_row(upcoming), valid=valid, rank=int(upcoming["rank"])))
+                (due if valid.lo is None or valid.lo < t or valid.lo_inc else carried).add(claim)
+            if valid.hi is not None and valid.hi < end:
+                heappush(ends, (valid.hi, next(tie), claim, valid.hi_inc))
             upcoming = next(rows, None)
         # Rows ending at t.
         while ends and ends[0][0] <= t:
             hi, _, claim, hi_inc = heappop(ends)
             if claim is not None:
                 (carried if hi_inc and hi == t else due).add(claim)
-        # The catalogs that changed since the previous edge (at start they were just loaded).
-        changed: set[str] = set()
-        while at_changes and at_changes[0][0] <= t:
-            changed.add(at_changes.popleft()[1])
-        while after_changes and after_changes[0][0] < t:
-            changed.add(after_changes.popleft()[1])
-        if t > start:
-            for name in sorted(changed):
-                sweep.catalogs[name] = load_catalogs(conn, at=t, cluster=name,
-                                                     with_devices=with_devices).get(name, Catalog())
-                due.update(sweep.claims_of(name))
+        # The catalogs that changed since the previous edge.
+        for name in catalogs.changed(t):
+            sweep.catalogs[name] = catalogs.at(name, t)
+            due.update(sweep.claims_of(name))
         keys = set(quota_keys) if t == start else set()
         for claim in due:
             keys |= sweep.recount(claim, t)

@@ -227,14 +227,12 @@ def test_the_sweep_answers_as_quotas_at_every_edge_on_a_simulated_fleet(fleet: L
             swept, oracle = both(fleet, cfg, start, end)
             assert swept == oracle, (name, start, end)
 
-def test_the_statements_on_a_fleet_grow_with_catalog_changes_not_with_edges(fleet: LedgerHandle) -> None:
+def test_the_statements_on_a_fleet_grow_neither_with_edges_nor_with_catalog_changes(fleet: LedgerHandle) -> None:
     t0 = FLEET.start
-    # Counting by device count reads no devices, and the DeviceClasses are defined at t0 and never change.
     few = (t0 + timedelta(minutes=90), t0 + timedelta(minutes=91))
     many = (t0 + timedelta(minutes=1), t0 + timedelta(hours=4))
     assert edges(fleet, *few) + 100 < edges(fleet, *many)
-    assert statements_of(fleet, FLEET_CONFIGS["counts"], *few) == statements_of(fleet, FLEET_CONFIGS["counts"], *many)
-    # With sources, the devices are part of the catalog, and driver restarts republish them.
-    changes = catalog_instants(fleet, *many)
-    assert 0 < 4 + 2 * changes < edges(fleet, *many)
-    assert statements_of(fleet, FLEET_CONFIGS["sources"], *many) <= 4 + 2 * changes
+    # With sources the devices are part of the catalog, and driver restarts republish them in the long window.
+    assert catalog_instants(fleet, *few) == 0 < catalog_instants(fleet, *many)
+    for name in ("counts", "sources"):
+        assert statements_of(fleet, FLEET_CONFIGS[name], *few) == statements_of(fleet, FLEET_CONFIGS[name], *many)
