@@ -287,10 +287,27 @@ PADDED_TOKEN = ("a blank at the start or the end (a line end, perhaps): the API 
 """Why a token padded with blanks is refused: it was accepted, and every request bearing it was a 401."""
 
 
-def _unpadded_token(value: str) -> str:
-    # The message never holds the value: it is a secret.
+UNSENDABLE_TOKEN = ("a character outside printable ASCII (a letter such as 'Ä', a control character): HTTP clients "
+                    "send an Authorization header as bytes the API does not read back as this text, so it could "
+                    "never be presented")
+"""Why a token with a non-ASCII or control character is refused: accepted, it matched no request (401)."""
+
+
+def token_problem(value: str) -> str | None:
+    """Why ``value`` cannot serve as a bearer token (:data:`PADDED_TOKEN`, :data:`UNSENDABLE_TOKEN`), or ``None``.
+
+    The reason never holds the value: it is a secret.
+    """
     if value != value.strip():
-        raise ValueError(PADDED_TOKEN)
+        return PADDED_TOKEN
+    if not all(" " <= c <= "~" for c in value):
+        return UNSENDABLE_TOKEN
+    return None
+
+
+def _unpadded_token(value: str) -> str:
+    if (problem := token_problem(value)) is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -309,6 +326,11 @@ class ApiToken(_Model):
     @field_validator("teams")
     @classmethod
     def _some_team(cls, teams: list[str] | None) -> list[str] | None:
+        # Only a value written in the file is validated (the default is not): None here is an explicit null, as
+        # YAML reads `teams:` with its items commented out. It would have meant every team.
+        if teams is None:
+            raise ValueError("empty (null): leave teams out for a token that sees every team, or list the teams "
+                             "it sees")
         if teams == []:
             raise ValueError("an empty list: leave teams out for a token that sees every team, or list the teams "
                              "it sees")
@@ -325,7 +347,7 @@ class ApiToken(_Model):
 
         Raises:
             Invalid: the named environment variable is unset, shorter than :data:`MIN_TOKEN_LENGTH` characters, or
-                has a blank at either end (:data:`PADDED_TOKEN`).
+                has a blank at either end or a character outside printable ASCII (:func:`token_problem`).
         """
         if self.token is not None:
             return self.token
@@ -333,8 +355,8 @@ class ApiToken(_Model):
         if len(value) < MIN_TOKEN_LENGTH:
             raise Invalid(f"api.tokens[{self.name}]: environment variable {self.token_env} is unset or "
                           f"shorter than {MIN_TOKEN_LENGTH} characters")
-        if value != value.strip():
-            raise Invalid(f"api.tokens[{self.name}]: environment variable {self.token_env} has {PADDED_TOKEN}")
+        if (problem := token_problem(value)) is not None:
+            raise Invalid(f"api.tokens[{self.name}]: environment variable {self.token_env} has {problem}")
         return value
 
 

@@ -102,3 +102,37 @@ def test_an_empty_teams_list_is_refused_rather_than_read_as_every_team_or_none(t
 
     assert message.endswith("api.tokens.0.teams: an empty list: leave teams out for a token that sees every team, "
                             "or list the teams it sees")
+
+
+def test_a_yaml_teams_key_left_empty_is_refused_rather_than_read_as_every_team(tmp_path: Path) -> None:
+    # `teams:` whose items were commented out reads as null in YAML: it used to mean every team (and /v1/events).
+    path = tmp_path / "ledger.yaml"
+    path.write_text(f"api:\n  tokens:\n  - name: a\n    token: {SECRET}\n    teams:\n    # - vision\n",
+                    encoding="utf-8")
+    with pytest.raises(Invalid) as caught:
+        load_config(path)
+
+    assert str(caught.value).endswith("api.tokens.0.teams: empty (null): leave teams out for a token that sees every "
+                                      "team, or list the teams it sees")
+    # Left out, the key still means every team.
+    path.write_text(f"api:\n  tokens:\n  - name: a\n    token: {SECRET}\n", encoding="utf-8")
+    assert load_config(path).api.tokens[0].teams is None
+
+
+@pytest.mark.parametrize("token", [SECRET + "Ä", SECRET + "\\u0000", SECRET + "\\t1"])
+def test_a_token_no_http_client_could_send_as_written_is_refused(tmp_path: Path, token: str) -> None:
+    message = config_error(tmp_path, _entry("a", f'token = "{token}"'))
+
+    assert "api.tokens.0.token: a character outside printable ASCII" in message
+    assert SECRET not in message
+
+
+def test_a_token_variable_with_a_non_ascii_character_is_refused_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCENTED", SECRET + "é")
+    config = LedgerConfig.model_validate({"api": {"tokens": [{"name": "a", "tokenEnv": "ACCENTED"}]}})
+
+    with pytest.raises(Invalid, match=r"^api\.tokens\[a\]: environment variable ACCENTED has a character outside "
+                                      r"printable ASCII") as caught:
+        config.api.secrets()
+
+    assert SECRET not in str(caught.value)
