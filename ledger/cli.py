@@ -1316,6 +1316,14 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
             times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
             report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
             _print_report(report)
+            if (stored := services.count_observations(db, DEMO_CLUSTER)) > report.recorded + report.duplicates:
+                # A ledger kept from an earlier run, where other lines were replayed under the demo's cluster: the
+                # answers below are not the seed lab's alone, and nothing else would say so.
+                err.print(f"warning: cluster {DEMO_CLUSTER!r} of this ledger holds {stored - report.lines} "
+                          "observation(s) besides the bundled history (replayed into it earlier), so the answers "
+                          "below include them and differ from the seed lab's; run the demo with --data-dir on an "
+                          "empty directory (or --database-url on an empty database) for the seed lab alone",
+                          markup=False)
             services.refresh_occupancy_counts(db, cluster=DEMO_CLUSTER)  # what the occupancy-counts job keeps up
             start, end = min(times), max(times)
             busy = start.replace(minute=30, second=0, microsecond=0)  # seed-lab: every claim but one is placed

@@ -38,6 +38,7 @@ from ledger.store.postgres import (
     ObservationKey,
     ObservationRow,
     WatchCheckpointRow,
+    count_cluster_observations,
     dirty_rows,
     json_bytes,
 )
@@ -679,6 +680,19 @@ def has_events(db: LedgerDatabase, cluster: str) -> bool:
     """
     with unavailable_as_error(), db.reading(autocommit=True) as conn:
         return cluster in recorded_clusters(conn)
+
+
+def count_observations(db: LedgerDatabase, cluster: str) -> int:
+    """How many observations (recorded or rejected lines, table ``observations``) the ledger holds for ``cluster``.
+
+    The demo compares it with the lines of its bundled history: more means an earlier replay added other lines
+    under the demo's cluster, and the demo's answers include them.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), db.reading(autocommit=True) as conn:
+        return count_cluster_observations(conn, cluster)
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:

@@ -272,6 +272,11 @@ def copy_in(conn: Connection, table: str, columns: Sequence[str], data: IO[bytes
             copy.write(chunk)
 
 
+def count_cluster_observations(conn: Connection, cluster: str) -> int:
+    """Rows of table ``observations`` (recorded and rejected lines) of ``cluster``; >= 0."""
+    return int(conn.execute(text("SELECT count(*) FROM observations WHERE cluster = :c"), {"c": cluster}).scalar_one())
+
+
 _OBSERVATION_COLUMNS = (("cluster", "text"), ("digest", "text"), ("status", "text"), ("kind", "text"),
                         ("api_version", "text"), ("namespace", "text"), ("name", "text"), ("uid", "text"),
                         ("resource_version", "text"), ("watch_type", "text"), ("observed_at", "timestamptz"),

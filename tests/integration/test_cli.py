@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -45,6 +46,27 @@ def test_the_demo_replays_the_bundled_history_and_prints_its_tables(ledger_engin
     assert "39 lines: 0 recorded, 39 already recorded" in again.output
     assert "it is in the database LEDGER_DATABASE_URL names" in again.output
     assert "--group-by team\n" in again.output and "(the same URL)" not in again.output
+    assert "besides the bundled history" not in again.output
+
+
+def test_the_demo_warns_when_its_cluster_holds_lines_besides_the_bundled_history(ledger_engine: Engine,
+                                                                                 tmp_path: Path) -> None:
+    # A ledger kept from an earlier run, with one more line replayed under the demo's cluster: the demo's answers
+    # then include it (an 8th GPU held at 09:30), and it says so instead of printing them as the seed lab's.
+    from tests.paths import HISTORIES
+
+    first = (HISTORIES / "seed-lab.jsonl").read_text().splitlines()[0]
+    extra = json.loads(first)
+    extra["object"]["metadata"] = {**extra["object"]["metadata"], "name": "late-ns", "uid": "late-ns-uid"}
+    late = tmp_path / "late.jsonl"
+    late.write_text(json.dumps(extra) + "\n")
+    added = CliRunner().invoke(app, ["replay", str(late), "--cluster", "seed-lab", "--database-url",
+                                     _url(ledger_engine)])
+    assert added.exit_code == 0, added.output
+    result = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine)])
+    assert result.exit_code == 0, result.output
+    assert ("warning: cluster 'seed-lab' of this ledger holds 1 observation(s) besides the bundled history"
+            in " ".join(result.output.split()))
 
 
 def test_bad_parameters_are_reported_not_crashed(ledger_engine: Engine) -> None:
