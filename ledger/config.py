@@ -53,7 +53,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from ledger.errors import Invalid, shorten
@@ -311,6 +320,11 @@ def _unpadded_token(value: str) -> str:
     return value
 
 
+FILE_CONTEXT: dict[str, bool] = {"written": True}
+"""Validation context of a configuration read from its file (:func:`load_config`): checks that apply to what a
+person wrote, not to a configuration the ledger dumped itself, test for this very object."""
+
+
 class ApiToken(_Model):
     """A bearer token of the REST API; ``teams`` limits what it sees (``None`` = every team)."""
 
@@ -325,10 +339,11 @@ class ApiToken(_Model):
 
     @field_validator("teams")
     @classmethod
-    def _some_team(cls, teams: list[str] | None) -> list[str] | None:
-        # Only a value written in the file is validated (the default is not): None here is an explicit null, as
-        # YAML reads `teams:` with its items commented out. It would have meant every team.
-        if teams is None:
+    def _some_team(cls, teams: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        # Only a value given is validated (the default is not): None read from a file (FILE_CONTEXT) is an explicit
+        # null, as YAML reads `teams:` with its items commented out, and would have meant every team. A dumped
+        # configuration handed to the API's workers writes None for "left out", and is taken as it is.
+        if teams is None and info.context is FILE_CONTEXT:
             raise ValueError("empty (null): leave teams out for a token that sees every team, or list the teams "
                              "it sees")
         if teams == []:
@@ -540,7 +555,7 @@ def load_config(path: Path | str | None) -> LedgerConfig:
         raise Invalid(f"{path}: the configuration file must hold a mapping of sections (teams, prices, ...), "
                       f"not {_yaml_kind(data)}")
     try:
-        return LedgerConfig.model_validate(data)
+        return LedgerConfig.model_validate(data, context=FILE_CONTEXT)
     except ValidationError as e:
         raise Invalid(f"{path}: {'; '.join(_problem(err) for err in e.errors())}") from e
 
