@@ -1248,7 +1248,9 @@ def idle_claims(conn: Connection, *, at: datetime, min_idle: timedelta | None = 
     unused = [(r.cluster, r.uid) for r in rows if not mine_of[(r.cluster, r.uid)]
               and (r.state == "allocated" or r.origin == "manual")]
     reserved_end = _last_reserved_ends(conn, unused, at)
+    # Only claims whose consumers are all not Running can be ``inactive-consumers``: the others are not asked about.
     stopped = _stopped_running(conn, [(r.cluster, r.uid, c.uid) for r in rows if r.state == "allocated"
+                                      and not any(x.running for x in mine_of[(r.cluster, r.uid)])
                                       for c in mine_of[(r.cluster, r.uid)] if c.uid], at)
     refs = _pod_references(conn, [(r.cluster, r.namespace, r.name) for r in rows
                                   if r.state != "allocated" and r.origin == "manual"
