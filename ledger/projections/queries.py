@@ -1166,7 +1166,7 @@ def _claim_details(conn: Connection, *, at: datetime,
     """The rows of :func:`claims_page` for its page's claims: requests, devices and consumers read for them only."""
     if not picked:
         return []
-    bind = {"at": at, **_claim_keys(keys)}
+    bind = {"at": at, **key_arrays(keys)}
     requests = {(r.cluster, r.uid): r.requests for r in conn.execute(text(
         "SELECT c.cluster, c.uid, c.requests FROM unnest(CAST(:k0 AS text[]), CAST(:k1 AS text[])) AS k(cluster, uid) "
         "JOIN claims c ON c.cluster = k.cluster AND c.uid = k.uid"), bind)}
@@ -1305,8 +1305,8 @@ class _LiveClaim:
     name: str
 
 
-def _claim_keys(keys: Sequence[tuple[str, ...]]) -> dict[str, list[str]]:
-    """``keys`` as one array a column, the bound parameters ``k0``, ``k1``, ... of an ``unnest``."""
+def key_arrays(keys: Sequence[tuple[str, ...]]) -> dict[str, list[str]]:
+    """``keys`` as one array a column, the bound parameters ``k0``, ``k1``, ... of an ``unnest`` (empty for no keys)."""
     return {f"k{i}": [k[i] for k in keys] for i in range(len(keys[0]))} if keys else {}
 
 
@@ -1326,7 +1326,7 @@ def _last_reserved_ends(conn: Connection, claims: Sequence[tuple[str, str]],
         "SELECT c.cluster, c.claim_uid, max(upper(c.valid)) AS last FROM unnest(CAST(:k0 AS text[]), "
         "CAST(:k1 AS text[])) AS k(cluster, claim_uid) JOIN claim_consumers c ON c.cluster = k.cluster "
         "AND c.claim_uid = k.claim_uid AND upper(c.valid) <= :at GROUP BY c.cluster, c.claim_uid"),
-        {**_claim_keys(claims), "at": at}).all()
+        {**key_arrays(claims), "at": at}).all()
     return {(r.cluster, r.claim_uid): r.last for r in rows}
 
 
@@ -1347,7 +1347,7 @@ def _stopped_running(conn: Connection, consumers: Sequence[tuple[str, str, str]]
         "SELECT k.cluster, k.claim_uid, max(upper(p.valid)) AS last FROM unnest(CAST(:k0 AS text[]), "
         "CAST(:k1 AS text[]), CAST(:k2 AS text[])) AS k(cluster, claim_uid, pod_uid) JOIN pod_phases p "
         "ON p.cluster = k.cluster AND p.pod_uid = k.pod_uid AND p.phase = 'Running' AND upper(p.valid) <= :at "
-        "GROUP BY k.cluster, k.claim_uid"), {**_claim_keys(consumers), "at": at}).all()
+        "GROUP BY k.cluster, k.claim_uid"), {**key_arrays(consumers), "at": at}).all()
     return {(r.cluster, r.claim_uid): r.last for r in rows}
 
 
@@ -1371,7 +1371,7 @@ def _pod_references(conn: Connection, claims: Sequence[tuple[str, str, str]],
         " max(upper(p.valid)) FILTER (WHERE upper(p.valid) <= :at) AS last FROM unnest(CAST(:k0 AS text[]), "
         "CAST(:k1 AS text[]), CAST(:k2 AS text[])) AS k(cluster, namespace, name) JOIN pod_phases p "
         "ON p.cluster = k.cluster AND p.namespace = k.namespace AND p.claims ? k.name AND lower(p.valid) <= :at "
-        "GROUP BY k.cluster, k.namespace, k.name"), {**_claim_keys(claims), "at": at}).all()
+        "GROUP BY k.cluster, k.namespace, k.name"), {**key_arrays(claims), "at": at}).all()
     return {(r.cluster, r.namespace, r.name): (bool(r.now), r.last) for r in rows}
 
 
@@ -1387,7 +1387,7 @@ def _devices_held(conn: Connection, claims: Sequence[tuple[str, str]],
         "SELECT a.cluster, a.claim_uid, a.driver, a.pool, a.device FROM unnest(CAST(:k0 AS text[]), "
         "CAST(:k1 AS text[])) AS k(cluster, claim_uid) JOIN device_allocations a ON a.cluster = k.cluster "
         "AND a.claim_uid = k.claim_uid AND a.valid @> :at AND NOT a.admin_access "
-        "ORDER BY a.driver, a.pool, a.device"), {**_claim_keys(claims), "at": at}).all()
+        "ORDER BY a.driver, a.pool, a.device"), {**key_arrays(claims), "at": at}).all()
     out: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in rows:
         out[(r.cluster, r.claim_uid)].append(f"{r.driver}/{r.pool}/{r.device}")

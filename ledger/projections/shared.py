@@ -31,7 +31,7 @@ from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.counter_sets import CounterSetTotals, counter_amounts, counter_set_names, over_committed
-from ledger.projections.queries import NO_OVERRIDES, consumers_at, read_team_book, rfc3339
+from ledger.projections.queries import NO_OVERRIDES, consumers_at, key_arrays, read_team_book, rfc3339
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
 
@@ -138,12 +138,12 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
     consumers = consumers_at(conn, at, cluster)
     # Only the claims with two live consumers or more are read (every claim ever created was, 81,000 of them after
     # a simulated 1,000-node day, to keep a few hundred), and their teams from one TeamBook.
-    many = [key.split("\x00", 1) for key, held in consumers.items() if sum(1 for x in held if x.live) > 1]
+    many = [tuple(key.split("\x00", 1)) for key, held in consumers.items() if sum(1 for x in held if x.live) > 1]
     claim_rows = conn.execute(text(
         "SELECT c.cluster, c.uid, c.namespace, c.name FROM unnest(CAST(:k0 AS text[]), CAST(:k1 AS text[])) "
         "AS k(cluster, uid) JOIN claims c ON c.cluster = k.cluster AND c.uid = k.uid WHERE c.created_at <= :at "
         "ORDER BY c.namespace, c.name, c.uid"),
-        {"at": at, "k0": [k[0] for k in many], "k1": [k[1] for k in many]}).all() if many else []
+        {"at": at, **key_arrays(many)}).all() if many else []
     teams = read_team_book(conn, cluster=cluster, overrides=overrides)
     claims: list[JSONValue] = []
     for c in claim_rows:
