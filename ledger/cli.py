@@ -1316,10 +1316,11 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
             times = [x.observed_at for x in read_history(history) if isinstance(x, WatchLine) and x.observed_at]
             report = services.replay_files(db, [history], cluster=DEMO_CLUSTER)
             _print_report(report)
-            if (stored := services.count_observations(db, DEMO_CLUSTER)) > report.recorded + report.duplicates:
+            # The bundled history's lines are each stored now (recorded by this run or an earlier one).
+            if (extra := services.count_observations(db, DEMO_CLUSTER) - report.recorded - report.duplicates) > 0:
                 # A ledger kept from an earlier run, where other lines were replayed under the demo's cluster: the
                 # answers below are not the seed lab's alone, and nothing else would say so.
-                err.print(f"warning: cluster {DEMO_CLUSTER!r} of this ledger holds {stored - report.lines} "
+                err.print(f"warning: cluster {DEMO_CLUSTER!r} of this ledger holds {extra} "
                           "observation(s) besides the bundled history (replayed into it earlier), so the answers "
                           "below include them and differ from the seed lab's; run the demo with --data-dir on an "
                           "empty directory (or --database-url on an empty database) for the seed lab alone",
