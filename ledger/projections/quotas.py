@@ -545,9 +545,12 @@ def quota_history_at_each_edge(conn: Connection, *, start: datetime, end: dateti
 
 def _history_body(start: datetime, end: datetime, intervals: Sequence[JSONObject]) -> JSONObject:
     """The body of :func:`quota_history`: ``intervals`` (of one key, in edge order) sorted by team,
-    resourceName and the text of ``from``, without the rows of ``used`` 0 and no quota."""
+    resourceName and the instant of ``from``, without the rows of ``used`` 0 and no quota.
+
+    Why the instant and not the text: :func:`rfc3339` writes microseconds only when they are not zero, so
+    ``…:00.500000Z`` sorts before ``…:00Z`` as text."""
     kept: list[JSONValue] = [r for r in sorted(intervals, key=lambda r: (str(r["team"]), str(r["resourceName"]),
-                                                                        str(r["from"])))
+                                                                        datetime.fromisoformat(str(r["from"]))))
                              if r["used"] != 0 or r["nominalQuota"] is not None]
     return {"from": rfc3339(start), "to": rfc3339(end), "intervals": kept}
 

@@ -236,3 +236,19 @@ def test_the_statements_on_a_fleet_grow_neither_with_edges_nor_with_catalog_chan
     assert catalog_instants(fleet, *few) == 0 < catalog_instants(fleet, *many)
     for name in ("counts", "sources"):
         assert statements_of(fleet, FLEET_CONFIGS[name], *few) == statements_of(fleet, FLEET_CONFIGS[name], *many)
+
+
+def test_intervals_that_start_in_the_same_second_are_listed_in_time_order(ledger: LedgerHandle, tmp_path: Path) -> None:
+    # "09:10:00.500000Z" sorts before "09:10:00Z" as text ('.' < 'Z'): the rows must be ordered by time.
+    h = lab(device_class("class-1"))
+    h.claim("first", [req("gpu", exactly("class-1", 1))], allocate={"gpu": 1}, minutes=10)
+    h.claim("second", [req("gpu", exactly("class-1", 1))], allocate={"gpu": 1}, minutes=10 + 0.5 / 60)
+    h.replay(ledger, tmp_path)
+    cfg = config([{"name": "res-1", "deviceClassNames": ["class-1"]}])
+    swept: Any
+    swept, oracle = both(ledger, cfg, at(0), at(60))
+    assert swept == oracle
+    rows = [(i["from"], i["to"], i["used"]) for i in swept["intervals"]]
+    half = stamp(10 + 0.5 / 60)
+    assert half == "2026-11-02T09:10:00.500000Z"
+    assert rows == [(stamp(10), half, 1), (half, stamp(60), 2)]
