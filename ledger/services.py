@@ -848,7 +848,7 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
 
 
 def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str | None = None,
-           namespace: str | None = None, config: LedgerConfig = DEFAULT) -> JSONObject:
+           namespace: str | None = None, name: str | None = None, config: LedgerConfig = DEFAULT) -> JSONObject:
     """Claims at ``at``; see :func:`ledger.projections.queries.claims`. ``team`` follows
     ``config.teams.overrides``.
 
@@ -856,13 +856,13 @@ def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str
         Invalid: unknown ``state``.
     """
     with db.reading() as conn:
-        return queries.claims(conn, at=at, state=state, cluster=cluster, namespace=namespace,
+        return queries.claims(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
                               overrides=config.teams.overrides)
 
 
 def claims_page(db: LedgerDatabase, *, at: datetime, offset: int, limit: int, state: str = "all",
-                cluster: str | None = None, namespace: str | None = None, origin: str | None = None,
-                team: str | None = None, sees: Callable[[str], bool] | None = None,
+                cluster: str | None = None, namespace: str | None = None, name: str | None = None,
+                origin: str | None = None, team: str | None = None, sees: Callable[[str], bool] | None = None,
                 config: LedgerConfig = DEFAULT) -> queries.ClaimsPage:
     """``limit`` claims at ``at`` from the ``offset``-th that matches (``GET /v1/claims``); see
     :func:`ledger.projections.queries.claims_page`. ``team`` and ``sees`` take the team after
@@ -872,8 +872,8 @@ def claims_page(db: LedgerDatabase, *, at: datetime, offset: int, limit: int, st
         Invalid: unknown ``state``.
     """
     with db.reading() as conn:
-        return queries.claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, origin=origin,
-                                   team=team, sees=sees, overrides=config.teams.overrides, offset=offset,
+        return queries.claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
+                                   origin=origin, team=team, sees=sees, overrides=config.teams.overrides, offset=offset,
                                    limit=limit)
 
 

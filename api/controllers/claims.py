@@ -115,9 +115,9 @@ class ClaimsController(Controller):
             # Each claim by the team it is billed to (a deleted one: its team when deleted), never by the
             # namespace's team now: a relabel must not hand an older claim's history to the new team.
             listed: Any = services.claims(
-                ctx.db, at=datetime.now(UTC), cluster=scope, namespace=namespace, config=ctx.config
+                ctx.db, at=datetime.now(UTC), cluster=scope, namespace=namespace, name=name, config=ctx.config
             )
-            mine = {c["uid"] for c in listed["claims"] if c["name"] == name and access.sees(c["team"])}
+            mine = {c["uid"] for c in listed["claims"] if access.sees(c["team"])}
             if not mine:
                 raise UnknownClaim(f"no ResourceClaim {shorten(namespace)}/{shorten(name)} was ever recorded")
             streams = {f"claim:{uid}" for uid in mine}

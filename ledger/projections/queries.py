@@ -1067,7 +1067,8 @@ def requested_counts(requests: Sequence[JSONValue]) -> dict[str, int]:
 
 
 def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str | None = None,
-           namespace: str | None = None, overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+           namespace: str | None = None, name: str | None = None,
+           overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
     """Every claim known at ``at`` with its state, devices and live consumers: :func:`claims_page` unpaged.
 
     Returns:
@@ -1076,7 +1077,8 @@ def claims(conn: Connection, *, at: datetime, state: str = "all", cluster: str |
     Raises:
         Invalid: unknown ``state``.
     """
-    return claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, overrides=overrides).body
+    return claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
+                       overrides=overrides).body
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1088,9 +1090,9 @@ class ClaimsPage:
 
 
 def claims_page(conn: Connection, *, at: datetime, state: str = "all", cluster: str | None = None,
-                namespace: str | None = None, origin: str | None = None, team: str | None = None,
-                sees: Callable[[str], bool] | None = None, overrides: Mapping[str, str] = NO_OVERRIDES,
-                offset: int = 0, limit: int | None = None) -> ClaimsPage:
+                namespace: str | None = None, name: str | None = None, origin: str | None = None,
+                team: str | None = None, sees: Callable[[str], bool] | None = None,
+                overrides: Mapping[str, str] = NO_OVERRIDES, offset: int = 0, limit: int | None = None) -> ClaimsPage:
     """Claims known at ``at`` with their state, devices and live consumers, ``limit`` of them from ``offset``.
 
     Sources: ``claims`` (origin, requests), ``claim_states`` (pending/allocated intervals),
@@ -1103,6 +1105,7 @@ def claims_page(conn: Connection, *, at: datetime, state: str = "all", cluster: 
 
     Args:
         state: ``pending``, ``allocated``, ``deleted`` or ``all``.
+        name: only claims of this ``metadata.name`` (every claim ever recorded under it); ``None``: all.
         origin: only claims of this origin (``manual``, ``template``, ``extended``); ``None``: all.
         team: only claims billed to this team (after ``overrides``); ``None``: all.
         sees: only claims whose team this returns true for (a team-limited API token); ``None``: all.
@@ -1122,8 +1125,10 @@ def claims_page(conn: Connection, *, at: datetime, state: str = "all", cluster: 
     """
     if state not in ("pending", "allocated", "deleted", "all"):
         raise Invalid(f"state must be pending, allocated, deleted or all, got {shorten(repr(state))}")
-    params: dict[str, object] = {"at": at, "cluster": cluster, "namespace": namespace, "origin": origin}
+    params: dict[str, object] = {"at": at, "cluster": cluster, "namespace": namespace, "name": name,
+                                 "origin": origin}
     extra = (_cluster_filter(cluster, "c") + (" AND c.namespace = :namespace" if namespace is not None else "")
+             + (" AND c.name = :name" if name is not None else "")
              + (" AND c.origin = :origin" if origin is not None else ""))
     # The states at ``at`` are joined by hash, found through the GiST index on ``valid``: a lookup per claim cost
     # 1.2 s of 1.3 over 81,000 claims, most of them long deleted.

@@ -92,6 +92,7 @@ def test_every_page_is_the_matching_slice_of_the_whole_list(ledger: LedgerHandle
         ({"team": "vision"}, lambda c: c["team"] == "vision"),
         ({"sees": lambda team: team in ("nlp", "web")}, lambda c: c["team"] in ("nlp", "web")),
         ({"namespace": "web", "state": "pending"}, lambda c: c["namespace"] == "web" and c["state"] == "pending"),
+        ({"name": "gone-1"}, lambda c: c["name"] == "gone-1"),
     ]
     for asked, keep in filters:
         expected = [c for c in everything if keep(c)]
