@@ -73,7 +73,10 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     require_port(host, port)
     config = load_config(settings.config)
     # The tokenEnv variables before the database: a missing or shared token is named whatever the database says.
-    config.api.secrets()
+    try:
+        config.api.secrets()
+    except Invalid as e:
+        raise Invalid(f"{settings.config}: {e}" if settings.config is not None else str(e)) from e
     if not config.api.tokens and not _is_loopback(host) and not allow_open:
         raise LedgerError(
             f"no API tokens are configured: refusing to serve on {host}; configure [[api.tokens]] "

@@ -320,6 +320,16 @@ def _unpadded_token(value: str) -> str:
     return value
 
 
+def _variable_name(value: str) -> str:
+    # An empty name read as "environment variable  is unset"; a name with `=` or a blank can never be set: the
+    # environment holds NAME=VALUE pairs. Kubernetes accepts any other printable ASCII in an env var name.
+    if not value:
+        raise ValueError("empty: name the environment variable that holds the token")
+    if "=" in value or not all("!" <= c <= "~" for c in value):
+        raise ValueError(f"{value!r} cannot name an environment variable (printable ASCII without blanks or '=')")
+    return value
+
+
 FILE_CONTEXT: dict[str, bool] = {"written": True}
 """Validation context of a configuration read from its file (:func:`load_config`): checks that apply to what a
 person wrote, not to a configuration the ledger dumped itself, test for this very object."""
@@ -331,8 +341,9 @@ class ApiToken(_Model):
     name: Name
     token: Annotated[str, Field(min_length=MIN_TOKEN_LENGTH), AfterValidator(_unpadded_token)] | None = None
     """The token itself: at least :data:`MIN_TOKEN_LENGTH` characters, no blank at either end."""
-    token_env: str | None = Field(default=None, alias="tokenEnv")
-    """The environment variable holding the token instead, read when the app is built (same rules)."""
+    token_env: Annotated[str, AfterValidator(_variable_name)] | None = Field(default=None, alias="tokenEnv")
+    """The environment variable holding the token instead, read when the app is built (same rules): its name is
+    printable ASCII, with no blank and no ``=``."""
     teams: list[Name] | None = None
     """The teams whose rows the token sees (a team listed twice counts once); left out (``None``): every team.
     Never empty: ``[]`` reads as "no limit" to some and saw no team here, so it is refused rather than guessed."""

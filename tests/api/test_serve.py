@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,3 +207,17 @@ def test_serving_a_cluster_the_ledger_holds_nothing_of_warns_and_serves(
     assert ("warning: the ledger holds no event of cluster 'nope' yet: every answer will be empty until something "
             "is recorded under that name") in err
     assert served == ["nope", ledger.cluster]  # served anyway: the workers may record it later
+
+
+def test_an_unset_token_variable_is_named_with_the_configuration_file_it_comes_from(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text('[[api.tokens]]\nname = "chargeback"\ntokenEnv = "DRA_LEDGER_TEST_UNSET_TOKEN"\n')
+    env = {k: v for k, v in os.environ.items() if k != "DRA_LEDGER_TEST_UNSET_TOKEN"}
+
+    result = subprocess.run([*CLI, "serve", "--config", str(path), "--port", str(free_port()), "--database-url",
+                             "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True, timeout=120,
+                            env=env)
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"error: {path}: api.tokens[chargeback]: environment variable "
+                                     "DRA_LEDGER_TEST_UNSET_TOKEN is unset or shorter than 16 characters")

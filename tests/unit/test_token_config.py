@@ -136,3 +136,15 @@ def test_a_token_variable_with_a_non_ascii_character_is_refused_when_read(monkey
         config.api.secrets()
 
     assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("", "empty: name the environment variable that holds the token"),
+    ("TOKEN=x", "'TOKEN=x' cannot name an environment variable (printable ASCII without blanks or '=')"),
+    ("MY TOKEN", "'MY TOKEN' cannot name an environment variable (printable ASCII without blanks or '=')"),
+])
+def test_a_token_variable_name_no_environment_could_hold_is_refused_in_the_file(tmp_path: Path, name: str,
+                                                                               reason: str) -> None:
+    message = config_error(tmp_path, _entry("a", f'tokenEnv = "{name}"'))
+
+    assert message.endswith(f"api.tokens.0.tokenEnv: {reason}")
