@@ -60,7 +60,9 @@ class Holder(msgspec.Struct, kw_only=True):
 class DeviceOccupancy(msgspec.Struct, kw_only=True):
     """A device at T and its holders; ``offSlice`` when it is held after leaving its ResourceSlice;
     ``counterSetConflict`` when it is allocated and the allocated devices of its counter set
-    (``consumesCounters``, a GPU and its MIG partitions) take more than the pool's ``sharedCounters`` hold."""
+    (``consumesCounters``, a GPU and its MIG partitions) take more than the pool's ``sharedCounters`` hold;
+    ``counterSetHeldBy``: for a device with no allocation of its own, the allocated devices of its pool that leave
+    too little of its counter set for it (a MIG partition of a GPU allocated whole), else empty."""
 
     cluster: str
     driver: str
@@ -70,6 +72,7 @@ class DeviceOccupancy(msgspec.Struct, kw_only=True):
     model: str | None
     offSlice: bool
     counterSetConflict: bool
+    counterSetHeldBy: list[str]
     allocations: list[Holder]
 
 

@@ -787,7 +787,9 @@ class _ClusterLead:
 def render_occupancy(body: JSONObject) -> None:
     """Print an occupancy body as a table of devices and holders, then the totals. A device held after leaving its
     ResourceSlice says ``(off-slice)``, one whose counter set is allocated past its hardware ``(counter set
-    over-committed)``, and each of two allocations of one device (a double booking) ``[conflict]``.
+    over-committed)``, and each of two allocations of one device (a double booking) ``[conflict]``. A device with no
+    allocation is ``free``, or ``(counters held by gpu-0)`` when allocated devices of its counter set leave too
+    little for it (a MIG partition of a GPU allocated whole).
 
     A ``cluster`` column comes first when the devices come from more than one cluster (see
     :class:`_ClusterLead`).
@@ -803,7 +805,10 @@ def render_occupancy(body: JSONObject) -> None:
         name = (f"{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
                 + (" (counter set over-committed)" if dev.get("counterSetConflict") else ""))
         if not allocs:
-            rows.append([*lead(dev), name, _s(dev["node"]), "free", "", "", ""])
+            held_by = dev.get("counterSetHeldBy")
+            state = f"(counters held by {', '.join(map(str, held_by))})" if isinstance(held_by, list) and held_by \
+                else "free"
+            rows.append([*lead(dev), name, _s(dev["node"]), state, "", "", ""])
         for a in allocs:
             assert isinstance(a, dict)
             holder = (f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")

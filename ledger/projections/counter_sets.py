@@ -7,8 +7,8 @@ takes. The scheduler allocates a device only while the counters it consumes are 
 more than a set holds is a scheduler or driver bug: the same hardware handed out twice, flagged as DESIGN §11.5
 flags two allocations of one device. ``/v1/shared`` lists every counter set with its counters in use
 (:mod:`ledger.projections.shared`); occupancy flags the allocated devices of an over-committed set
-(:func:`counter_set_conflicts`); pending demand counts the partitions that still fit
-(:mod:`ledger.projections.pending`).
+(:func:`counter_set_state`) and names what holds the counters of a partition that no longer fits; pending demand
+counts the partitions that still fit (:mod:`ledger.projections.pending`).
 
 Sources: ``device_inventory.consumes_counters`` (``ResourceSlice.spec.devices[].consumesCounters``),
 ``device_allocations`` and the latest ``PoolGenerationObserved`` event of a pool (its ``sharedCounters``).
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -120,26 +121,46 @@ def over_committed(totals: Mapping[str, Decimal], in_use: Mapping[str, Decimal])
     return any(name in totals and used > totals[name] for name, used in in_use.items())
 
 
-def counter_set_conflicts(conn: Connection, *, at: datetime, keys: Sequence[DeviceKey]) -> frozenset[DeviceKey]:
-    """The devices among ``keys`` that hold an allocation at ``at`` in a counter set whose allocated devices take
-    more than it holds then (a GPU allocated whole while partitions of it are allocated, say).
+@dataclass(frozen=True, slots=True)
+class CounterSetState:
+    """What the counter sets of a page of devices say about them at one instant (:func:`counter_set_state`)."""
+
+    conflicts: frozenset[DeviceKey]
+    """Allocated devices of a counter set whose allocated devices take more than it holds."""
+    held_by: Mapping[DeviceKey, tuple[str, ...]]
+    """Each unallocated device whose ``consumesCounters`` no longer fit in what its counter sets have left, with
+    the allocated devices (names, same pool, sorted) that take those sets' counters; devices that fit are absent."""
+
+
+def counter_set_state(conn: Connection, *, at: datetime, keys: Sequence[DeviceKey]) -> CounterSetState:
+    """The counter-set flags of ``keys`` at ``at``: conflicts and devices whose counters others hold.
+
+    ``conflicts``: the devices among ``keys`` that hold an allocation in a counter set whose allocated devices take
+    more than it holds (the same hardware handed out twice). ``held_by``: the devices among ``keys`` without an
+    allocation that could not be allocated now because what they consume no longer fits (a MIG partition of a
+    GPU allocated whole), each with the allocated devices taking its sets' counters; a counter set whose pool's
+    ``sharedCounters`` were never seen blocks a device once any of its counters is in use (nothing says how much
+    is left).
 
     A device is counted in its set's use once, however many allocations hold it (shares of one device take its
     counters once); ``adminAccess`` allocations take nothing (they never occupy a device, DESIGN §5). A device
     held after leaving its ResourceSlice has no inventory row at ``at``, so nothing says what it consumes and
     it is left out. The state of the hardware is read over every allocation, whoever holds it.
 
-    Queries: one for the counter sets ``keys`` consume, then, only when some do, one for the devices of those
-    pools and one ``sharedCounters`` look-up per pool (a page of MIG GPUs spans a few pools).
+    Sources: ``device_inventory.consumes_counters`` (``ResourceSlice.spec.devices[].consumesCounters``),
+    ``device_allocations`` at ``at``, the pools' ``sharedCounters`` (:class:`CounterSetTotals`).
+
+    Queries: one for the pools of ``keys`` whose devices consume a counter set, then, only when some do, one for
+    the devices of those pools and one ``sharedCounters`` look-up per pool (a page of MIG GPUs spans a few pools).
 
     Args:
         keys: ``(cluster, driver, pool, device)`` of one occupancy page (at most a page's worth).
 
     Returns:
-        The keys to flag; empty when none consumes a counter set.
+        Both sets empty when no key consumes a counter set.
     """
     if not keys:
-        return frozenset()
+        return CounterSetState(frozenset(), {})
     unzipped = {"k_cluster": [k[0] for k in keys], "k_driver": [k[1] for k in keys],
                 "k_pool": [k[2] for k in keys], "k_device": [k[3] for k in keys]}
     page = conn.execute(text(
@@ -150,7 +171,7 @@ def counter_set_conflicts(conn: Connection, *, at: datetime, keys: Sequence[Devi
         "WHERE i.valid @> :at AND i.counter_set IS NOT NULL"),
         {"at": at, **unzipped}).all()
     if not page:
-        return frozenset()
+        return CounterSetState(frozenset(), {})
     pools = sorted((r.cluster, r.driver, r.pool) for r in page)
     # Every device of those pools in the inventory at T, with whether a non-adminAccess allocation holds it then.
     members = conn.execute(text(
@@ -165,14 +186,19 @@ def counter_set_conflicts(conn: Connection, *, at: datetime, keys: Sequence[Devi
          "p_pool": [p[2] for p in pools]}).all()
     in_use: dict[tuple[str, str, str, str], dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
     held_in: dict[tuple[str, str, str, str], list[DeviceKey]] = defaultdict(list)
+    free: list[tuple[DeviceKey, list[JSONValue]]] = []
+    wanted = set(keys)
     for m in members:
-        if not m.held:
-            continue
         consumes = _json(m.consumes_counters)
         consumes_list = consumes if isinstance(consumes, list) else []
+        key: DeviceKey = (m.cluster, m.driver, m.pool, m.device)
+        if not m.held:
+            if key in wanted:
+                free.append((key, consumes_list))
+            continue
         for name in counter_set_names(consumes_list):
             counter_set = (m.cluster, m.driver, m.pool, name)
-            held_in[counter_set].append((m.cluster, m.driver, m.pool, m.device))
+            held_in[counter_set].append(key)
             for counter, amount in counter_amounts(consumes_list, name).items():
                 in_use[counter_set][counter] += amount
     totals = CounterSetTotals(conn, at)
@@ -180,4 +206,26 @@ def counter_set_conflicts(conn: Connection, *, at: datetime, keys: Sequence[Devi
     for counter_set, devices in held_in.items():
         if over_committed(totals.of(*counter_set), in_use[counter_set]):
             flagged.update(devices)
-    return frozenset(flagged & set(keys))
+    held_by: dict[DeviceKey, tuple[str, ...]] = {}
+    for key, consumes_list in free:
+        holders: set[str] = set()
+        for name in counter_set_names(consumes_list):
+            counter_set = (*key[:3], name)
+            if counter_set in held_in and not counters_fit(totals.of(*counter_set), in_use[counter_set],
+                                                    counter_amounts(consumes_list, name)):
+                holders.update(d[3] for d in held_in[counter_set])
+        if holders:
+            held_by[key] = tuple(sorted(holders))
+    return CounterSetState(frozenset(flagged & wanted), held_by)
+
+
+def counters_fit(totals: Mapping[str, Decimal], in_use: Mapping[str, Decimal], amounts: Mapping[str, Decimal]) -> bool:
+    """Whether a device consuming ``amounts`` (counter name -> base units) still fits in a counter set holding
+    ``totals`` of which ``in_use`` is taken. A counter the set does not define (its pool's ``sharedCounters`` unseen)
+    fits only while none of it is in use: nothing says how much is left."""
+    for counter, amount in amounts.items():
+        used = in_use.get(counter, Decimal(0))
+        total = totals.get(counter)
+        if (total is None and used > 0) or (total is not None and amount > total - used):
+            return False
+    return True

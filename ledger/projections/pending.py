@@ -31,7 +31,7 @@ from sqlalchemy import Connection, text
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.base import request_count
-from ledger.projections.counter_sets import CounterSetTotals, counter_amounts, counter_set_names
+from ledger.projections.counter_sets import CounterSetTotals, counter_amounts, counter_set_names, counters_fit
 from ledger.projections.queries import NO_OVERRIDES, rfc3339, until_now
 from ledger.projections.quotas import Catalog, Device, load_catalogs
 from ledger.projections.selectors import expressions_of, selects
@@ -114,17 +114,12 @@ def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catal
                     in_use[(d.driver, d.pool, name, counter)] += amount
     totals = CounterSetTotals(conn, at)
 
-    def counters_fit(d: Device) -> bool:
+    def fits(d: Device) -> bool:
         for name in sets_of.get((d.driver, d.pool, d.device), []):
-            known = totals.of(cluster, d.driver, d.pool, name)
-            for counter, amount in counter_amounts(d.consumes_counters, name).items():
-                used = in_use.get((d.driver, d.pool, name, counter), Decimal(0))
-                total = known.get(counter)
-                if total is None:
-                    if used > 0:
-                        return False  # the set's size is unknown: any use of it blocks its partitions
-                elif amount > total - used:
-                    return False
+            amounts = counter_amounts(d.consumes_counters, name)
+            used = {c: in_use.get((d.driver, d.pool, name, c), Decimal(0)) for c in amounts}
+            if not counters_fit(totals.of(cluster, d.driver, d.pool, name), used, amounts):
+                return False
         return True
 
     free: set[DeviceId] = set()
@@ -134,7 +129,7 @@ def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catal
             continue
         if key in held and not d.view.allow_multiple_allocations:
             continue
-        if key not in held and not counters_fit(d):
+        if key not in held and not fits(d):
             continue
         free.add(key)
     return free

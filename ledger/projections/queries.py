@@ -25,7 +25,7 @@ from ledger.projections import counts
 from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
-from ledger.projections.counter_sets import counter_set_conflicts
+from ledger.projections.counter_sets import counter_set_state
 from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.recorded import seconds_text
 from ledger.types import JSONObject, JSONValue
@@ -501,8 +501,8 @@ def occupancy_devices(conn: Connection, *, at: datetime, scope: OccupancyScope =
     more = len(picked) > limit
     picked = picked[:limit]
     holders = _holders(conn, at=at, scope=scope, keys=[p[0] for p in picked])
-    # Only devices with a holder on this page can be in conflict: the flag costs one query for most pages.
-    over = counter_set_conflicts(conn, at=at, keys=[p[0] for p in picked if holders.get(p[0], ([],))[0]])
+    # One query for a page without counter sets; devices of MIG pools cost one more and a look-up per pool.
+    sets = counter_set_state(conn, at=at, keys=[p[0] for p in picked])
     devices: list[JSONValue] = []
     for key, node, model, off_slice in picked:
         allocs, first_node, first_model, on_slice = holders.get(key, ([], None, None, None))
@@ -510,8 +510,8 @@ def occupancy_devices(conn: Connection, *, at: datetime, scope: OccupancyScope =
             off_slice = not on_slice if on_slice is not None else True
             node, model = (first_node, first_model)
         devices.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3], "node": node,
-                        "model": model, "offSlice": off_slice, "counterSetConflict": key in over,
-                        "allocations": allocs})
+                        "model": model, "offSlice": off_slice, "counterSetConflict": key in sets.conflicts,
+                        "counterSetHeldBy": list(sets.held_by.get(key, ())), "allocations": allocs})
     return devices, (picked[-1][0] if more and picked else None)
 
 
@@ -688,8 +688,9 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
     Returns:
         An :class:`OccupancyPage` whose body is ``{"at", "totals": {"devices", "allocated", "free",
         "shared"}, "devices": [{"cluster", "driver", "pool", "device", "node", "model", "offSlice",
-        "counterSetConflict", "allocations": [{"namespace", "claim", "team", "request", "deviceClass", "shareID",
-        "consumedCapacity", "adminAccess", "conflict", "consumers": [pod names]}]}]}``, devices sorted by
+        "counterSetConflict", "counterSetHeldBy": [device names], "allocations": [{"namespace", "claim", "team",
+        "request", "deviceClass", "shareID", "consumedCapacity", "adminAccess", "conflict",
+        "consumers": [pod names]}]}]}``, devices sorted by
         (cluster, driver, pool, device), allocations by (namespace, claim, request, shareID);
         ``consumedCapacity`` maps capacity name -> Quantity string (``{}`` for a whole device). Devices
         allocated after leaving their slice appear with ``offSlice: true`` and count in
@@ -697,8 +698,12 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         alone they are listed but neither counted nor free); devices consuming the same counter set
         count once (one piece of hardware). ``counterSetConflict`` is true for an allocated device whose
         counter set its allocated devices take more of than it holds at T (the hardware handed out twice:
-        :func:`ledger.projections.counter_sets.counter_set_conflicts`); an allocation's ``conflict`` is the
-        same flag for two allocations of one device.
+        :func:`ledger.projections.counter_sets.counter_set_state`); an allocation's ``conflict`` is the
+        same flag for two allocations of one device. ``counterSetHeldBy`` names, for a device without an
+        allocation of its own, the allocated devices of its pool whose counters leave too little of its counter
+        set for it (a MIG partition of a GPU allocated whole: ``["gpu-0"]``); it is ``[]`` for a device that
+        could still be allocated as far as counters go. Such a device is listed with no allocation, but it is
+        not counted in ``free``: its hardware is the allocated device's.
         ``free`` is never negative; ``adminAccess`` never occupies.
 
     Raises:

@@ -225,6 +225,28 @@ def test_occupancy_flags_the_allocated_devices_of_a_counter_set_allocated_past_i
     assert all(not a["conflict"] for d in later["devices"] for a in d["allocations"])
 
 
+def test_occupancy_names_the_devices_holding_the_counters_a_free_partition_needs(ledger: LedgerHandle,
+                                                                                tmp_path: Path) -> None:
+    _kep4815(ledger, tmp_path)
+
+    def held_by(minute: int) -> dict[str, list[str]]:
+        body: Any = ledger.occupancy(at(minute))
+        return {d["device"]: d["counterSetHeldBy"] for d in body["devices"]}
+
+    # Minute 15: partitions 0 and 1 take 20Gi of the 40Gi set; 2 and 3 (10Gi each) still fit, gpu-0 (40Gi) does not.
+    assert held_by(15) == {"gpu-0": ["gpu-0-partition-0", "gpu-0-partition-1"], "gpu-0-partition-0": [],
+                           "gpu-0-partition-1": [], "gpu-0-partition-2": [], "gpu-0-partition-3": []}
+    # Minute 5: nothing is allocated, every device fits.
+    assert not any(held_by(5).values())
+    whole: Any = _partition_claim("whole", "ml-serve", "gpu-0")
+    whole["status"]["allocation"]["allocationTimestamp"] = stamp(20)
+    assert not ledger.replay(history(tmp_path / "whole.jsonl", [("ADDED", whole, 20)])).rejected
+    # Minute 25: gpu-0 is allocated whole as well: the free partitions 2 and 3 are held by all three.
+    holders = ["gpu-0", "gpu-0-partition-0", "gpu-0-partition-1"]
+    assert held_by(25) == {"gpu-0": [], "gpu-0-partition-0": [], "gpu-0-partition-1": [],
+                           "gpu-0-partition-2": holders, "gpu-0-partition-3": holders}
+
+
 def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHandle, tmp_path: Path) -> None:
     _kep4815(ledger, tmp_path)
     body: Any = services.pending(ledger.db, at=T, cluster=ledger.cluster)

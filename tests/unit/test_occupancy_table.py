@@ -1,5 +1,5 @@
 """The occupancy table of the CLI marks what the JSON flags: devices held off-slice, counter sets allocated past
-their hardware, and double bookings."""
+their hardware, double bookings, and free partitions whose counters other devices hold."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ def holder(claim: str, *, conflict: bool = False) -> JSONObject:
             "shareID": None, "consumedCapacity": {}, "adminAccess": False, "conflict": conflict, "consumers": []}
 
 
-def device(name: str, *allocations: JSONObject, off_slice: bool = False, over: bool = False) -> JSONObject:
+def device(name: str, *allocations: JSONObject, off_slice: bool = False, over: bool = False,
+           held_by: tuple[str, ...] = ()) -> JSONObject:
     return {"cluster": "default", "driver": "gpu.example.com", "pool": "node-1", "device": name, "node": "node-1",
-            "model": "A100", "offSlice": off_slice, "counterSetConflict": over, "allocations": list(allocations)}
+            "model": "A100", "offSlice": off_slice, "counterSetConflict": over, "counterSetHeldBy": list(held_by),
+            "allocations": list(allocations)}
 
 
 def printed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *devices: JSONObject) -> list[str]:
@@ -33,11 +35,13 @@ def test_each_flag_of_a_device_or_an_allocation_is_marked_and_plain_rows_are_not
                     device("gpu-0", holder("whole"), over=True),
                     device("gpu-1", holder("a", conflict=True), holder("b", conflict=True)),
                     device("gpu-2", holder("plain"), off_slice=True),
-                    device("gpu-3"))
+                    device("gpu-3"),
+                    device("gpu-4-mig-1", held_by=("gpu-4", "gpu-4-mig-0")))
 
     assert "node-1/gpu-0 (counter set over-committed) node-1 ml/whole vision - -" in lines
     assert "node-1/gpu-1 node-1 ml/a [conflict] vision - -" in lines
     assert "node-1/gpu-1 node-1 ml/b [conflict] vision - -" in lines
     assert "node-1/gpu-2 (off-slice) node-1 ml/plain vision - -" in lines
     assert "node-1/gpu-3 node-1 free" in lines
+    assert "node-1/gpu-4-mig-1 node-1 (counters held by gpu-4, gpu-4-mig-0)" in lines
     assert "devices 3, allocated 2, free 1, shared 1" in lines
