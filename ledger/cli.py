@@ -390,7 +390,8 @@ def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] |
 
 def _catch_up_read_models(db: LedgerDatabase) -> None:
     """Catch the read models up after a replay, saying so on stderr when there are many events to apply (after a
-    large replay this takes seconds, with nothing else to show)."""
+    large replay this takes seconds, with nothing else to show), then analyze the tables when that applied
+    :data:`ledger.services.ANALYZE_AFTER_EVENTS` or more."""
     lag = max(services.projection_lag(db).values(), default=0)
     if lag >= PROGRESS_MIN_LINES:
         err.print(f"read models: applying {lag:,} events ...")
@@ -398,6 +399,15 @@ def _catch_up_read_models(db: LedgerDatabase) -> None:
     applied = services.catch_up(db)
     if lag >= PROGRESS_MIN_LINES:
         err.print(f"read models: {applied:,} events applied in {time.monotonic() - started:.1f} s")
+    if applied >= services.ANALYZE_AFTER_EVENTS:
+        _refresh_statistics(db)
+
+
+def _refresh_statistics(db: LedgerDatabase) -> None:
+    """:func:`ledger.services.refresh_statistics`, saying on stderr what it does and how long it took."""
+    started = time.monotonic()
+    services.refresh_statistics(db)
+    err.print(f"statistics: tables analyzed for the query planner in {time.monotonic() - started:.1f} s")
 
 
 def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:
@@ -595,7 +605,8 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         applied = services.rebuild(db, occupancy_counts=False)
         err.print(f"rebuilt read models from {applied} events; computing the occupancy counts ...")
         written = services.refresh_occupancy_counts(db)
-    err.print(f"occupancy counts: {sum(written.values())} rows over {len(written)} cluster(s)")
+        err.print(f"occupancy counts: {sum(written.values())} rows over {len(written)} cluster(s)")
+        _refresh_statistics(db)
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM

@@ -272,6 +272,18 @@ def copy_in(conn: Connection, table: str, columns: Sequence[str], data: IO[bytes
             copy.write(chunk)
 
 
+def analyze_tables(conn: Connection, tables: Sequence[str]) -> None:
+    """Run ``ANALYZE`` on ``tables`` (names in the connection's search path), so the planner has statistics of
+    their rows now rather than after autovacuum's next pass.
+
+    A role that may not analyze a table (neither its owner nor, from PostgreSQL 17, granted MAINTAIN) gets a
+    warning from the server for that table, not an error: the statistics then wait for autovacuum.
+    """
+    if tables:
+        quoted = ", ".join(conn.dialect.identifier_preparer.quote(t) for t in tables)
+        conn.execute(text(f"ANALYZE {quoted}"))
+
+
 def count_cluster_observations(conn: Connection, cluster: str) -> int:
     """Rows of table ``observations`` (recorded and rejected lines) of ``cluster``; >= 0."""
     return int(conn.execute(text("SELECT count(*) FROM observations WHERE cluster = :c"), {"c": cluster}).scalar_one())
