@@ -137,6 +137,27 @@ def test_the_occupancy_panel_follows_a_simulated_fleet_as_the_api_does(ledger: L
     assert partitions > sets > 0 and rows[0][1:] == (plain + sets, 0)
 
 
+TEAM_PANEL = "Allocated devices per team"
+
+
+def test_every_point_of_the_team_panel_is_what_a_team_limited_token_is_told(ledger: LedgerHandle,
+                                                                            tmp_path: Path) -> None:
+    write_history(SMALL, tmp_path / "fleet.jsonl")
+    assert not ledger.replay(tmp_path / "fleet.jsonl").rejected
+    start, end = SMALL.start, SMALL.start + timedelta(hours=SMALL.hours)
+    rows = run_as_reader(ledger, panel_sql(TEAM_PANEL), start=start, end=end)  # every 5 minutes
+    panel = {(time, team): value for time, team, value in rows}
+    assert len(panel) == len(rows) and all(value > 0 for value in panel.values())  # a point is left out at 0
+    teams = {team for _, team in panel}
+    assert len(teams) > 1 and None not in teams
+    with ledger.engine.connect() as conn:
+        for time in (start + timedelta(minutes=5 * i) for i in range(SMALL.hours * 12 + 1)):
+            for team in teams:
+                scope = queries.OccupancyScope(cluster=ledger.cluster, teams=frozenset({team}))
+                allocated = queries.occupancy_totals(conn, at=time, scope=scope)["allocated"]
+                assert panel.get((time, team), 0) == allocated, (time, team)
+
+
 # --- usage: the hour that starts at the range's end is not in the range ---------------------------
 
 EXPECTED = json.loads((HISTORIES / "seed-lab.expected.json").read_text())["device_hours"]
