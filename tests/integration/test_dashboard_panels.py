@@ -151,7 +151,7 @@ def test_every_point_of_the_team_panel_is_what_a_team_limited_token_is_told(ledg
     teams = {team for _, team in panel}
     assert len(teams) > 1 and None not in teams
     with ledger.engine.connect() as conn:
-        for time in (start + timedelta(minutes=5 * i) for i in range(SMALL.hours * 12 + 1)):
+        for time in (start + timedelta(minutes=5 * i) for i in range(int(SMALL.hours * 12) + 1)):
             for team in teams:
                 scope = queries.OccupancyScope(cluster=ledger.cluster, teams=frozenset({team}))
                 allocated = queries.occupancy_totals(conn, at=time, scope=scope)["allocated"]
