@@ -15,15 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
-from api.parameters import client_name, required_query_names
+from api.parameters import client_name, literal_strings, required_query_names
 from ledger.errors import MAX_ECHO_CHARS, Conflict, Invalid, LedgerError, NotFound, Unavailable, shorten
 
 _log = logging.getLogger(__name__)
@@ -70,18 +69,9 @@ def _client_name(request: Request[Any, Any, Any], key: object) -> object:
     return key if field is None else client_name(field, str(key))
 
 
-def _literal_strings(annotation: object) -> list[str]:
-    """The string values of a ``Literal``, also inside an optional one (``Literal["a", "b"] | None``)."""
-    if get_origin(annotation) is Literal:
-        return [v for v in get_args(annotation) if isinstance(v, str)]
-    if get_origin(annotation) in (Union, UnionType):
-        return [v for member in get_args(annotation) for v in _literal_strings(member)]
-    return []
-
-
 def _choices(request: Request[Any, Any, Any], key: object) -> str:
     """`` (one of: a, b)`` for an argument declared as a ``Literal`` of strings (optional or not), else ``""``."""
-    values = _literal_strings(getattr(_field(request, key), "annotation", None))
+    values = literal_strings(getattr(_field(request, key), "annotation", None))
     return f" (one of: {', '.join(values)})" if values else ""
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType, UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from litestar.connection import ASGIConnection
 from litestar.exceptions import ValidationException
@@ -148,6 +148,36 @@ def integer_ranges(handler: BaseRouteHandler,
     return MappingProxyType(ranges)
 
 
+def literal_strings(annotation: object) -> list[str]:
+    """The string values of a ``Literal``, also inside an optional one (``Literal["a", "b"] | None``)."""
+    if get_origin(annotation) is Literal:
+        return [v for v in get_args(annotation) if isinstance(v, str)]
+    if get_origin(annotation) in (Union, UnionType):
+        return [v for member in get_args(annotation) for v in literal_strings(member)]
+    return []
+
+
+@cache
+def literal_choices(handler: BaseRouteHandler,
+                    path_parameters: frozenset[str] = frozenset()) -> MappingProxyType[str, tuple[str, ...]]:
+    """The query parameters of ``handler`` that take one of a fixed set of words (``state``, ``origin``,
+    ``groupBy``), as clients spell them, each with its words in declaration order.
+
+    Source: :func:`query_names` and each handler argument's annotation (a ``Literal`` of strings, optional or not).
+    """
+    names = query_names(handler, path_parameters)
+    choices: dict[str, tuple[str, ...]] = {}
+    for name, field in handler.parsed_fn_signature.parameters.items():
+        if (sent := client_name(field, name)) in names and (words := literal_strings(field.annotation)):
+            choices[sent] = tuple(words)
+    return MappingProxyType(choices)
+
+
+BLANK_ALLOWED = frozenset({"cluster"})
+"""Parameters whose value may be only blanks: a cluster name padded with blanks, recorded before such names were
+refused, is still asked for by its name."""
+
+
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Litestar guard on ``/v1``: every query parameter is one the endpoint takes, each given once.
 
@@ -162,7 +192,10 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
         ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
             takes, or a repeated one.
         Invalid: (422) a parameter given with an empty value (``?node=``): no parameter takes the empty
-            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused;
+            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused; one
+            given only blanks (``?node=%20``; but ``cluster``, :data:`BLANK_ALLOWED`), which no recorded name is;
+            one of a fixed set of words given another (``state``, ``origin``: :func:`literal_choices`), ``null``
+            included;
             or an integer parameter (``limit``, ``afterPosition``) whose value is not :data:`INTEGER`
             (Litestar's own conversion, msgspec, also reads ``1e3`` and ``10.0`` as integers), or is outside
             the range the handler declares (:class:`IntegerRange`: ``limit=0``, ``afterPosition=-1``,
@@ -191,6 +224,17 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     if empty:
         name = empty[0]
         raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
+    blank = sorted(name for name in given if not given[name].strip() and name not in BLANK_ALLOWED)
+    if blank:
+        name = blank[0]
+        raise Invalid(f"{shorten(name)}: only blanks, which no name holds; leave the parameter out "
+                      f"{EMPTY_HINTS.get(name, 'for its default')}")
+    # Checked here, not by Litestar: it reads `origin=null` as no origin (an optional Literal takes None), so the
+    # filter was dropped; every other word outside the set it refused with these words.
+    choices = literal_choices(handler, frozenset(connection.path_params))
+    for name in sorted(set(choices) & set(given)):
+        if (value := given[name]) not in choices[name]:
+            raise Invalid(f"{name}: Invalid enum value '{shorten(value)}' (one of: {', '.join(choices[name])})")
     ranges = integer_ranges(handler, frozenset(connection.path_params))
     for name in sorted(set(ranges) & set(given)):
         if not INTEGER.fullmatch(value := given[name]):

@@ -175,10 +175,13 @@ def refuse_empty_filter(value: str | None) -> str | None:
     ``--namespace``): an empty value is a usage error (exit code 2), as ``node=`` is a 422 in the REST API.
 
     Why: ``--node "$NODE"`` with the variable unset filtered on a node called "" and printed an empty fleet
-    (``devices 0``), an answer indistinguishable from a real one.
+    (``devices 0``), an answer indistinguishable from a real one. A value of blanks alone is refused too: no
+    Kubernetes name holds a blank, so it matched nothing just the same.
     """
     if value == "":
         raise typer.BadParameter("empty; leave the option out to keep every one")
+    if value is not None and not value.strip():
+        raise typer.BadParameter("only blanks, which no name holds; leave the option out to keep every one")
     return value
 
 

@@ -392,3 +392,26 @@ def test_requests_leave_no_copy_of_the_route_handler_behind(client: TestClient[L
         assert client.get(f"/v1/occupancy?limit={n}").status_code == 200
         assert client.get(f"/v1/events?limit={n}").status_code == 200
     assert live_handlers() == before
+
+
+@pytest.mark.parametrize("url", ["/v1/claims?origin=null", "/v1/claims?state=null",
+                                 f"/v1/usage?{WINDOW}&groupBy=null"])
+def test_the_word_null_is_not_taken_for_a_fixed_choice_left_out(client: TestClient[Litestar], url: str) -> None:
+    # origin is optional: Litestar read `null` as no origin and listed claims of every origin.
+    name = url.split("?")[1].split("&")[-1].split("=")[0]
+    assert problem(client, url, 422).startswith(f"{name}: Invalid enum value 'null' (one of: ")
+
+
+@pytest.mark.parametrize(("url", "name"), [
+    ("/v1/occupancy?node=%20", "node"), ("/v1/claims?team=%20%20", "team"), ("/v1/claims?namespace=%09", "namespace"),
+])
+def test_a_filter_of_only_blanks_is_refused_as_an_empty_one_is(client: TestClient[Litestar], url: str,
+                                                               name: str) -> None:
+    assert problem(client, url, 422) == (f"{name}: only blanks, which no name holds; leave the parameter out "
+                                         f"for every {name}")
+
+
+def test_a_cluster_of_only_blanks_is_still_asked_for(client: TestClient[Litestar]) -> None:
+    response = client.get("/v1/occupancy?cluster=%20")
+    assert response.status_code == 200, response.text
+    assert response.json()["totals"]["devices"] == 0

@@ -77,6 +77,17 @@ def test_an_empty_filter_is_refused_as_the_api_refuses_it_not_answered_with_an_e
     assert f"Invalid value for '{option}': empty; leave the option out to keep every one" in result.output
 
 
+@pytest.mark.parametrize(("command", "option"), [(["occupancy"], "--node"), (["claims"], "--namespace")])
+def test_a_filter_of_only_blanks_is_refused_as_an_empty_one_is(command: list[str], option: str) -> None:
+    from ledger.cli import app
+
+    result = CliRunner().invoke(app, [*command, option, "  ", "--database-url", NOWHERE], env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert (f"Invalid value for '{option}': only blanks, which no name holds; leave the option out to keep every "
+            "one") in result.output
+
+
 def test_jobs_refuses_rollup_from_without_once_instead_of_starting_the_scheduler_silently() -> None:
     with plugin_commands() as app:
         result = CliRunner().invoke(app, ["jobs", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url", NOWHERE],
