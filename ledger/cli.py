@@ -803,7 +803,8 @@ def render_occupancy(body: JSONObject) -> None:
     ResourceSlice says ``(off-slice)``, one whose counter set is allocated past its hardware ``(counter set
     over-committed)``, and each of two allocations of one device (a double booking) ``[conflict]``. A device with no
     allocation is ``free``, or ``(counters held by gpu-0)`` when allocated devices of its counter set leave too
-    little for it (a MIG partition of a GPU allocated whole).
+    little for it (a MIG partition of a GPU allocated whole); one held by ``adminAccess`` alone carries that mark
+    after its name.
 
     A ``cluster`` column comes first when the devices come from more than one cluster (see
     :class:`_ClusterLead`).
@@ -816,13 +817,14 @@ def render_occupancy(body: JSONObject) -> None:
         assert isinstance(dev, dict)
         allocs = dev["allocations"]
         assert isinstance(allocs, list)
+        held_by = dev.get("counterSetHeldBy")
+        counters_held = f"(counters held by {', '.join(map(str, held_by))})" if isinstance(held_by, list) and held_by \
+            else ""
         name = (f"{dev['pool']}/{dev['device']}" + (" (off-slice)" if dev["offSlice"] else "")
-                + (" (counter set over-committed)" if dev.get("counterSetConflict") else ""))
+                + (" (counter set over-committed)" if dev.get("counterSetConflict") else "")
+                + (f" {counters_held}" if counters_held and allocs else ""))  # held by adminAccess alone
         if not allocs:
-            held_by = dev.get("counterSetHeldBy")
-            state = f"(counters held by {', '.join(map(str, held_by))})" if isinstance(held_by, list) and held_by \
-                else "free"
-            rows.append([*lead(dev), name, _s(dev["node"]), state, "", "", ""])
+            rows.append([*lead(dev), name, _s(dev["node"]), counters_held or "free", "", "", ""])
         for a in allocs:
             assert isinstance(a, dict)
             holder = (f"{a['namespace']}/{a['claim']}" + (" [adminAccess]" if a["adminAccess"] else "")

@@ -10,9 +10,9 @@ from ledger import cli
 from ledger.types import JSONObject
 
 
-def holder(claim: str, *, conflict: bool = False) -> JSONObject:
+def holder(claim: str, *, conflict: bool = False, admin: bool = False) -> JSONObject:
     return {"namespace": "ml", "claim": claim, "team": "vision", "request": "gpu", "deviceClass": "gpu.example.com",
-            "shareID": None, "consumedCapacity": {}, "adminAccess": False, "conflict": conflict, "consumers": []}
+            "shareID": None, "consumedCapacity": {}, "adminAccess": admin, "conflict": conflict, "consumers": []}
 
 
 def device(name: str, *allocations: JSONObject, off_slice: bool = False, over: bool = False,
@@ -36,7 +36,8 @@ def test_each_flag_of_a_device_or_an_allocation_is_marked_and_plain_rows_are_not
                     device("gpu-1", holder("a", conflict=True), holder("b", conflict=True)),
                     device("gpu-2", holder("plain"), off_slice=True),
                     device("gpu-3"),
-                    device("gpu-4-mig-1", held_by=("gpu-4", "gpu-4-mig-0")))
+                    device("gpu-4-mig-1", held_by=("gpu-4", "gpu-4-mig-0")),
+                    device("gpu-4-mig-2", holder("audit", admin=True), held_by=("gpu-4",)))
 
     assert "node-1/gpu-0 (counter set over-committed) node-1 ml/whole vision - -" in lines
     assert "node-1/gpu-1 node-1 ml/a [conflict] vision - -" in lines
@@ -44,4 +45,5 @@ def test_each_flag_of_a_device_or_an_allocation_is_marked_and_plain_rows_are_not
     assert "node-1/gpu-2 (off-slice) node-1 ml/plain vision - -" in lines
     assert "node-1/gpu-3 node-1 free" in lines
     assert "node-1/gpu-4-mig-1 node-1 (counters held by gpu-4, gpu-4-mig-0)" in lines
+    assert "node-1/gpu-4-mig-2 (counters held by gpu-4) node-1 ml/audit [adminAccess] vision - -" in lines
     assert "devices 3, allocated 2, free 1, shared 1" in lines
