@@ -547,11 +547,11 @@ def summarise_report(report: services.IngestReport) -> str:
     if earlier == 0:
         note = ""
     else:
-        which = "" if earlier == rejected else f"{earlier} of them "
-        note = f" ({which}already recorded as rejected, so also among the {report.duplicates} already recorded)"
-    lines = f"{report.lines} line{'' if report.lines == 1 else 's'}"
-    return (f"{lines}: {report.recorded} recorded, {report.duplicates} already recorded, "
-            f"{rejected} rejected{note}; {report.events} events appended")
+        which = "" if earlier == rejected else f"{earlier:,} of them "
+        note = f" ({which}already recorded as rejected, so also among the {report.duplicates:,} already recorded)"
+    lines = f"{report.lines:,} line{'' if report.lines == 1 else 's'}"
+    return (f"{lines}: {report.recorded:,} recorded, {report.duplicates:,} already recorded, "
+            f"{rejected:,} rejected{note}; {report.events:,} events appended")
 
 
 def _print_report(report: services.IngestReport) -> None:
@@ -606,9 +606,9 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         db = services.open_ledger(settings)
         err.print("rebuilding the read models from the events ...")
         applied = services.rebuild(db, occupancy_counts=False)
-        err.print(f"rebuilt read models from {applied} events; computing the occupancy counts ...")
+        err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
         written = services.refresh_occupancy_counts(db)
-        err.print(f"occupancy counts: {sum(written.values())} rows over {len(written)} cluster(s)")
+        err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)")
         _refresh_statistics(db)
 
 
@@ -1062,15 +1062,15 @@ def render_quotas(body: JSONObject) -> None:
                  _number(i["nominalQuota"]), "OVER" if i["overQuota"] else ""]
                 for i in intervals if isinstance(i, dict)]
         _table(f"Counted usage from {body['from']} to {body['to']}",
-               ["team", "resource name", "from", "to", "used", "nominal quota", ""], rows)
+               ["team", "resource name", "from", "to", "used", "nominal quota", "over quota"], rows)
         return
     rows_in = body["rows"]
     assert isinstance(rows_in, list)
     rows = [[_s(r["team"]), _s(r["resourceName"]), _number(r["used"]), _number(r["nominalQuota"]),
              "OVER" if r["overQuota"] else "", "\n".join(str(x) for x in r["reasons"]) if isinstance(r["reasons"], list)
              else ""] for r in rows_in if isinstance(r, dict)]
-    _table(f"Kueue-style counted usage at {body['at']}", ["team", "resource name", "used", "nominal quota", "",
-                                                         "Kueue would refuse"], rows)
+    _table(f"Kueue-style counted usage at {body['at']}", ["team", "resource name", "used", "nominal quota",
+                                                         "over quota", "Kueue would refuse"], rows)
 
 
 def render_shared(body: JSONObject) -> None:

@@ -58,7 +58,11 @@ def test_quotas_prints_the_api_body_and_the_over_quota_interval(seeded: tuple[En
                                "--config", str(config), "--output", "json"))
     assert [(i["from"], i["to"]) for i in over["intervals"] if i["overQuota"]] == \
         [("2026-11-02T09:15:00Z", "2026-11-02T10:00:01Z")]
-    assert "OVER" in run(engine, "quotas", "--at", "2026-11-02T09:30:00Z", "--config", str(config))
+    table = run(engine, "quotas", "--at", "2026-11-02T09:30:00Z", "--config", str(config))
+    assert "OVER" in table and "over quota" in table  # the column of OVER marks is named
+    history = run(engine, "quotas", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z", "--config",
+                  str(config))
+    assert "OVER" in history and "over quota" in history
 
 
 def test_a_bad_configuration_file_is_refused_with_its_location(seeded: tuple[Engine, Path]) -> None:

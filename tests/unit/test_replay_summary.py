@@ -42,3 +42,10 @@ def test_a_single_line_is_one_line() -> None:
     report = IngestReport(lines=1, recorded=1, duplicates=0, events=2, rejected=[])
 
     assert summarise_report(report) == "1 line: 1 recorded, 0 already recorded, 0 rejected; 2 events appended"
+
+
+def test_large_counts_are_grouped_in_thousands_as_the_progress_lines_are() -> None:
+    report = IngestReport(lines=775_804, recorded=775_803, duplicates=1, events=964_127)
+
+    assert summarise_report(report) == ("775,804 lines: 775,803 recorded, 1 already recorded, 0 rejected; "
+                                        "964,127 events appended")
