@@ -61,8 +61,9 @@ class DeviceOccupancy(msgspec.Struct, kw_only=True):
     """A device at T and its holders; ``offSlice`` when it is held after leaving its ResourceSlice;
     ``counterSetConflict`` when it is allocated and the allocated devices of its counter set
     (``consumesCounters``, a GPU and its MIG partitions) take more than the pool's ``sharedCounters`` hold;
-    ``counterSetHeldBy``: for a device with no allocation of its own, the allocated devices of its pool that leave
-    too little of its counter set for it (a MIG partition of a GPU allocated whole), else empty."""
+    ``counterSetHeldBy``: for a device with no allocation but ``adminAccess`` ones, the allocated devices of its pool
+    that leave too little of its counter set for it (a MIG partition of a GPU allocated whole), else empty (always
+    for a team-limited token)."""
 
     cluster: str
     driver: str

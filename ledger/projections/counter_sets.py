@@ -121,23 +121,48 @@ def over_committed(totals: Mapping[str, Decimal], in_use: Mapping[str, Decimal])
     return any(name in totals and used > totals[name] for name, used in in_use.items())
 
 
-@dataclass(frozen=True, slots=True)
+def counters_fit(totals: Mapping[str, Decimal], in_use: Mapping[str, Decimal], amounts: Mapping[str, Decimal]) -> bool:
+    """Whether a device could still take what it consumes of one counter set: the one rule occupancy
+    (:func:`counter_set_state`), pending demand and ``/v1/shared`` (``allocatable``) share.
+
+    Args:
+        totals: counter name -> amount the set holds (base units: bytes for memory), as
+            :func:`counter_set_totals` reads it; a counter missing here is one the pool's ``sharedCounters``
+            never defined (or were never seen).
+        in_use: counter name -> amount the set's allocated devices take (each device once).
+        amounts: counter name -> amount the device consumes of the set (:func:`counter_amounts`).
+
+    Returns:
+        ``True`` when every amount fits in what is left of its counter; a counter the set does not define fits
+        only while none of it is in use: nothing says how much is left.
+    """
+    for counter, amount in amounts.items():
+        used = in_use.get(counter, Decimal(0))
+        total = totals.get(counter)
+        if (total is None and used > 0) or (total is not None and amount > total - used):
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CounterSetState:
     """What the counter sets of a page of devices say about them at one instant (:func:`counter_set_state`)."""
 
     conflicts: frozenset[DeviceKey]
     """Allocated devices of a counter set whose allocated devices take more than it holds."""
     held_by: Mapping[DeviceKey, tuple[str, ...]]
-    """Each unallocated device whose ``consumesCounters`` no longer fit in what its counter sets have left, with
-    the allocated devices (names, same pool, sorted) that take those sets' counters; devices that fit are absent."""
+    """Each device with no allocation but ``adminAccess`` ones whose ``consumesCounters`` no longer fit in what its
+    counter sets have left, with the allocated devices (names, same pool, sorted) that take those sets' counters;
+    devices that fit are absent."""
 
 
 def counter_set_state(conn: Connection, *, at: datetime, keys: Sequence[DeviceKey]) -> CounterSetState:
     """The counter-set flags of ``keys`` at ``at``: conflicts and devices whose counters others hold.
 
     ``conflicts``: the devices among ``keys`` that hold an allocation in a counter set whose allocated devices take
-    more than it holds (the same hardware handed out twice). ``held_by``: the devices among ``keys`` without an
-    allocation that could not be allocated now because what they consume no longer fits (a MIG partition of a
+    more than it holds (the same hardware handed out twice). ``held_by``: the devices among ``keys`` with no
+    allocation but ``adminAccess`` ones (which occupy nothing) that could not be allocated now because what they
+    consume no longer fits (a MIG partition of a
     GPU allocated whole), each with the allocated devices taking its sets' counters; a counter set whose pool's
     ``sharedCounters`` were never seen blocks a device once any of its counters is in use (nothing says how much
     is left).
@@ -157,10 +182,10 @@ def counter_set_state(conn: Connection, *, at: datetime, keys: Sequence[DeviceKe
         keys: ``(cluster, driver, pool, device)`` of one occupancy page (at most a page's worth).
 
     Returns:
-        Both sets empty when no key consumes a counter set.
+        A :class:`CounterSetState`; both of its collections are empty when no key consumes a counter set.
     """
     if not keys:
-        return CounterSetState(frozenset(), {})
+        return CounterSetState(conflicts=frozenset(), held_by={})
     unzipped = {"k_cluster": [k[0] for k in keys], "k_driver": [k[1] for k in keys],
                 "k_pool": [k[2] for k in keys], "k_device": [k[3] for k in keys]}
     page = conn.execute(text(
@@ -171,7 +196,7 @@ def counter_set_state(conn: Connection, *, at: datetime, keys: Sequence[DeviceKe
         "WHERE i.valid @> :at AND i.counter_set IS NOT NULL"),
         {"at": at, **unzipped}).all()
     if not page:
-        return CounterSetState(frozenset(), {})
+        return CounterSetState(conflicts=frozenset(), held_by={})
     pools = sorted((r.cluster, r.driver, r.pool) for r in page)
     # Every device of those pools in the inventory at T, with whether a non-adminAccess allocation holds it then.
     members = conn.execute(text(
@@ -216,16 +241,4 @@ def counter_set_state(conn: Connection, *, at: datetime, keys: Sequence[DeviceKe
                 holders.update(d[3] for d in held_in[counter_set])
         if holders:
             held_by[key] = tuple(sorted(holders))
-    return CounterSetState(frozenset(flagged & wanted), held_by)
-
-
-def counters_fit(totals: Mapping[str, Decimal], in_use: Mapping[str, Decimal], amounts: Mapping[str, Decimal]) -> bool:
-    """Whether a device consuming ``amounts`` (counter name -> base units) still fits in a counter set holding
-    ``totals`` of which ``in_use`` is taken. A counter the set does not define (its pool's ``sharedCounters`` unseen)
-    fits only while none of it is in use: nothing says how much is left."""
-    for counter, amount in amounts.items():
-        used = in_use.get(counter, Decimal(0))
-        total = totals.get(counter)
-        if (total is None and used > 0) or (total is not None and amount > total - used):
-            return False
-    return True
+    return CounterSetState(conflicts=frozenset(flagged & wanted), held_by=held_by)

@@ -516,7 +516,8 @@ def occupancy_devices(conn: Connection, *, at: datetime, scope: OccupancyScope =
             node, model = (first_node, first_model)
         devices.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3], "node": node,
                         "model": model, "offSlice": off_slice, "counterSetConflict": key in sets.conflicts,
-                        "counterSetHeldBy": list(sets.held_by.get(key, ())), "allocations": allocs})
+                        "counterSetHeldBy": list(sets.held_by.get(key, ())) if scope.teams is None else [],
+                        "allocations": allocs})
     return devices, (picked[-1][0] if more and picked else None)
 
 
@@ -704,11 +705,11 @@ def occupancy(conn: Connection, *, at: datetime, cluster: str | None = None, nod
         count once (one piece of hardware). ``counterSetConflict`` is true for an allocated device whose
         counter set its allocated devices take more of than it holds at T (the hardware handed out twice:
         :func:`ledger.projections.counter_sets.counter_set_state`); an allocation's ``conflict`` is the
-        same flag for two allocations of one device. ``counterSetHeldBy`` names, for a device without an
-        allocation of its own, the allocated devices of its pool whose counters leave too little of its counter
-        set for it (a MIG partition of a GPU allocated whole: ``["gpu-0"]``); it is ``[]`` for a device that
-        could still be allocated as far as counters go. Such a device is listed with no allocation, but it is
-        not counted in ``free``: its hardware is the allocated device's.
+        same flag for two allocations of one device. ``counterSetHeldBy`` names, for a device with no
+        allocation but ``adminAccess`` ones, the allocated devices of its pool whose counters leave too little of
+        its counter set for it (a MIG partition of a GPU allocated whole: ``["gpu-0"]``); it is ``[]`` for a
+        device that could still be allocated as far as counters go, and always for a team-limited caller (the
+        devices named may be other teams').
         ``free`` is never negative; ``adminAccess`` never occupies.
 
     Raises:

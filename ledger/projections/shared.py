@@ -30,7 +30,13 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
-from ledger.projections.counter_sets import CounterSetTotals, counter_amounts, counter_set_names, over_committed
+from ledger.projections.counter_sets import (
+    CounterSetTotals,
+    counter_amounts,
+    counter_set_names,
+    counters_fit,
+    over_committed,
+)
 from ledger.projections.queries import NO_OVERRIDES, consumers_at, key_arrays, read_team_book, rfc3339
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
@@ -89,8 +95,10 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         largest consumed/total ratio) or of the claim (consumers: 1/n). Counter amounts are numbers in
         the counter's base unit (bytes for memory); ``total`` is ``null`` when the pool's
         ``sharedCounters`` were never seen. A partition is ``allocatable`` when it is unallocated and the
-        free counters cover what it consumes. A counter set's ``conflict`` is true when a counter's ``inUse``
-        exceeds its ``total`` (its devices allocated past the hardware: a GPU and its partitions at once).
+        free counters cover what it consumes (:func:`ledger.projections.counter_sets.counters_fit`: a counter of
+        unknown total, the pool's ``sharedCounters`` unseen, blocks it once any of it is in use). A counter
+        set's ``conflict`` is true when a counter's ``inUse`` exceeds its ``total`` (its devices allocated past
+        the hardware: a GPU and its partitions at once).
         Lists are sorted by driver, pool, device / namespace, name.
     """
     params = {"at": at, "cluster": cluster}
@@ -196,8 +204,7 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
                 total = totals.get(cname)
                 if total:
                     share = max(share, amount / total)
-            fits = all(c not in totals or amount <= totals[c] - in_use.get(c, Decimal(0))
-                       for c, amount in amounts.items())
+            fits = counters_fit(totals, in_use, amounts)
             partitions.append({"device": device, "consumes": {c: as_number(v) for c, v in sorted(amounts.items())},
                                "allocatable": not allocs and fits,
                                "allocations": [{"namespace": a["namespace"], "claim": a["claim"], "team": a["team"],

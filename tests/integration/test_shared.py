@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from ledger import services
+from ledger.projections import queries
 from ledger.quantities import parse_quantity
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
@@ -245,6 +246,56 @@ def test_occupancy_names_the_devices_holding_the_counters_a_free_partition_needs
     holders = ["gpu-0", "gpu-0-partition-0", "gpu-0-partition-1"]
     assert held_by(25) == {"gpu-0": [], "gpu-0-partition-0": [], "gpu-0-partition-1": [],
                            "gpu-0-partition-2": holders, "gpu-0-partition-3": holders}
+
+
+def test_held_counters_are_named_beside_an_admin_access_holder_but_never_to_a_team_limited_token(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    _kep4815(ledger, tmp_path)
+    # An adminAccess claim of ml-train (vision) on gpu-0 from minute 20: it occupies nothing, so gpu-0 is still a
+    # device whose 40Gi no longer fit beside partitions 0 and 1 (20Gi of the set's 40Gi).
+    audit: Any = _partition_claim("audit", "ml-train", "gpu-0")
+    audit["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+    audit["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    audit["status"]["allocation"]["allocationTimestamp"] = stamp(20)
+    assert not ledger.replay(history(tmp_path / "audit.jsonl", [("ADDED", audit, 20)])).rejected
+
+    whole: Any = ledger.occupancy(at(25))
+    gpu0 = next(d for d in whole["devices"] if d["device"] == "gpu-0")
+    assert [(a["claim"], a["adminAccess"]) for a in gpu0["allocations"]] == [("audit", True)]
+    assert gpu0["counterSetHeldBy"] == ["gpu-0-partition-0", "gpu-0-partition-1"]
+
+    # A vision token lists gpu-0 (its adminAccess claim) and partition 0; partition 1 is nlp's, so its name is not
+    # told, nor any other.
+    with ledger.engine.connect() as conn:
+        limited: Any = queries.occupancy_all(conn, at=at(25), cluster=ledger.cluster, teams=["vision"])
+    assert {d["device"]: d["counterSetHeldBy"] for d in limited["devices"]} == {"gpu-0": [], "gpu-0-partition-0": []}
+
+
+def test_a_counter_set_of_unknown_size_blocks_its_other_devices_in_shared_occupancy_and_pending_alike(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # The pool's counter slice (its sharedCounters) is never seen: nothing says how much of gpu-0-counter-set is
+    # left once partition 0 takes some, so no other device of the set is offered anywhere.
+    klass: JSONObject = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                         "metadata": {"name": "partition.example.com", "uid": uid("class"), "resourceVersion": rv()},
+                         "spec": {"selectors": [{"cel": {
+                             "expression": "device.driver == 'resource-driver.example.com'"}}]}}
+    path = history(tmp_path / "unknown.jsonl", [
+        ("ADDED", early_namespace("ml-train", "vision"), 0), ("ADDED", klass, 0),
+        ("ADDED", real("kep4815_resourceslice_device-slice-gpu0-plus-4-partitions-consumescounters_v1.yaml"), 1),
+        ("ADDED", _partition_claim("p0", "ml-train", "gpu-0-partition-0"), 10),
+        ("ADDED", _partition_claim("waiting", "ml-train", None), 12)])
+    assert not ledger.replay(path).rejected
+
+    body: Any = services.shared(ledger.db, at=T, cluster=ledger.cluster)
+    [counter_set] = body["counterSets"]
+    assert counter_set["counters"]["memory"]["total"] is None
+    assert not any(p["allocatable"] for p in counter_set["partitions"])
+    occupied: Any = ledger.occupancy(T)
+    held_by = {d["device"]: d["counterSetHeldBy"] for d in occupied["devices"]}
+    others = ["gpu-0", "gpu-0-partition-1", "gpu-0-partition-2", "gpu-0-partition-3"]
+    assert held_by == {"gpu-0-partition-0": [], **{d: ["gpu-0-partition-0"] for d in others}}
+    pending: Any = services.pending(ledger.db, at=T, cluster=ledger.cluster)
+    assert pending["classes"][0]["free"] == 0
 
 
 def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHandle, tmp_path: Path) -> None:
