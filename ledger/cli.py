@@ -407,10 +407,18 @@ def _catch_up_read_models(db: LedgerDatabase) -> None:
 
 
 def _refresh_statistics(db: LedgerDatabase) -> None:
-    """:func:`ledger.services.refresh_statistics`, saying on stderr what it does and how long it took."""
+    """:func:`ledger.services.refresh_statistics`, saying on stderr what it did and how long it took (a failure is
+    logged there as a warning: the load it follows stays committed)."""
     started = time.monotonic()
-    services.refresh_statistics(db)
-    err.print(f"statistics: tables analyzed for the query planner in {time.monotonic() - started:.1f} s")
+    done = services.refresh_statistics(db)
+    if done is None:
+        return
+    if done.analyzed:
+        err.print(f"statistics: {len(done.analyzed)} tables analyzed for the query planner in "
+                  f"{time.monotonic() - started:.1f} s")
+    if done.skipped:
+        err.print(f"statistics: this role may not analyze {len(done.skipped)} of the ledger's tables (it owns neither "
+                  "them nor the database, and has no MAINTAIN grant, PostgreSQL 17+); autovacuum will, in time")
 
 
 def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:
@@ -606,10 +614,11 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         db = services.open_ledger(settings)
         err.print("rebuilding the read models from the events ...")
         applied = services.rebuild(db, occupancy_counts=False)
-        err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
+        err.print(f"rebuilt read models from {applied:,} events")
+        _refresh_statistics(db)
+        err.print("computing the occupancy counts ...")
         written = services.refresh_occupancy_counts(db)
         err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)")
-        _refresh_statistics(db)
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM

@@ -11,6 +11,7 @@ import csv
 import gc
 import io
 import json
+import logging
 import threading
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -30,15 +31,15 @@ from ledger.projections.base import clusters as recorded_clusters
 from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
-from ledger.store import schema, tables
+from ledger.store import schema
 from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
 from ledger.store.locks import lock_rolled_hours
 from ledger.store.postgres import (
     EVICTED_PREFIXES,
+    Analyzed,
     ObservationKey,
     ObservationRow,
     WatchCheckpointRow,
-    analyze_tables,
     count_cluster_observations,
     dirty_rows,
     json_bytes,
@@ -47,6 +48,8 @@ from ledger.translator import relist
 from ledger.translator.fields import opt_str
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
 from ledger.types import GlobalPosition, JSONObject, JSONValue
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 
@@ -637,28 +640,33 @@ planner scan every device once for each allocation. ANALYZE of that ledger (a mi
 below this many events a replay is small and autovacuum's pass comes soon enough."""
 
 
-def refresh_statistics(db: LedgerDatabase) -> None:
-    """``ANALYZE`` every table of the ledger (``ledger.store.tables.metadata``: the event store and read models).
+def refresh_statistics(db: LedgerDatabase) -> Analyzed | None:
+    """``ANALYZE`` the ledger's tables (:meth:`LedgerDatabase.analyze`) after a bulk load, never failing it.
 
-    Raises:
-        StoreUnavailable: the database cannot be reached.
+    Returns:
+        What was analyzed and skipped (tables the role may not analyze: neither their owner nor, from PostgreSQL 17,
+        granted MAINTAIN), or ``None`` when the statements failed (a lost connection, a statement timeout): the
+        load is committed either way, and its statistics are left to autovacuum; the failure is logged.
     """
-    with unavailable_as_error(), db.engine.begin() as conn:
-        analyze_tables(conn, sorted(tables.metadata.tables))
+    try:
+        return db.analyze()
+    except LedgerError as e:
+        log.warning("statistics left to autovacuum: %s", e)
+        return None
 
 
 def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, occupancy_counts: bool = True) -> int:
     """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
 
     Then, unless ``occupancy_counts`` is false (the caller does both, e.g. to report progress between),
-    computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per cluster; until
-    that commits, occupancy totals are aggregated from the intervals) and the tables' statistics
-    (:func:`refresh_statistics`).
+    refreshes the tables' statistics (:func:`refresh_statistics`) and computes the occupancy counts again
+    (:func:`refresh_occupancy_counts`, one transaction per cluster; until that commits, occupancy totals are
+    aggregated from the intervals).
     """
     applied = runner.rebuild(db.engine, progress=progress)
     if occupancy_counts:
+        refresh_statistics(db)  # the statistics described the tables before the rebuild (and help the counts)
         refresh_occupancy_counts(db)
-        refresh_statistics(db)  # the swapped-in tables are new: no statistics at all
     return applied
 
 

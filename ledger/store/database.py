@@ -16,10 +16,10 @@ import psycopg
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from ledger.errors import Invalid, ObservationConflict, StoreUnavailable
+from ledger.errors import Invalid, LedgerError, ObservationConflict, StoreUnavailable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
-from ledger.store import schema
+from ledger.store import schema, tables
 from ledger.store.postgres import ObservationKey, ObservationRow
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
@@ -155,6 +155,19 @@ class LedgerDatabase:
     def upgrade(self) -> None:
         """Migrate the schema to head (needs DDL rights)."""
         schema.upgrade(self.engine)
+
+    def analyze(self) -> pg.Analyzed:
+        """``ANALYZE`` every table of the ledger (``ledger.store.tables.metadata``: the event store and the read
+        models) that the role may analyze (:func:`ledger.store.postgres.analyze_tables`).
+
+        Raises:
+            LedgerError: the database could not be reached, or refused a statement (a statement timeout, a lock it
+                waited for too long); the tables analyzed before it keep their new statistics.
+        """
+        try:
+            return pg.analyze_tables(self.engine, sorted(tables.metadata.tables))
+        except DBAPIError as e:
+            raise LedgerError(f"ANALYZE failed: {first_line(e)}") from e
 
     def load_state(self, cluster: str) -> TranslatorState:
         """Load the translator's memory for ``cluster``."""

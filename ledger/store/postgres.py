@@ -272,16 +272,39 @@ def copy_in(conn: Connection, table: str, columns: Sequence[str], data: IO[bytes
             copy.write(chunk)
 
 
-def analyze_tables(conn: Connection, tables: Sequence[str]) -> None:
-    """Run ``ANALYZE`` on ``tables`` (names in the connection's search path), so the planner has statistics of
-    their rows now rather than after autovacuum's next pass.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Analyzed:
+    """What :func:`analyze_tables` did: the tables it analyzed and those the role may not analyze."""
 
-    A role that may not analyze a table (neither its owner nor, from PostgreSQL 17, granted MAINTAIN) gets a
-    warning from the server for that table, not an error: the statistics then wait for autovacuum.
+    analyzed: tuple[str, ...]
+    skipped: tuple[str, ...]
+    """Tables neither owned by the role (or by the database it owns) nor, from PostgreSQL 17, granted it MAINTAIN:
+    the server would only warn and skip them, so they are not asked; autovacuum analyzes them in time."""
+
+
+def analyze_tables(engine: Engine, tables: Sequence[str]) -> Analyzed:
+    """Run ``ANALYZE`` on each of ``tables`` (names in the search path) the connecting role may analyze, so the
+    planner has statistics of their rows now rather than after autovacuum's next pass.
+
+    One table at a time, each committed on its own (autocommit): the lock ANALYZE takes on a table
+    (SHARE UPDATE EXCLUSIVE, which blocks no read nor write) is held for that table only, and a failure keeps the
+    statistics of the tables before it.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the server refused a statement (a lost connection, a statement timeout).
     """
-    if tables:
-        quoted = ", ".join(conn.dialect.identifier_preparer.quote(t) for t in tables)
-        conn.execute(text(f"ANALYZE {quoted}"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        allowed = {r.name: r.may for r in conn.execute(text(
+            "SELECT t.name, pg_has_role(c.relowner, 'USAGE') "
+            " OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE') "
+            " OR CASE WHEN current_setting('server_version_num')::int >= 170000 "
+            "   THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS may "
+            "FROM unnest(CAST(:names AS text[])) AS t(name) JOIN pg_class c ON c.oid = to_regclass(t.name)"),
+            {"names": list(tables)})}
+        analyzed = tuple(t for t in tables if allowed.get(t))
+        for table in analyzed:
+            conn.execute(text(f"ANALYZE {conn.dialect.identifier_preparer.quote(table)}"))
+    return Analyzed(analyzed=analyzed, skipped=tuple(t for t in tables if not allowed.get(t)))
 
 
 def count_cluster_observations(conn: Connection, cluster: str) -> int:
