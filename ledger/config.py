@@ -321,12 +321,14 @@ def _unpadded_token(value: str) -> str:
 
 
 def _variable_name(value: str) -> str:
-    # An empty name read as "environment variable  is unset"; a name with `=` or a blank can never be set: the
-    # environment holds NAME=VALUE pairs. Kubernetes accepts any other printable ASCII in an env var name.
+    # An empty name read as "environment variable  is unset", and a name holding `=` cannot be set (the environment
+    # holds NAME=VALUE pairs). Blanks, control characters and non-ASCII are refused as well: a shell cannot export
+    # such a name, and a Pod's env entry that holds one is most likely a typo.
     if not value:
         raise ValueError("empty: name the environment variable that holds the token")
     if "=" in value or not all("!" <= c <= "~" for c in value):
-        raise ValueError(f"{value!r} cannot name an environment variable (printable ASCII without blanks or '=')")
+        raise ValueError(f"{value!r} is refused as an environment variable name: use printable ASCII without blanks "
+                         "or '='")
     return value
 
 

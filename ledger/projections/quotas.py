@@ -544,8 +544,8 @@ def quota_history_at_each_edge(conn: Connection, *, start: datetime, end: dateti
 
 
 def _history_body(start: datetime, end: datetime, intervals: Sequence[JSONObject]) -> JSONObject:
-    """The body of :func:`quota_history`: ``intervals`` (of one key, in edge order) sorted by team,
-    resourceName and the instant of ``from``, without the rows of ``used`` 0 and no quota.
+    """The body of :func:`quota_history`: ``intervals`` (of every (team, resourceName), each key's in edge order)
+    sorted by team, resourceName and the instant of ``from``, without the rows of ``used`` 0 and no quota.
 
     Why the instant and not the text: :func:`rfc3339` writes microseconds only when they are not zero, so
     ``…:00.500000Z`` sorts before ``…:00Z`` as text."""

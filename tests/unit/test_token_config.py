@@ -140,8 +140,9 @@ def test_a_token_variable_with_a_non_ascii_character_is_refused_when_read(monkey
 
 @pytest.mark.parametrize(("name", "reason"), [
     ("", "empty: name the environment variable that holds the token"),
-    ("TOKEN=x", "'TOKEN=x' cannot name an environment variable (printable ASCII without blanks or '=')"),
-    ("MY TOKEN", "'MY TOKEN' cannot name an environment variable (printable ASCII without blanks or '=')"),
+    ("TOKEN=x", "'TOKEN=x' is refused as an environment variable name: use printable ASCII without blanks or '='"),
+    ("MY TOKEN", "'MY TOKEN' is refused as an environment variable name: use printable ASCII without blanks or '='"),
+    ("TÖKEN", "'TÖKEN' is refused as an environment variable name: use printable ASCII without blanks or '='"),
 ])
 def test_a_token_variable_name_no_environment_could_hold_is_refused_in_the_file(tmp_path: Path, name: str,
                                                                                reason: str) -> None:
