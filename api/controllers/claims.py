@@ -11,7 +11,7 @@ from litestar.params import FromPath, QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TOKEN_DOC
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
 from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
 from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
@@ -47,7 +47,7 @@ class ClaimsController(Controller):
         origin: Annotated[
             Literal["manual", "template", "extended"] | None, QueryParameter(description="Only claims of this origin.")
         ] = None,
-        at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC, format=TIME_FORMAT)] = None,
         cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,

@@ -18,6 +18,10 @@ from ledger import services
 from ledger.errors import Invalid
 
 AT_DOC = "Instant T (RFC 3339 with a zone, e.g. 2026-11-02T09:30:00Z); default now."
+TIME_FORMAT = "date-time"
+"""The OpenAPI format of every time parameter (RFC 3339 ``date-time``), so generated clients send times as times;
+the text is still parsed by the ledger (:func:`ledger.recorded.parse_query_time`), which refuses what it cannot take
+with a 422."""
 TOKEN_DOC = "Opaque token from the previous page's nextPageToken."
 LIMIT_DOC = "Rows per page (1..1000)."
 DEVICE_CLASS_DOC = (
@@ -44,7 +48,7 @@ class OccupancyController(Controller):
         request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
-        at: Annotated[str | None, QueryParameter(description=AT_DOC)] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC, format=TIME_FORMAT)] = None,
         cluster: ClusterParam = None,
         node: Annotated[str | None, QueryParameter(description="Only devices on this node.")] = None,
         driver: Annotated[str | None, QueryParameter(description="Only this DRA driver.")] = None,

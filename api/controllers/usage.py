@@ -13,7 +13,7 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import LIMIT_DOC, TOKEN_DOC
+from api.controllers.occupancy import LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
 from api.methods import read
@@ -121,8 +121,9 @@ class UsageController(Controller):
         request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
-        start: Annotated[str, QueryParameter(name="from", description="Window start, RFC 3339.")],
-        end: Annotated[str, QueryParameter(name="to", description="Window end (exclusive), RFC 3339.")],
+        start: Annotated[str, QueryParameter(name="from", description="Window start, RFC 3339.", format=TIME_FORMAT)],
+        end: Annotated[str, QueryParameter(name="to", description="Window end (exclusive), RFC 3339.",
+                                           format=TIME_FORMAT)],
         group_by: Annotated[
             Literal["team", "namespace", "deviceClass", "model", "node"],
             QueryParameter(name="groupBy", description="Group rows by this key."),

@@ -477,6 +477,15 @@ def test_options_with_a_query_answers_as_options_without_one(client: TestClient[
         (bare.status_code, dict(bare.headers), bare.content)
 
 
+def test_every_time_parameter_is_documented_as_an_rfc_3339_date_time(client: TestClient[Litestar]) -> None:
+    times = {(path, p["name"]): p["schema"].get("format")
+             for path, item in client.get("/schema/openapi.json").json()["paths"].items()
+             for p in item.get("get", {}).get("parameters", []) if p["name"] in ("at", "from", "to")}
+    # at: occupancy, claims, idle claims, pending, quotas, shared; from/to: usage and a device's timeline.
+    assert len(times) == 10
+    assert set(times.values()) == {"date-time"}, times
+
+
 def test_every_endpoint_takes_exactly_the_query_parameters_its_openapi_document_lists(
         client: TestClient[Litestar]) -> None:
     documented = {path: {p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"}
