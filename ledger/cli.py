@@ -414,11 +414,12 @@ def _refresh_statistics(db: LedgerDatabase) -> None:
     if done is None:
         return
     if done.analyzed:
-        err.print(f"statistics: {len(done.analyzed)} tables analyzed for the query planner in "
+        noun = "table" if len(done.analyzed) == 1 else "tables"
+        err.print(f"statistics: {len(done.analyzed)} {noun} analyzed for the query planner in "
                   f"{time.monotonic() - started:.1f} s")
     if done.skipped:
         err.print(f"statistics: this role may not analyze {len(done.skipped)} of the ledger's tables (it owns neither "
-                  "them nor the database, and has no MAINTAIN grant, PostgreSQL 17+); autovacuum will, in time")
+                  "them nor the database; from PostgreSQL 17 a MAINTAIN grant lets it); autovacuum will, in time")
 
 
 def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:
@@ -614,11 +615,10 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         db = services.open_ledger(settings)
         err.print("rebuilding the read models from the events ...")
         applied = services.rebuild(db, occupancy_counts=False)
-        err.print(f"rebuilt read models from {applied:,} events")
-        _refresh_statistics(db)
-        err.print("computing the occupancy counts ...")
+        err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
         written = services.refresh_occupancy_counts(db)
         err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)")
+        _refresh_statistics(db)
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM

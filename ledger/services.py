@@ -644,29 +644,33 @@ def refresh_statistics(db: LedgerDatabase) -> Analyzed | None:
     """``ANALYZE`` the ledger's tables (:meth:`LedgerDatabase.analyze`) after a bulk load, never failing it.
 
     Returns:
-        What was analyzed and skipped (tables the role may not analyze: neither their owner nor, from PostgreSQL 17,
-        granted MAINTAIN), or ``None`` when the statements failed (a lost connection, a statement timeout): the
-        load is committed either way, and its statistics are left to autovacuum; the failure is logged.
+        What was analyzed, skipped (tables the role may not analyze: neither their owner nor, from PostgreSQL 17,
+        granted MAINTAIN) and failed (each logged as a warning: a lock not granted in time, a statement timeout),
+        or ``None`` when the connection failed (logged too). The load is committed either way; what was not
+        analyzed is left to autovacuum.
     """
     try:
-        return db.analyze()
+        done = db.analyze()
     except LedgerError as e:
         log.warning("statistics left to autovacuum: %s", e)
         return None
+    for table, reason in done.failed:
+        log.warning("statistics of table %s left to autovacuum: ANALYZE failed: %s", table, reason)
+    return done
 
 
 def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, occupancy_counts: bool = True) -> int:
     """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
 
     Then, unless ``occupancy_counts`` is false (the caller does both, e.g. to report progress between),
-    refreshes the tables' statistics (:func:`refresh_statistics`) and computes the occupancy counts again
-    (:func:`refresh_occupancy_counts`, one transaction per cluster; until that commits, occupancy totals are
-    aggregated from the intervals).
+    computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per cluster; until
+    that commits, occupancy totals are aggregated from the intervals) and refreshes the tables' statistics
+    (:func:`refresh_statistics`).
     """
     applied = runner.rebuild(db.engine, progress=progress)
     if occupancy_counts:
-        refresh_statistics(db)  # the statistics described the tables before the rebuild (and help the counts)
         refresh_occupancy_counts(db)
+        refresh_statistics(db)  # they described the tables before the rebuild; last, so the counts' are current
     return applied
 
 

@@ -25,8 +25,8 @@ from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
-from ledger.store.database import connection_lost, first_line
-from ledger.store.postgres import read_all
+from ledger.store.database import connection_lost
+from ledger.store.postgres import first_line, read_all
 from ledger.types import GlobalPosition
 
 Progress = Callable[[int], None]

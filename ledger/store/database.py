@@ -20,15 +20,9 @@ from ledger.errors import Invalid, LedgerError, ObservationConflict, StoreUnavai
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema, tables
-from ledger.store.postgres import ObservationKey, ObservationRow
+from ledger.store.postgres import ObservationKey, ObservationRow, first_line
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
-
-
-def first_line(error: DBAPIError) -> str:
-    """The first line of what the database said (psycopg's message), else the error's type name."""
-    text = str(error.orig if error.orig is not None else error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def connection_lost(error: DBAPIError) -> bool:

@@ -274,12 +274,28 @@ def copy_in(conn: Connection, table: str, columns: Sequence[str], data: IO[bytes
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Analyzed:
-    """What :func:`analyze_tables` did: the tables it analyzed and those the role may not analyze."""
+    """What :func:`analyze_tables` did: the tables it analyzed, those the role may not analyze, those that failed."""
 
     analyzed: tuple[str, ...]
     skipped: tuple[str, ...]
     """Tables neither owned by the role (or by the database it owns) nor, from PostgreSQL 17, granted it MAINTAIN:
     the server would only warn and skip them, so they are not asked; autovacuum analyzes them in time."""
+    failed: tuple[tuple[str, str], ...] = ()
+    """(table, the first line of what the server said) of each ANALYZE refused: a lock not granted within
+    :data:`ANALYZE_LOCK_TIMEOUT`, a statement timeout. The tables after it were still analyzed."""
+
+
+ANALYZE_LOCK_TIMEOUT = "10s"
+"""How long an ANALYZE waits for its table's lock before that table is given up (``lock_timeout``).
+
+Why: a manual VACUUM, ANALYZE or CREATE INDEX CONCURRENTLY holds the same lock for as long as it runs; without a
+bound, a replay whose rows were all committed waited for it with nothing said."""
+
+
+def first_line(error: DBAPIError) -> str:
+    """The first line of what the database said (psycopg's message), else the error's type name."""
+    message = str(error.orig if error.orig is not None else error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
 
 
 def analyze_tables(engine: Engine, tables: Sequence[str]) -> Analyzed:
@@ -287,12 +303,14 @@ def analyze_tables(engine: Engine, tables: Sequence[str]) -> Analyzed:
     planner has statistics of their rows now rather than after autovacuum's next pass.
 
     One table at a time, each committed on its own (autocommit): the lock ANALYZE takes on a table
-    (SHARE UPDATE EXCLUSIVE, which blocks no read nor write) is held for that table only, and a failure keeps the
-    statistics of the tables before it.
+    (SHARE UPDATE EXCLUSIVE, which blocks no read nor write) is held for that table only. A table whose ANALYZE
+    is refused (its lock not granted within :data:`ANALYZE_LOCK_TIMEOUT`, say) is listed in ``failed`` and the
+    others are still analyzed.
 
     Raises:
-        sqlalchemy.exc.DBAPIError: the server refused a statement (a lost connection, a statement timeout).
+        sqlalchemy.exc.DBAPIError: the connection was lost, or could not be made.
     """
+    quote = engine.dialect.identifier_preparer.quote
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         allowed = {r.name: r.may for r in conn.execute(text(
             "SELECT t.name, pg_has_role(c.relowner, 'USAGE') "
@@ -301,10 +319,23 @@ def analyze_tables(engine: Engine, tables: Sequence[str]) -> Analyzed:
             "   THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS may "
             "FROM unnest(CAST(:names AS text[])) AS t(name) JOIN pg_class c ON c.oid = to_regclass(t.name)"),
             {"names": list(tables)})}
-        analyzed = tuple(t for t in tables if allowed.get(t))
-        for table in analyzed:
-            conn.execute(text(f"ANALYZE {conn.dialect.identifier_preparer.quote(table)}"))
-    return Analyzed(analyzed=analyzed, skipped=tuple(t for t in tables if not allowed.get(t)))
+        analyzed: list[str] = []
+        failed: list[tuple[str, str]] = []
+        conn.execute(text(f"SET lock_timeout = '{ANALYZE_LOCK_TIMEOUT}'"))
+        try:
+            for table in (t for t in tables if allowed.get(t)):
+                try:
+                    conn.execute(text(f"ANALYZE {quote(table)}"))
+                    analyzed.append(table)
+                except DBAPIError as e:
+                    if e.connection_invalidated:
+                        raise
+                    failed.append((table, first_line(e)))
+        finally:
+            if not conn.invalidated:
+                conn.execute(text("RESET lock_timeout"))  # the pooled connection goes back as it came
+    return Analyzed(analyzed=tuple(analyzed), skipped=tuple(t for t in tables if not allowed.get(t)),
+                    failed=tuple(failed))
 
 
 def count_cluster_observations(conn: Connection, cluster: str) -> int:
