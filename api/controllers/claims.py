@@ -11,7 +11,7 @@ from litestar.params import FromPath, QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
 from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
 from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
@@ -45,9 +45,12 @@ class ClaimsController(Controller):
             str | None, QueryParameter(description="Only claims billed to this team (after [teams] overrides).")
         ] = None,
         origin: Annotated[
-            Literal["manual", "template", "extended"] | None, QueryParameter(description="Only claims of this origin.")
+            Literal["manual", "template", "extended"] | None,
+            # Without null: the parameter is left out for every origin, and `origin=null` is a 422.
+            QueryParameter(description="Only claims of this origin.",
+                           schema_extra={"type": "string", "enum": ["manual", "template", "extended"]}),
         ] = None,
-        at: Annotated[str | None, QueryParameter(description=AT_DOC, format=TIME_FORMAT)] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC, schema_extra=TIME_SCHEMA)] = None,
         cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,

@@ -11,14 +11,14 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
 from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import Pending, Quotas, Shared, to_struct
 from ledger import services
 
-AtParam = Annotated[str | None, QueryParameter(description=AT_DOC, format=TIME_FORMAT)]
+AtParam = Annotated[str | None, QueryParameter(description=AT_DOC, schema_extra=TIME_SCHEMA)]
 LimitParam = Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)]
 TokenParam = Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)]
 

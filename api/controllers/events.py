@@ -10,7 +10,7 @@ from litestar.params import FromPath, QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
+from api.controllers.occupancy import LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
 from api.deps import AppState, ClusterParam, page_instant, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.methods import read
@@ -112,10 +112,10 @@ class DevicesController(Controller):
         start: Annotated[
             str | None,
             QueryParameter(name="from", description="Window start (RFC 3339); default the beginning of the ledger.",
-                           format=TIME_FORMAT),
+                           schema_extra=TIME_SCHEMA),
         ] = None,
         end: Annotated[str | None, QueryParameter(name="to", description="Window end (RFC 3339); default now.",
-                                                    format=TIME_FORMAT)] = None,
+                                                    schema_extra=TIME_SCHEMA)] = None,
         cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,

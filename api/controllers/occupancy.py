@@ -18,10 +18,11 @@ from ledger import services
 from ledger.errors import Invalid
 
 AT_DOC = "Instant T (RFC 3339 with a zone, e.g. 2026-11-02T09:30:00Z); default now."
-TIME_FORMAT = "date-time"
-"""The OpenAPI format of every time parameter (RFC 3339 ``date-time``), so generated clients send times as times;
-the text is still parsed by the ledger (:func:`ledger.recorded.parse_query_time`), which refuses what it cannot take
-with a 422."""
+TIME_SCHEMA: dict[str, Any] = {"type": "string", "format": "date-time", "oneOf": None}
+"""The OpenAPI schema of every time parameter: an RFC 3339 ``date-time`` string, so generated clients send times as
+times. Given whole (``oneOf`` removed): Litestar wrote an optional one as ``oneOf: [string, null]`` with the format
+beside it, where generators do not look. The text is still parsed by the ledger
+(:func:`ledger.recorded.parse_query_time`), which refuses what it cannot take with a 422."""
 TOKEN_DOC = "Opaque token from the previous page's nextPageToken."
 LIMIT_DOC = "Rows per page (1..1000)."
 DEVICE_CLASS_DOC = (
@@ -48,7 +49,7 @@ class OccupancyController(Controller):
         request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
-        at: Annotated[str | None, QueryParameter(description=AT_DOC, format=TIME_FORMAT)] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC, schema_extra=TIME_SCHEMA)] = None,
         cluster: ClusterParam = None,
         node: Annotated[str | None, QueryParameter(description="Only devices on this node.")] = None,
         driver: Annotated[str | None, QueryParameter(description="Only this DRA driver.")] = None,

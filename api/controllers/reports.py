@@ -10,7 +10,7 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
+from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
 from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster, parse_duration
 from api.errors import V1_PROBLEMS
 from api.methods import read
@@ -43,7 +43,7 @@ class ReportsController(Controller):
                 description="List claims idle at least this long (ISO 8601 or seconds); default per category.",
             ),
         ] = None,
-        at: Annotated[str | None, QueryParameter(description=AT_DOC, format=TIME_FORMAT)] = None,
+        at: Annotated[str | None, QueryParameter(description=AT_DOC, schema_extra=TIME_SCHEMA)] = None,
         cluster: ClusterParam = None,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description=LIMIT_DOC)] = 100,
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,

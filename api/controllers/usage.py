@@ -13,7 +13,7 @@ from litestar.params import QueryParameter
 
 from api import pagination
 from api.auth import Access
-from api.controllers.occupancy import LIMIT_DOC, TIME_FORMAT, TOKEN_DOC
+from api.controllers.occupancy import LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
 from api.deps import AppState, ClusterParam, parse_cluster, parse_duration, parse_instant
 from api.errors import V1_PROBLEMS
 from api.methods import read
@@ -121,9 +121,10 @@ class UsageController(Controller):
         request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
         access: NamedDependency[Access],
-        start: Annotated[str, QueryParameter(name="from", description="Window start, RFC 3339.", format=TIME_FORMAT)],
+        start: Annotated[str, QueryParameter(name="from", description="Window start, RFC 3339.",
+                                             schema_extra=TIME_SCHEMA)],
         end: Annotated[str, QueryParameter(name="to", description="Window end (exclusive), RFC 3339.",
-                                           format=TIME_FORMAT)],
+                                           schema_extra=TIME_SCHEMA)],
         group_by: Annotated[
             Literal["team", "namespace", "deviceClass", "model", "node"],
             QueryParameter(name="groupBy", description="Group rows by this key."),

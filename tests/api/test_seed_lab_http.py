@@ -478,12 +478,16 @@ def test_options_with_a_query_answers_as_options_without_one(client: TestClient[
 
 
 def test_every_time_parameter_is_documented_as_an_rfc_3339_date_time(client: TestClient[Litestar]) -> None:
-    times = {(path, p["name"]): p["schema"].get("format")
-             for path, item in client.get("/schema/openapi.json").json()["paths"].items()
+    paths = client.get("/schema/openapi.json").json()["paths"]
+    times = {(path, p["name"]): p["schema"] for path, item in paths.items()
              for p in item.get("get", {}).get("parameters", []) if p["name"] in ("at", "from", "to")}
-    # at: occupancy, claims, idle claims, pending, quotas, shared; from/to: usage and a device's timeline.
+    # at: occupancy, claims, idle claims, pending, quotas, shared; from/to: usage and a device's timeline. Each a
+    # plain string of format date-time: generators read no format beside a oneOf of string and null.
     assert len(times) == 10
-    assert set(times.values()) == {"date-time"}, times
+    assert {(s["type"], s["format"], "oneOf" in s) for s in times.values()} == {("string", "date-time", False)}, times
+    # origin is left out for every origin; `null` is not one of its values (a 422).
+    [origin] = [p["schema"] for p in paths["/v1/claims"]["get"]["parameters"] if p["name"] == "origin"]
+    assert (origin["type"], origin["enum"]) == ("string", ["manual", "template", "extended"])
 
 
 def test_every_endpoint_takes_exactly_the_query_parameters_its_openapi_document_lists(
