@@ -173,9 +173,10 @@ def literal_choices(handler: BaseRouteHandler,
     return MappingProxyType(choices)
 
 
-BLANK_ALLOWED = frozenset({"cluster"})
-"""Parameters whose value may be only blanks: a cluster name padded with blanks, recorded before such names were
-refused, is still asked for by its name."""
+NAME_FILTERS = frozenset({"namespace", "team", "node", "driver", "pool", "stream", "type"})
+"""Filters by a recorded name, refused when given only blanks: no Kubernetes name holds one. Not ``cluster``: a
+cluster name padded with blanks, recorded before such names were refused, is still asked for by its name. Times,
+numbers, tokens and words of a fixed set are refused by their own checks, which say what they take."""
 
 
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -192,8 +193,8 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
         ValidationException: (400 problem details) an unknown parameter, naming the ones the endpoint
             takes, or a repeated one.
         Invalid: (422) a parameter given with an empty value (``?node=``): no parameter takes the empty
-            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused; one
-            given only blanks (``?node=%20``; but ``cluster``, :data:`BLANK_ALLOWED`), which no recorded name is;
+            string, and a filter left empty matched nothing while ``cluster=`` and ``at=`` were refused; a name
+            filter given only blanks (``?node=%20``, :data:`NAME_FILTERS`), which no recorded name is;
             one of a fixed set of words given another (``state``, ``origin``: :func:`literal_choices`), ``null``
             included;
             or an integer parameter (``limit``, ``afterPosition``) whose value is not :data:`INTEGER`
@@ -224,7 +225,7 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     if empty:
         name = empty[0]
         raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
-    blank = sorted(name for name in given if not given[name].strip() and name not in BLANK_ALLOWED)
+    blank = sorted(name for name in given if name in NAME_FILTERS and not given[name].strip())
     if blank:
         name = blank[0]
         raise Invalid(f"{shorten(name)}: only blanks, which no name holds; leave the parameter out "

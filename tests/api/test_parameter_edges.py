@@ -415,3 +415,12 @@ def test_a_cluster_of_only_blanks_is_still_asked_for(client: TestClient[Litestar
     response = client.get("/v1/occupancy?cluster=%20")
     assert response.status_code == 200, response.text
     assert response.json()["totals"]["devices"] == 0
+
+
+@pytest.mark.parametrize(("url", "detail"), [
+    ("/v1/occupancy?at=%20", "at: not an RFC 3339 time with a zone: ' '"),
+    ("/v1/claims?state=%20", "state: Invalid enum value ' ' (one of: pending, allocated, deleted, all)"),
+])
+def test_other_parameters_of_only_blanks_are_refused_saying_what_they_take(client: TestClient[Litestar], url: str,
+                                                                          detail: str) -> None:
+    assert problem(client, url, 422).startswith(detail)
