@@ -47,6 +47,7 @@ from ledger.recorded import LATEST_TIME_TEXT, SHORTEST_STEP, parse_duration, par
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
+from ledger.store.postgres import Analyzed
 from ledger.types import JSONObject, JSONValue
 
 app = LedgerTyper(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
@@ -393,30 +394,27 @@ def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] |
 
 def _catch_up_read_models(db: LedgerDatabase) -> None:
     """Catch the read models up after a replay, saying so on stderr when there are many events to apply (after a
-    large replay this takes seconds, with nothing else to show), then analyze the tables when that applied
-    :data:`ledger.services.ANALYZE_AFTER_EVENTS` or more."""
+    large replay this takes seconds, with nothing else to show), and what the statistics refresh that follows a
+    bulk catch-up did (:func:`ledger.services.catch_up`)."""
     lag = max(services.projection_lag(db).values(), default=0)
     if lag >= PROGRESS_MIN_LINES:
         err.print(f"read models: applying {lag:,} events ...")
     started = time.monotonic()
-    applied = services.catch_up(db)
+    analyzed: list[tuple[Analyzed, float]] = []  # said after the read models' line, which it follows
+    applied = services.catch_up(db, statistics=lambda done, seconds: analyzed.append((done, seconds)))
     if lag >= PROGRESS_MIN_LINES:
-        err.print(f"read models: {applied:,} events applied in {time.monotonic() - started:.1f} s")
-    if applied >= services.ANALYZE_AFTER_EVENTS:
-        _refresh_statistics(db)
+        applying = time.monotonic() - started - sum(seconds for _, seconds in analyzed)
+        err.print(f"read models: {applied:,} events applied in {applying:.1f} s")
+    for done, seconds in analyzed:
+        _say_statistics(done, seconds)
 
 
-def _refresh_statistics(db: LedgerDatabase) -> None:
-    """:func:`ledger.services.refresh_statistics`, saying on stderr what it did and how long it took (a failure is
-    logged there as a warning: the load it follows stays committed)."""
-    started = time.monotonic()
-    done = services.refresh_statistics(db)
-    if done is None:
-        return
+def _say_statistics(done: Analyzed, seconds: float) -> None:
+    """Say on stderr what :func:`ledger.services.refresh_statistics` did (a failed table is logged there as a
+    warning: the load it follows stays committed)."""
     if done.analyzed:
         noun = "table" if len(done.analyzed) == 1 else "tables"
-        err.print(f"statistics: {len(done.analyzed)} {noun} analyzed for the query planner in "
-                  f"{time.monotonic() - started:.1f} s")
+        err.print(f"statistics: {len(done.analyzed)} {noun} analyzed for the query planner in {seconds:.1f} s")
     if done.skipped:
         err.print(f"statistics: this role may not analyze {len(done.skipped)} of the ledger's tables (it owns neither "
                   "them nor the database; from PostgreSQL 17 a MAINTAIN grant lets it); autovacuum will, in time")
@@ -618,7 +616,7 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
         written = services.refresh_occupancy_counts(db)
         err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)")
-        _refresh_statistics(db)
+        services.refresh_statistics(db, told=_say_statistics)
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM

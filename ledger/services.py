@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -538,9 +539,8 @@ def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at:
             ``kubectl get -o yaml|json`` Lists / single objects treated as ADDED).
         at: receive time for lines without one (Lists); ``None`` = the objects' own timestamps where
             they have them, else now.
-        catch_up: bring the read models up to the new events afterwards, then :func:`refresh_statistics` when
-            that applied :data:`ANALYZE_AFTER_EVENTS` or more (``False``: the caller does both, with
-            :func:`catch_up`, to report on it).
+        catch_up: bring the read models up to the new events afterwards (:func:`catch_up`, which analyzes the
+            tables after a bulk load); ``False``: the caller does, to report on it.
 
     Raises:
         OSError: a file cannot be read.
@@ -551,8 +551,8 @@ def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at:
     for path in paths:
         report.merge(ingest(db, read_history(path, at=at), cluster=cluster, settings=settings, at=at,
                             batch_size=batch_size, progress=progress, state=state))
-    if catch_up and runner.catch_up(db.engine) >= ANALYZE_AFTER_EVENTS:
-        refresh_statistics(db)
+    if catch_up:
+        _catch_up(db)
     return report
 
 
@@ -616,8 +616,12 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 # --- projections ----------------------------------------------------------------------------------
 
 
-def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
+def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None) -> int:
     """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
+
+    A catch-up that applied :data:`ANALYZE_AFTER_EVENTS` or more (a replay, ``serve`` or a watch worker after an
+    outage) is followed by :func:`refresh_statistics`,
+    which ``statistics`` is told about.
 
     Raises:
         StoreUnavailable: the database cannot be reached (transient: projections resume from their
@@ -627,11 +631,18 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None) -> int:
             and the next call retries from there.
     """
     with unavailable_as_error():
-        return runner.catch_up(db.engine, progress=progress)
+        applied = runner.catch_up(db.engine, progress=progress)
+    if applied >= ANALYZE_AFTER_EVENTS:
+        refresh_statistics(db, told=statistics)
+    return applied
+
+
+_catch_up = catch_up
+""":func:`catch_up` under a second name, for :func:`replay_files`, whose ``catch_up`` flag hides the function."""
 
 
 ANALYZE_AFTER_EVENTS = 20_000
-"""Events a catch-up applies at once from which :func:`refresh_statistics` follows it (a replay, a rebuild).
+"""Events a catch-up applies at once from which :func:`refresh_statistics` follows it (:func:`catch_up`).
 
 Why: the planner picks its plans from table statistics, and after a bulk load there are none until autovacuum
 analyzes the tables (up to a minute later, or never where autovacuum is off). Without them a replayed
@@ -640,8 +651,13 @@ planner scan every device once for each allocation. ANALYZE of that ledger (a mi
 below this many events a replay is small and autovacuum's pass comes soon enough."""
 
 
-def refresh_statistics(db: LedgerDatabase) -> Analyzed | None:
-    """``ANALYZE`` the ledger's tables (:meth:`LedgerDatabase.analyze`) after a bulk load, never failing it.
+Statistics = Callable[[Analyzed, float], None]
+"""Told what :func:`refresh_statistics` did and how long it took (seconds), e.g. to say so on a terminal."""
+
+
+def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) -> Analyzed | None:
+    """``ANALYZE`` the ledger's tables (:meth:`LedgerDatabase.analyze`) after a bulk load, never failing it; ``told``
+    hears what was done (not when the connection failed).
 
     Returns:
         What was analyzed, skipped (tables the role may not analyze: neither their owner nor, from PostgreSQL 17,
@@ -649,6 +665,7 @@ def refresh_statistics(db: LedgerDatabase) -> Analyzed | None:
         or ``None`` when the connection failed (logged too). The load is committed either way; what was not
         analyzed is left to autovacuum.
     """
+    started = time.monotonic()
     try:
         done = db.analyze()
     except LedgerError as e:
@@ -656,6 +673,8 @@ def refresh_statistics(db: LedgerDatabase) -> Analyzed | None:
         return None
     for table, reason in done.failed:
         log.warning("statistics of table %s left to autovacuum: ANALYZE failed: %s", table, reason)
+    if told is not None:
+        told(done, time.monotonic() - started)
     return done
 
 

@@ -155,8 +155,8 @@ class LedgerDatabase:
         models) that the role may analyze (:func:`ledger.store.postgres.analyze_tables`).
 
         Raises:
-            LedgerError: the database could not be reached, or refused a statement (a statement timeout, a lock it
-                waited for too long); the tables analyzed before it keep their new statistics.
+            LedgerError: the connection could not be made or was lost (the tables analyzed before keep their new
+                statistics). A table whose ANALYZE the server refuses is not an error: it is in ``failed``.
         """
         try:
             return pg.analyze_tables(self.engine, sorted(tables.metadata.tables))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
 
 from ledger import services
 from ledger.store import postgres
@@ -118,3 +119,34 @@ def test_a_table_locked_by_another_session_is_given_up_in_bounded_time_and_the_r
             assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "0"
     finally:
         single.dispose()
+
+
+def test_any_catch_up_of_a_bulk_load_analyzes_and_says_what_it_did(ledger: LedgerHandle,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker or `serve` that finds many events unapplied (an outage, a replay that left the catch-up to them).
+    monkeypatch.setattr(services, "ANALYZE_AFTER_EVENTS", 10)
+    report = services.replay_files(ledger.db, [SEED_LAB], cluster=ledger.cluster, catch_up=False)
+    told: list[tuple[Analyzed, float]] = []
+    with statements_run(ledger.engine) as seen:
+        applied = services.catch_up(ledger.db, statistics=lambda done, seconds: told.append((done, seconds)))
+
+    assert applied == report.events >= 10
+    assert analyzes(seen) == [f"ANALYZE {table}" for table in sorted(metadata.tables)]
+    [(done, seconds)] = told
+    assert done.analyzed == tuple(sorted(metadata.tables)) and seconds >= 0
+    # Caught up, the next catch-up applies nothing and analyzes nothing.
+    with statements_run(ledger.engine) as again:
+        assert services.catch_up(ledger.db) == 0
+    assert analyzes(again) == []
+
+
+def test_replay_on_the_command_line_says_how_many_tables_it_analyzed(ledger: LedgerHandle,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.cli import app
+
+    monkeypatch.setattr(services, "ANALYZE_AFTER_EVENTS", 10)
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(app, ["replay", str(SEED_LAB), "--database-url", url, "--cluster", ledger.cluster])
+
+    assert result.exit_code == 0, result.output
+    assert f"statistics: {len(metadata.tables)} tables analyzed for the query planner in " in result.output
