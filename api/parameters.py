@@ -173,12 +173,6 @@ def literal_choices(handler: BaseRouteHandler,
     return MappingProxyType(choices)
 
 
-NAME_FILTERS = frozenset({"namespace", "team", "node", "driver", "pool", "stream", "type"})
-"""Filters by a recorded name, refused when given only blanks: no Kubernetes name holds one. Not ``cluster``: a
-cluster name padded with blanks, recorded before such names were refused, is still asked for by its name. Times,
-numbers, tokens and words of a fixed set are refused by their own checks, which say what they take."""
-
-
 def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Litestar guard on ``/v1``: every query parameter is one the endpoint takes, each given once.
 
@@ -284,3 +278,8 @@ EMPTY_HINTS = {"cluster": "to ask about every cluster", "namespace": "for every 
                "node": "for every node", "driver": "for every driver", "pool": "for every pool",
                "stream": "for every stream", "type": "for every event type"}
 """What leaving a filter out means, for the message refusing it empty (:func:`known_query_parameters`)."""
+
+NAME_FILTERS = frozenset(EMPTY_HINTS) - {"cluster"}
+"""Filters by a recorded name, refused when given only blanks: no Kubernetes name holds one. Not ``cluster``: a
+cluster name padded with blanks, recorded before such names were refused, is still asked for by its name. Times,
+numbers, tokens and words of a fixed set are refused by their own checks, which say what they take."""
