@@ -410,14 +410,16 @@ def _catch_up_read_models(db: LedgerDatabase) -> None:
 
 
 def _say_statistics(done: Analyzed, seconds: float) -> None:
-    """Say on stderr what :func:`ledger.services.refresh_statistics` did (a failed table is logged there as a
-    warning: the load it follows stays committed)."""
+    """Say on stderr what :func:`ledger.services.refresh_statistics` did, each failed table as a warning (the load
+    it follows stays committed either way)."""
     if done.analyzed:
         noun = "table" if len(done.analyzed) == 1 else "tables"
         err.print(f"statistics: {len(done.analyzed)} {noun} analyzed for the query planner in {seconds:.1f} s")
     if done.skipped:
         err.print(f"statistics: this role may not analyze {len(done.skipped)} of the ledger's tables (it owns neither "
                   "them nor the database; from PostgreSQL 17 a MAINTAIN grant lets it); autovacuum will, in time")
+    for table, reason in done.failed:
+        err.print(f"warning: statistics of table {table} left to autovacuum: ANALYZE failed: {reason}")
 
 
 def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]) -> None:
@@ -588,11 +590,16 @@ def replay(
                     db, files, cluster=cluster or settings.cluster, at=when,
                     settings=translator, batch_size=settings.batch_size,
                     progress=progress, catch_up=False)
-            _catch_up_read_models(db)
         except KeyboardInterrupt:
             # Every committed batch stays; the run that follows skips it by digest.
             err.print("interrupted: the batches committed so far are kept; run the same command again to record "
                       "the rest (lines already recorded are skipped)")
+            raise typer.Exit(130) from None
+        try:
+            _catch_up_read_models(db)
+        except KeyboardInterrupt:
+            err.print("interrupted after every line was recorded: the read models catch up on the next command "
+                      "that reads them, and tables not analyzed yet are left to autovacuum")
             raise typer.Exit(130) from None
     _print_report(report)
     if report.rejected:

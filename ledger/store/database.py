@@ -124,6 +124,8 @@ class LedgerDatabase:
     """A ledger database (schema at head) behind a SQLAlchemy engine."""
 
     engine: Engine
+    unanalyzed_events: int = 0
+    """Events this object's catch-ups applied since it last analyzed the tables (``ledger.services.catch_up``)."""
 
     @classmethod
     def from_url(cls, url: str) -> LedgerDatabase:

@@ -150,3 +150,28 @@ def test_replay_on_the_command_line_says_how_many_tables_it_analyzed(ledger: Led
 
     assert result.exit_code == 0, result.output
     assert f"statistics: {len(metadata.tables)} tables analyzed for the query planner in " in result.output
+
+
+def test_catch_ups_count_toward_the_threshold_together_as_a_worker_catching_up_a_backlog_does(
+        ledger: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A watch worker applies a backlog in many passes, one a second: none alone reached the threshold.
+    db = ledger.db  # one database object, as a worker holds one
+    first = services.replay_files(db, [SEED_LAB], cluster=ledger.cluster, catch_up=False).events
+    monkeypatch.setattr(services, "ANALYZE_AFTER_EVENTS", first + 1)
+    with statements_run(ledger.engine) as seen:
+        assert services.catch_up(db) == first
+    assert analyzes(seen) == [] and db.unanalyzed_events == first
+    second = services.replay_files(db, [SEED_LAB], cluster=f"{ledger.cluster}-2", catch_up=False).events
+    with statements_run(ledger.engine) as seen:
+        assert services.catch_up(db) == second
+    assert analyzes(seen) == [f"ANALYZE {table}" for table in sorted(metadata.tables)]
+    assert db.unanalyzed_events == 0  # counted again from here
+
+
+def test_the_jobs_catch_up_analyzes_a_backlog_too(ledger: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(services, "ANALYZE_AFTER_EVENTS", 10)
+    db = ledger.db
+    services.replay_files(db, [SEED_LAB], cluster=ledger.cluster, catch_up=False)
+    with statements_run(ledger.engine) as seen:
+        services.refresh_occupancy_counts(db)  # what `dra-ledger jobs` runs first
+    assert analyzes(seen) == [f"ANALYZE {table}" for table in sorted(metadata.tables)]

@@ -4,6 +4,10 @@ the lines read, and the line says which of the rejected lines those are."""
 
 from __future__ import annotations
 
+import io
+
+import pytest
+
 from ledger.cli import summarise_report
 from ledger.services import IngestReport, Rejection
 
@@ -49,3 +53,21 @@ def test_large_counts_are_grouped_in_thousands_as_the_progress_lines_are() -> No
 
     assert summarise_report(report) == ("775,804 lines: 775,803 recorded, 1 already recorded, 0 rejected; "
                                         "964,127 events appended")
+
+
+def test_a_table_the_statistics_refresh_gave_up_is_said_as_a_warning_after_the_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from ledger import cli
+    from ledger.store.postgres import Analyzed
+
+    stream = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=stream, width=200, no_color=True))
+    cli._say_statistics(Analyzed(analyzed=("claims", "observations"), skipped=(),
+                                 failed=(("events", "canceling statement due to lock timeout"),)), 11.04)
+
+    assert stream.getvalue().splitlines() == [
+        "statistics: 2 tables analyzed for the query planner in 11.0 s",
+        "warning: statistics of table events left to autovacuum: ANALYZE failed: canceling statement due to lock "
+        "timeout"]
