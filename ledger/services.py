@@ -663,8 +663,8 @@ Statistics = Callable[[Analyzed, float], None]
 
 def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) -> Analyzed | None:
     """``ANALYZE`` the ledger's tables (:meth:`LedgerDatabase.analyze`) after a bulk load, never failing it; ``told``
-    hears what was done, failed tables included (not when the connection failed); without it, each failed table is
-    logged as a warning.
+    hears what was done, failed tables included (not when the connection failed); without it, what was done is
+    logged (info) and each failed table as a warning.
 
     Returns:
         What was analyzed, skipped (tables the role may not analyze: neither their owner nor, from PostgreSQL 17,
@@ -680,7 +680,9 @@ def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) ->
         return None
     if told is not None:
         told(done, time.monotonic() - started)
-    else:
+    else:  # a worker or `serve`: its log says what was done
+        log.info("statistics: %d tables analyzed in %.1f s, %d left to autovacuum (not this role's to analyze)",
+                 len(done.analyzed), time.monotonic() - started, len(done.skipped))
         for table, reason in done.failed:
             log.warning("statistics of table %s left to autovacuum: ANALYZE failed: %s", table, reason)
     return done
