@@ -1,7 +1,7 @@
 """Opaque page tokens: ``limit`` rows a page, results stable across pages.
 
 A token encodes where the next page starts — the offset into the ordered result, or, for results paged
-in SQL by a sort key (occupancy), the key of the last row returned — the instant ``at`` the first page
+in SQL by a sort key (occupancy, claims), the key of the last row returned — the instant ``at`` the first page
 was computed for (so later pages answer the same question even when ``at`` defaulted to "now"), and a
 digest of the other query parameters (a token cannot be replayed against another query).
 """
@@ -55,7 +55,8 @@ def encode(*, offset: int, at: str | None, query: str, after: Sequence[str] | No
 
 MAX_TOKEN_CHARS = 4096
 """Longest page token read: tokens this API issues hold an offset, an instant, a digest and at most one
-device key (well under 1 KB); anything longer is refused before it is decoded."""
+device key or claim key (a claim key of names Kubernetes allows, with a cluster name of 253 characters, stays
+under 1.2 KB); anything longer is refused before it is decoded."""
 
 
 def decode(token: str | None, *, query: str) -> Page:

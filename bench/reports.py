@@ -40,10 +40,26 @@ def _size(body: Any) -> int:
     return 0
 
 
+def _every_page(db: LedgerDatabase, *, at: datetime, state: str) -> dict[str, list[Any]]:
+    """Walk every page of 1,000 claims as a client of ``GET /v1/claims`` does; all the claims served."""
+    served: list[Any] = []
+    after = None
+    while True:
+        page = services.claims_page(db, at=at, state=state, after=after, limit=1000)
+        body: Any = page.body
+        served += body["claims"]
+        if not page.more:
+            return {"claims": served}
+        after = page.last
+
+
 def queries(db: LedgerDatabase, *, at: datetime, start: datetime, end: datetime) -> dict[str, Callable[[], Any]]:
     """Each report, as the API asks for it, by name."""
     return {
-        "claims (all, first page of 100)": lambda: services.claims_page(db, at=at, offset=0, limit=100).body,
+        "claims (all, first page of 100)": lambda: services.claims_page(db, at=at, limit=100).body,
+        "claims (all, every page of 1000)": lambda: _every_page(db, at=at, state="all"),
+        "claims (allocated, first page of 100)": lambda: services.claims_page(db, at=at, state="allocated",
+                                                                           limit=100).body,
         "claims (all, every claim)": lambda: services.claims(db, at=at),
         "idle claims": lambda: services.idle_report(db, at=at, config=DEFAULT),
         "pending": lambda: services.pending(db, at=at),

@@ -925,11 +925,11 @@ def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str
                               overrides=config.teams.overrides)
 
 
-def claims_page(db: LedgerDatabase, *, at: datetime, offset: int, limit: int, state: str = "all",
-                cluster: str | None = None, namespace: str | None = None, name: str | None = None,
-                origin: str | None = None, team: str | None = None, sees: Callable[[str], bool] | None = None,
-                config: LedgerConfig = DEFAULT) -> queries.ClaimsPage:
-    """``limit`` claims at ``at`` from the ``offset``-th that matches (``GET /v1/claims``); see
+def claims_page(db: LedgerDatabase, *, at: datetime, limit: int, after: queries.ClaimKey | None = None,
+                offset: int = 0, state: str = "all", cluster: str | None = None, namespace: str | None = None,
+                name: str | None = None, origin: str | None = None, team: str | None = None,
+                sees: Callable[[str], bool] | None = None, config: LedgerConfig = DEFAULT) -> queries.ClaimsPage:
+    """``limit`` claims at ``at`` after the claim keyed ``after`` (``GET /v1/claims``); see
     :func:`ledger.projections.queries.claims_page`. ``team`` and ``sees`` take the team after
     ``config.teams.overrides``.
 
@@ -938,8 +938,8 @@ def claims_page(db: LedgerDatabase, *, at: datetime, offset: int, limit: int, st
     """
     with db.reading() as conn:
         return queries.claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
-                                   origin=origin, team=team, sees=sees, overrides=config.teams.overrides, offset=offset,
-                                   limit=limit)
+                                   origin=origin, team=team, sees=sees, overrides=config.teams.overrides, after=after,
+                                   offset=offset, limit=limit)
 
 
 # --- audit log, histories, timelines --------------------------------------------------------------

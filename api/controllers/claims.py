@@ -17,7 +17,7 @@ from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
 from api.schemas import ClaimHistory, Claims, to_struct
 from ledger import services
-from ledger.errors import UnknownClaim, shorten
+from ledger.errors import Invalid, UnknownClaim, shorten
 
 
 class ClaimsController(Controller):
@@ -56,7 +56,7 @@ class ClaimsController(Controller):
         page_token: Annotated[str | None, QueryParameter(name="pageToken", description=TOKEN_DOC)] = None,
     ) -> Claims:
         """Claims known at T (tables ``claims``, ``claim_states``, ``device_allocations``,
-        ``claim_consumers``), ordered by namespace and name: ``requested`` per DeviceClass from
+        ``claim_consumers``), ordered by cluster, namespace, name and uid: ``requested`` per DeviceClass from
         ``spec.devices.requests[]``, ``devices`` from ``status.allocation.devices.results[]``, ``consumers``
         the live ``reservedFor`` entries. A claim deleted before T has state ``deleted``. ``team``, the
         ``team`` filter and a team-limited token all use the team after the configuration's
@@ -76,14 +76,20 @@ class ClaimsController(Controller):
             }
         )
         page = pagination.decode(page_token, query=query)
+        if page.after is not None and len(page.after) != 4:
+            raise Invalid("pageToken is not a token this API issued")
         when = page_instant(page.at, asked)
+        # A token holds the key of the last claim served (cluster, namespace, name, uid); a token of an earlier
+        # release holds an offset instead, still read as one.
+        after = (page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None
         listed = services.claims_page(
             ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, origin=origin, team=team,
-            sees=access.sees, config=ctx.config, offset=page.offset, limit=limit,
+            sees=access.sees, config=ctx.config, after=after, offset=page.offset if after is None else 0,
+            limit=limit,
         )
         body: Any = listed.body
-        token = (pagination.encode(offset=page.offset + limit, at=str(body["at"]), query=query)
-                 if listed.more else None)
+        token = (pagination.encode(offset=0, at=str(body["at"]), query=query, after=listed.last)
+                 if listed.more and listed.last is not None else None)
         return to_struct({**body, "nextPageToken": token}, Claims)
 
     @read(

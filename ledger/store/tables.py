@@ -184,7 +184,7 @@ claims = Table(
     Column("deletion_requested_at", TS),
     Column("deleted_at", TS),
     PrimaryKeyConstraint("cluster", "uid", name="claims_pkey"),
-    Index("claims_name_idx", "cluster", "namespace", "name"),
+    Index("claims_listing_idx", "cluster", "namespace", "name", "uid"),
 )
 
 claim_states = Table(

@@ -20,6 +20,7 @@ from sqlalchemy import event
 from ledger import services
 from ledger.projections import runner
 from ledger.testing.handle import LedgerHandle
+from ledger.translator.translate import TranslatorSettings
 from ledger.types import JSONObject
 from tests.factories import at, claim, dig, gpu, history, namespace, resource_slice, uid
 
@@ -80,15 +81,39 @@ def test_the_listing_sends_the_same_statements_for_few_claims_and_for_many(
     assert statements[1] == statements[5]
 
 
+def walk(ledger: LedgerHandle, *, limit: int, by_offset: bool = False, **asked: Any) -> tuple[list[Any], int]:
+    """Every page of the listing at :data:`ASKED`, each starting after the previous page's last claim (or, with
+    ``by_offset``, at an offset, as tokens of earlier releases did): the claims served and the pages read."""
+    served: list[Any] = []
+    after = None
+    pages = 0
+    while True:
+        if by_offset:
+            page = services.claims_page(ledger.db, at=ASKED, offset=pages * limit, limit=limit, **asked)
+        else:
+            page = services.claims_page(ledger.db, at=ASKED, after=after, limit=limit, **asked)
+        body: Any = page.body
+        served += body["claims"]
+        pages += 1
+        if not page.more:
+            return served, pages
+        assert pages < 100, "the pages never end"  # each history here has at most 24 claims
+        assert page.last == (served[-1]["cluster"], served[-1]["namespace"], served[-1]["name"], served[-1]["uid"])
+        after = page.last
+
+
 def test_every_page_is_the_matching_slice_of_the_whole_list(ledger: LedgerHandle, tmp_path: Path) -> None:
     assert not ledger.replay(write_history(tmp_path / "h.jsonl", 3)).rejected
     runner.catch_up(ledger.engine)
     whole: Any = services.claims(ledger.db, at=ASKED)
     everything = whole["claims"]
     assert len(everything) == 18
+    assert [(c["namespace"], c["name"]) for c in everything] == sorted((c["namespace"], c["name"]) for c in everything)
     filters: list[tuple[dict[str, Any], Callable[[Any], bool]]] = [
         ({}, lambda c: True),
         ({"state": "deleted"}, lambda c: c["state"] == "deleted"),
+        ({"state": "allocated"}, lambda c: c["state"] == "allocated"),
+        ({"state": "pending", "team": "nlp"}, lambda c: c["state"] == "pending" and c["team"] == "nlp"),
         ({"team": "vision"}, lambda c: c["team"] == "vision"),
         ({"sees": lambda team: team in ("nlp", "web")}, lambda c: c["team"] in ("nlp", "web")),
         ({"namespace": "web", "state": "pending"}, lambda c: c["namespace"] == "web" and c["state"] == "pending"),
@@ -98,14 +123,38 @@ def test_every_page_is_the_matching_slice_of_the_whole_list(ledger: LedgerHandle
         expected = [c for c in everything if keep(c)]
         assert expected, asked
         for limit in (1, 2, 4):
-            served: list[Any] = []
-            pages = 0
-            while True:
-                page = services.claims_page(ledger.db, at=ASKED, offset=pages * limit, limit=limit, **asked)
-                body: Any = page.body
-                served += body["claims"]
-                pages += 1
-                if not page.more:
-                    break
-            assert served == expected, (asked, limit)
-            assert pages == -(-len(expected) // limit), (asked, limit)  # no empty last page
+            for by_offset in (False, True):
+                served, pages = walk(ledger, limit=limit, by_offset=by_offset, **asked)
+                assert served == expected, (asked, limit, by_offset)
+                assert pages == -(-len(expected) // limit), (asked, limit, by_offset)  # no empty last page
+
+
+def test_two_clusters_are_listed_one_after_the_other_and_every_page_walks_on(ledger: LedgerHandle,
+                                                                            tmp_path: Path) -> None:
+    # The same history under two clusters: every claim's namespace, name and uid twice, told apart by cluster.
+    path = write_history(tmp_path / "h.jsonl", 2)
+    for cluster in ("b-cluster", "a-cluster"):
+        report = services.replay_files(ledger.db, [path], cluster=cluster,
+                                       settings=TranslatorSettings(team_label=ledger.team_label))
+        assert report.lines and not report.rejected
+    runner.catch_up(ledger.engine)
+    one: Any = services.claims(ledger.db, at=ASKED, cluster="a-cluster")
+    assert len(one["claims"]) == 12
+    both: Any = services.claims(ledger.db, at=ASKED)
+    assert both["claims"] == one["claims"] + [{**c, "cluster": "b-cluster"} for c in one["claims"]]
+    for limit in (1, 5):
+        assert walk(ledger, limit=limit)[0] == both["claims"]
+        alive = [c for c in both["claims"] if c["state"] == "allocated"]
+        assert walk(ledger, limit=limit, state="allocated")[0] == alive
+
+
+def test_a_page_starts_after_a_key_that_no_claim_has(ledger: LedgerHandle, tmp_path: Path) -> None:
+    assert not ledger.replay(write_history(tmp_path / "h.jsonl", 2)).rejected
+    runner.catch_up(ledger.engine)
+    everything: Any = services.claims(ledger.db, at=ASKED)
+    # Between ml/wait-1 and web/gone-0 by name: "ml" < "ml-zzz" < "web". A claim deleted since the previous page
+    # leaves such a key behind; the next page starts at the claim after it all the same.
+    page = services.claims_page(ledger.db, at=ASKED, after=("default", "ml-zzz", "", ""), limit=100)
+    body: Any = page.body
+    assert body["claims"] == [c for c in everything["claims"] if c["namespace"] == "web"]
+    assert not page.more

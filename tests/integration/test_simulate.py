@@ -233,6 +233,30 @@ def test_occupancy_and_usage_queries_use_the_interval_indexes(ledger: LedgerHand
     assert "device_allocations_valid_gist" in usage, usage
 
 
+def test_the_claims_listing_walks_its_key_index_and_finds_live_claims_by_the_interval_index(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    path = tmp_path / "fleet.jsonl"
+    write_history(SMALL, path)
+    ledger.replay(path)
+    params: dict[str, object] = {"at": SMALL.start + timedelta(hours=2), "chunk": 101, "cluster": "default",
+                                 "k_cluster": "default", "k_namespace": "team-0", "k_name": "a", "k_uid": ""}
+    # Every claim and the deleted ones: a page walks index claims_listing_idx from the previous page's last key
+    # (an index condition, not a filter) and stops after LIMIT rows, so page 800 costs what page 1 does.
+    for state in ("all", "deleted"):
+        for after in (False, True):
+            plan = _plan(ledger, queries.claims_listing_statement(state, cluster=True, after=after),
+                         {**params, "state": state}, ordered=True)
+            # Right under the LIMIT, no sort between: the index gives the page order (``all`` looks up each
+            # claim's state in a subplan that sorts only that claim's intervals).
+            assert plan.splitlines()[1].strip().startswith("->  Index Scan using claims_listing_idx"), plan
+            assert ("Index Cond: ((ROW(cluster, namespace, name, uid) > ROW(" in plan) == after, plan
+    # Pending and allocated claims: the claims alive at T, found through the GiST index of claim_states.
+    for state in ("pending", "allocated"):
+        plan = _plan(ledger, queries.claims_listing_statement(state, cluster=True, after=True),
+                     {**params, "state": state}, by_condition=True)
+        assert "claim_states_valid_gist" in plan, plan
+
+
 def test_settled_occupancy_answers_as_the_query_and_follows_the_checkpoints(ledger: LedgerHandle,
                                                                              tmp_path: Path) -> None:
     ledger.replay(HISTORIES / "seed-lab.jsonl")
