@@ -43,7 +43,10 @@ class EventsController(Controller):
             int,
             QueryParameter(name="afterPosition", ge=0, le=MAX_GLOBAL_POSITION,
                            description="Only events after this global position (0 to 9223372036854775807, the "
-                           "largest PostgreSQL bigint)."),
+                           "largest PostgreSQL bigint).",
+                           # Litestar writes bounds as floats, and 2**63 - 1 as a float is 2**63: the document
+                           # would allow one position past the bigint range. The exact integers instead.
+                           schema_extra={"minimum": 0, "maximum": MAX_GLOBAL_POSITION}),
         ] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=pagination.MAX_LIMIT, description="Events per page.")] = 100,
         event_type: Annotated[str | None, QueryParameter(name="type", description="Only this event type.")] = None,

@@ -83,6 +83,15 @@ def test_the_openapi_document_lists_head_next_to_get_with_its_own_operation_id(c
     assert all(set(paths[path]) >= {"get", "head"} for path in reads)
 
 
+def test_the_openapi_document_gives_after_position_the_exact_bigint_bounds(client: TestClient[Litestar]) -> None:
+    parameters = client.get("/schema/openapi.json").json()["paths"]["/v1/events"]["get"]["parameters"]
+    schema = next(p["schema"] for p in parameters if p["name"] == "afterPosition")
+    # Written as a float, 2**63 - 1 read back as 2**63: one past what the endpoint takes.
+    assert (schema["minimum"], schema["maximum"]) == (0, 2**63 - 1)
+    assert client.get(f"/v1/events?afterPosition={2**63 - 1}").status_code == 200
+    assert client.get(f"/v1/events?afterPosition={2**63}").status_code == 422
+
+
 SCHEMA_PAGES = [
     # Litestar's default OpenAPI pages (Redoc at /schema itself), and a 404 for any other name: problem details, as
     # every error (Litestar's own answer there is an HTML page).
