@@ -49,14 +49,16 @@ def encode(*, offset: int, at: str | None, query: str, after: Sequence[str] | No
     body: dict[str, object] = {"o": offset, "at": at, "q": query}
     if after is not None:
         body["k"] = list(after)
-    raw = json.dumps(body, separators=(",", ":")).encode()
+    # UTF-8, not \u escapes: a character outside the BMP (an emoji in a cluster name) is 4 bytes, not 12.
+    raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-MAX_TOKEN_CHARS = 4096
-"""Longest page token read: tokens this API issues hold an offset, an instant, a digest and at most one
-device key or claim key (a claim key of names Kubernetes allows, with a cluster name of 253 characters, stays
-under 1.2 KB); anything longer is refused before it is decoded."""
+MAX_TOKEN_CHARS = 16_384
+"""Longest page token read; anything longer is refused before it is decoded. Tokens this API issues hold an
+offset, an instant, a digest and at most one device key or claim key: under 2.5 KB for names within Kubernetes'
+limits, with a cluster name of 253 emoji (1,012 bytes of UTF-8). 16 KiB is also the longest request line
+uvicorn's h11 parser takes, so a token this API could not read back could not be sent either."""
 
 
 def decode(token: str | None, *, query: str) -> Page:

@@ -926,20 +926,22 @@ def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str
 
 
 def claims_page(db: LedgerDatabase, *, at: datetime, limit: int, after: queries.ClaimKey | None = None,
-                offset: int = 0, state: str = "all", cluster: str | None = None, namespace: str | None = None,
+                state: str = "all", cluster: str | None = None, namespace: str | None = None,
                 name: str | None = None, origin: str | None = None, team: str | None = None,
-                sees: Callable[[str], bool] | None = None, config: LedgerConfig = DEFAULT) -> queries.ClaimsPage:
+                visible_teams: Collection[str] | None = None,
+                config: LedgerConfig = DEFAULT) -> queries.ClaimsPage:
     """``limit`` claims at ``at`` after the claim keyed ``after`` (``GET /v1/claims``); see
-    :func:`ledger.projections.queries.claims_page`. ``team`` and ``sees`` take the team after
-    ``config.teams.overrides``.
+    :func:`ledger.projections.queries.claims_page`. ``team`` and ``visible_teams`` (a team-limited token's teams)
+    take the team after ``config.teams.overrides``.
 
     Raises:
         Invalid: unknown ``state``.
     """
     with db.reading() as conn:
         return queries.claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
-                                   origin=origin, team=team, sees=sees, overrides=config.teams.overrides, after=after,
-                                   offset=offset, limit=limit)
+                                   origin=origin, team=team, visible_teams=visible_teams,
+                                   overrides=config.teams.overrides, after=after,
+                                   limit=limit)
 
 
 # --- audit log, histories, timelines --------------------------------------------------------------

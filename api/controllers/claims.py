@@ -76,16 +76,14 @@ class ClaimsController(Controller):
             }
         )
         page = pagination.decode(page_token, query=query)
-        if page.after is not None and len(page.after) != 4:
+        # A token holds the key of the last claim served (cluster, namespace, name, uid), and offset 0.
+        if page.offset != 0 or (page.after is not None and len(page.after) != 4):
             raise Invalid("pageToken is not a token this API issued")
         when = page_instant(page.at, asked)
-        # A token holds the key of the last claim served (cluster, namespace, name, uid); a token of an earlier
-        # release holds an offset instead, still read as one.
         after = (page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None
         listed = services.claims_page(
             ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, origin=origin, team=team,
-            sees=access.sees, config=ctx.config, after=after, offset=page.offset if after is None else 0,
-            limit=limit,
+            visible_teams=access.teams, config=ctx.config, after=after, limit=limit,
         )
         body: Any = listed.body
         token = (pagination.encode(offset=0, at=str(body["at"]), query=query, after=listed.last)

@@ -13,8 +13,11 @@ from litestar import Litestar
 from litestar.handlers.http_handlers import HTTPRouteHandler
 from litestar.testing import TestClient
 
+from api.app import create_app
 from ledger import services
+from ledger.config import DEFAULT
 from ledger.testing.handle import LedgerHandle
+from ledger.translator.translate import TranslatorSettings
 from tests.api.conftest import SEED
 from tests.api.test_cli_bodies import run_cli
 
@@ -337,21 +340,46 @@ def _token(body: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
 
 
-def test_a_claims_page_token_holds_the_last_claims_key_and_one_of_an_earlier_release_keeps_its_offset(
+def test_a_claims_page_token_holds_the_last_claims_key_and_one_holding_an_offset_is_refused(
         client: TestClient[Litestar]) -> None:
     url = "/v1/claims?at=2026-11-02T12:00:00Z&limit=2"
     everything = client.get("/v1/claims?at=2026-11-02T12:00:00Z&limit=1000").json()["claims"]
     assert len(everything) == 6
     body = _token_body(client.get(url).json()["nextPageToken"])
     second = everything[1]
-    assert body["k"] == [second["cluster"], second["namespace"], second["name"], second["uid"]]
-    # Release 0.3.0 issued offsets: such a token, still in a client's hands after the upgrade, starts there.
-    del body["k"]
-    body["o"] = 3
+    assert (body["o"], body["k"]) == (0, [second["cluster"], second["namespace"], second["name"], second["uid"]])
     page = client.get(f"{url}&pageToken={_token(body)}").json()
-    assert [c["uid"] for c in page["claims"]] == [c["uid"] for c in everything[3:5]]
-    assert [c["uid"] for c in client.get(f"{url}&pageToken={page['nextPageToken']}").json()["claims"]] == \
-        [everything[5]["uid"]]
+    assert [c["uid"] for c in page["claims"]] == [c["uid"] for c in everything[2:4]]
+    # Offsets are what this list's tokens held before it was paged by key; none such is issued now.
+    del body["k"]
+    body["o"] = 2
+    assert problem(client, f"{url}&pageToken={_token(body)}", 422) == "pageToken is not a token this API issued"
+
+
+def test_every_page_token_of_a_cluster_named_with_253_emoji_is_read_back(ledger: LedgerHandle) -> None:
+    # The longest cluster name accepted, each character 4 bytes of UTF-8: written as \u escapes, a claim token
+    # grew to 4,248 characters, past the limit its own reader kept (4,096).
+    cluster = "\U0001f680" * 253
+    services.replay_files(ledger.db, [SEED], cluster=cluster,
+                          settings=TranslatorSettings(team_label=ledger.team_label))
+    with TestClient(create_app(db=ledger.db, config=DEFAULT)) as client:
+        for path, rows in (("/v1/claims", "claims"), ("/v1/occupancy", "devices")):
+            whole = client.get(path, params={"at": "2026-11-02T12:00:00Z", "limit": 1000}).json()[rows]
+            assert len(whole) > 2 and {r["cluster"] for r in whole} == {cluster}
+            walked: list[Any] = []
+            token = None
+            while True:
+                params: dict[str, Any] = {"at": "2026-11-02T12:00:00Z", "limit": 1}
+                if token is not None:
+                    params["pageToken"] = token
+                response = client.get(path, params=params)
+                assert response.status_code == 200, response.text
+                walked += response.json()[rows]
+                token = response.json()["nextPageToken"]
+                if token is None:
+                    break
+                assert len(token) < 2500
+            assert walked == whole, path
 
 
 def test_a_claims_page_token_whose_key_lost_a_part_is_refused_as_not_issued(client: TestClient[Litestar]) -> None:
