@@ -98,6 +98,23 @@ def decode(token: str | None, *, query: str) -> Page:
     return Page(offset=offset, at=at, after=tuple(after) if after is not None else None)
 
 
+SortKey = tuple[str, str, str, str]
+"""The key a list paged in SQL resumes after: occupancy's (cluster, driver, pool, device), the claims listing's
+(cluster, namespace, name, uid)."""
+
+
+def sort_key(page: Page) -> SortKey | None:
+    """The key of the last row the previous page served, for a list paged in SQL by a four-part key; ``None`` on
+    the first page.
+
+    Raises:
+        Invalid: the token holds an offset (tokens of such lists never do) or a key of another length.
+    """
+    if page.offset != 0 or (page.after is not None and len(page.after) != 4):
+        raise Invalid("pageToken is not a token this API issued")
+    return None if page.after is None else (page.after[0], page.after[1], page.after[2], page.after[3])
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")

@@ -17,7 +17,7 @@ from api.errors import V1_NOT_FOUND, V1_PROBLEMS
 from api.methods import read
 from api.schemas import ClaimHistory, Claims, to_struct
 from ledger import services
-from ledger.errors import Invalid, UnknownClaim, shorten
+from ledger.errors import UnknownClaim, shorten
 
 
 class ClaimsController(Controller):
@@ -76,11 +76,8 @@ class ClaimsController(Controller):
             }
         )
         page = pagination.decode(page_token, query=query)
-        # A token holds the key of the last claim served (cluster, namespace, name, uid), and offset 0.
-        if page.offset != 0 or (page.after is not None and len(page.after) != 4):
-            raise Invalid("pageToken is not a token this API issued")
+        after = pagination.sort_key(page)  # the last claim served: (cluster, namespace, name, uid)
         when = page_instant(page.at, asked)
-        after = (page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None
         listed = services.claims_page(
             ctx.db, at=when, state=claim_state, cluster=scope, namespace=namespace, origin=origin, team=team,
             visible_teams=access.teams, config=ctx.config, after=after, limit=limit,

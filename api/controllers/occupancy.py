@@ -15,7 +15,6 @@ from api.errors import V1_NOT_FOUND
 from api.methods import read
 from api.schemas import Occupancy, to_struct
 from ledger import services
-from ledger.errors import Invalid
 
 AT_DOC = "Instant T (RFC 3339 with a zone, e.g. 2026-11-02T09:30:00Z); default now."
 TIME_SCHEMA: dict[str, Any] = {"type": "string", "format": "date-time", "oneOf": None}
@@ -89,8 +88,7 @@ class OccupancyController(Controller):
             {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": asked, "deviceClass": device_class}
         )
         page = pagination.decode(page_token, query=query)
-        if page.after is not None and len(page.after) != 4:
-            raise Invalid("pageToken is not a token this API issued")
+        after = pagination.sort_key(page)  # the last device served: (cluster, driver, pool, device)
         when = page_instant(page.at, asked)
         # A team-limited token sees the devices its teams hold, only their allocations, and totals over
         # those devices (counted one by one); the filter runs in SQL (ledger.projections.queries.occupancy),
@@ -98,7 +96,7 @@ class OccupancyController(Controller):
         answer = services.occupancy_settled(
             ctx.db, at=when, cluster=scope, node=node, driver=driver, pool=pool, device_class=device_class,
             teams=access.teams,
-            after=(page.after[0], page.after[1], page.after[2], page.after[3]) if page.after is not None else None,
+            after=after,
             limit=limit, config=ctx.config,
         )
         body = answer.body

@@ -382,6 +382,15 @@ def test_every_page_token_of_a_cluster_named_with_253_emoji_is_read_back(ledger:
             assert walked == whole, path
 
 
+def test_an_occupancy_page_token_given_an_offset_is_refused_as_not_issued(client: TestClient[Litestar]) -> None:
+    # Occupancy pages by device key, as the claims listing does by claim key: neither token holds an offset.
+    url = "/v1/occupancy?at=2026-11-02T09:30:00Z&limit=1"
+    body = _token_body(client.get(url).json()["nextPageToken"])
+    assert body["o"] == 0 and len(body["k"]) == 4
+    body["o"] = 1
+    assert problem(client, f"{url}&pageToken={_token(body)}", 422) == "pageToken is not a token this API issued"
+
+
 def test_a_claims_page_token_whose_key_lost_a_part_is_refused_as_not_issued(client: TestClient[Litestar]) -> None:
     url = "/v1/claims?at=2026-11-02T12:00:00Z&limit=2"
     body = _token_body(client.get(url).json()["nextPageToken"])
