@@ -28,9 +28,40 @@ from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition, StreamId, StreamPosition
 
+_JSONB_DECODER = msgspec.json.Decoder()
+
+
+def decode_jsonb(data: bytes) -> object:
+    """Decode the text of one ``json`` / ``jsonb`` column value, as psycopg hands it to its JSON loader.
+
+    msgspec rather than the standard library's ``json.loads``, which psycopg uses by default: reads that
+    return many ``jsonb`` values (``/v1/pending`` decodes the attributes and capacity of every device
+    published at T, ``claims.requests`` and ``device_allocations.consumed_capacity``) spent about a fifth
+    of their time in ``json.loads``. The two agree on every document PostgreSQL writes (integers of any
+    size, floats, strings, nesting). A number beyond the range of a float, which ``jsonb`` keeps as an
+    exact numeric, makes msgspec refuse the whole document; the standard library then decodes it (as
+    ``inf``), as it did before.
+
+    Args:
+        data: UTF-8 JSON text (``bytes``; psycopg has already dropped the ``jsonb`` binary format's
+            version byte).
+
+    Returns:
+        The decoded value: dict, list, str, int, float, bool or None.
+
+    Raises:
+        json.JSONDecodeError: ``data`` is not JSON (PostgreSQL never sends that for these types).
+    """
+    try:
+        return _JSONB_DECODER.decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data)
+
 
 def make_engine(url: str) -> Engine:
     """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver.
+
+    ``json`` and ``jsonb`` columns are decoded by :func:`decode_jsonb`.
 
     Raises:
         Invalid: ``url`` is not a PostgreSQL URL (the ledger needs PostgreSQL: tstzrange, GiST, jsonb).
@@ -42,7 +73,7 @@ def make_engine(url: str) -> Engine:
         raise Invalid(f"the database URL must be postgresql://user@host:port/database, got {scheme or url!r}"
                       " (the ledger needs PostgreSQL)")
     try:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, json_deserializer=decode_jsonb)
     except ArgumentError as e:
         raise Invalid(f"the database URL cannot be parsed: {e}") from e
 
