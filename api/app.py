@@ -8,6 +8,7 @@ pages too.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from datetime import datetime
@@ -105,6 +106,21 @@ def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: B
     no_nul_characters(connection, handler)
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive once the app has started into the garbage collector's permanent generation.
+
+    Why: CPython's full collections scan every tracked object, and an API process starts with ~110,000 of them
+    (modules, classes, the app and its OpenAPI schema) that live as long as the process. A report that decodes a
+    large answer (``/v1/pending`` reads every device published at T) made enough containers to run several full
+    collections, each rescanning those: on a 1,000-node day, ``/v1/pending`` took 0.99 s with them and 0.84 s
+    once they were frozen (``services.pending``, median of eight instants). Objects made later are collected as
+    before. No collection runs first: any garbage cycle the startup left is kept, once, for the life of the
+    process (a full collection here cost the test suite, which starts an app per test, ~0.6 s a start).
+    Runs at startup, in each worker process of ``serve``.
+    """
+    gc.freeze()
+
+
 def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None,
                clock: Callable[[], datetime] = wall_clock) -> Litestar:
     """Build the Litestar application.
@@ -160,6 +176,10 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
                             SwaggerRenderPlugin(), JsonRenderPluginWithHead()],
         ),
         debug=False,
+        # Frozen objects go back to the oldest generation at shutdown, so that a process that builds and stops
+        # many apps (the test suite) can still collect them.
+        on_startup=[freeze_startup_objects],
+        on_shutdown=[gc.unfreeze],
     )
     app.state.ledger = AppState(db=db, config=config, cluster=cluster, clock=clock)
     app.state.tokens = tokens

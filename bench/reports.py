@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from api.app import freeze_startup_objects
 from ledger import services
 from ledger.config import DEFAULT
 from ledger.recorded import parse_query_time
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asked = queries(db, at=parse_query_time(args.at), start=parse_query_time(args.start),
                         end=parse_query_time(args.end))
+        freeze_startup_objects()  # as the API does once it has started: answers are timed as it serves them
         for name, call in asked.items():
             body = call()
             times = []
