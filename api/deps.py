@@ -13,7 +13,7 @@ from litestar.params import QueryParameter
 
 from ledger import recorded
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten_repr
 from ledger.recorded import parse_query_time
 from ledger.store.database import LedgerDatabase
 
@@ -63,8 +63,8 @@ def parse_cluster(value: str | None, ctx: AppState) -> str | None:
     if ctx.cluster is None:
         return value
     if value is not None and value != ctx.cluster:
-        raise Invalid(f"cluster: this API answers for cluster {shorten(repr(ctx.cluster))} only (serve --cluster), "
-                      f"not {shorten(repr(value))}; leave cluster out")
+        raise Invalid(f"cluster: this API answers for cluster {shorten_repr(ctx.cluster)} only (serve --cluster), "
+                      f"not {shorten_repr(value)}; leave cluster out")
     return ctx.cluster
 
 

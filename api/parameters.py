@@ -28,7 +28,7 @@ from litestar.exceptions import ValidationException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import ParameterKwarg
 
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten, shorten_repr
 
 
 def client_name(field: Any, name: str) -> str:
@@ -117,7 +117,7 @@ class IntegerRange:
         bounds = [f"the largest accepted is {self.largest}"] if self.largest is not None else []
         if self.smallest is not None:
             bounds.append(f"the smallest {self.smallest}" if bounds else f"the smallest accepted is {self.smallest}")
-        return f"{name}: {shorten(repr(sent))} is out of range; {', '.join(bounds)}"
+        return f"{name}: {shorten_repr(sent)} is out of range; {', '.join(bounds)}"
 
 
 def _bound(kwarg: object, inclusive: str, exclusive: str, step: int) -> int | None:
@@ -234,7 +234,7 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     for name in sorted(set(ranges) & set(given)):
         if not INTEGER.fullmatch(value := given[name]):
             raise Invalid(f"{name}: expected a whole number in ASCII decimal digits without leading zeros (e.g. 100), "
-                          f"got {shorten(repr(value))}")
+                          f"got {shorten_repr(value)}")
         if (refusal := ranges[name].refusal(name, value)) is not None:
             raise Invalid(refusal)
 
@@ -258,7 +258,7 @@ def no_nul_characters(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRou
     values = [(name, str(path[name])) for name in sorted(path)] + [(name, query[name]) for name in sorted(query)]
     for name, value in values:
         if "\x00" in value:
-            raise Invalid(f"{shorten(name)}: {shorten(repr(value))} holds a NUL character (\\u0000), which no "
+            raise Invalid(f"{shorten(name)}: {shorten_repr(value)} holds a NUL character (\\u0000), which no "
                           "parameter takes (PostgreSQL text cannot hold it, so no recorded name does)")
 
 

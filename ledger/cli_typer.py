@@ -23,7 +23,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
-from ledger.errors import shorten
+from ledger.errors import shorten_repr
 
 if TYPE_CHECKING:
     # Typer's vendored Click, a private module: only the type checker reads it (for the types the overridden
@@ -54,7 +54,7 @@ def choice_parser(choices: type[ChoiceT]) -> Callable[[str | ChoiceT], ChoiceT]:
                 return choice
         allowed = ", ".join(repr(choice.value) for choice in choices)
         # BadParameter, not ValueError: pydantic would prefix a ValueError's text with "Value error, ".
-        raise typer.BadParameter(f"{shorten(repr(value))} is not one of {allowed}.")
+        raise typer.BadParameter(f"{shorten_repr(value)} is not one of {allowed}.")
 
     return parse
 

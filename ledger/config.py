@@ -65,7 +65,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten_repr
 from ledger.quantities import parse_quantity
 from ledger.recorded import MAX_DURATION, check_mapping_keys
 
@@ -126,7 +126,7 @@ def check_cluster_name(value: str) -> str:
     try:
         return _cluster_name(value)
     except ValueError as e:
-        raise Invalid(f"{shorten(repr(value))} has {e}; {CLUSTER_NAME_RULE}") from e
+        raise Invalid(f"{shorten_repr(value)} has {e}; {CLUSTER_NAME_RULE}") from e
 
 
 MAX_LABEL_NAME = 63
@@ -139,7 +139,7 @@ def _label_key(value: str) -> str:
     prefix, _, name = value.rpartition("/")
     # Kubernetes' limits on each part: a key past them is on no namespace, and every namespace would bill itself.
     if len(name) > MAX_LABEL_NAME or len(prefix) > MAX_LABEL_PREFIX or not re.match(QUALIFIED_NAME, value):
-        raise ValueError(f"{shorten(repr(value))} is not a label key (a Kubernetes qualified name such as team or "
+        raise ValueError(f"{shorten_repr(value)} is not a label key (a Kubernetes qualified name such as team or "
                          "example.com/team: letters, digits, '-', '_' and '.', no blank; the name after '/' at "
                          f"most {MAX_LABEL_NAME} characters, the prefix before it at most {MAX_LABEL_PREFIX})")
     return value
@@ -242,11 +242,11 @@ class Quota(_Model):
         # Compared exactly, before the float: 2**53 + 1 would become 2**53 and pass. NaN and infinities (and a
         # quantity too large for a float) are left to the finite-number check.
         if exact.is_finite() and math.isfinite(float(exact)) and exact > MAX_NOMINAL_QUOTA:
-            raise ValueError(f"{shorten(repr(value))} is above {MAX_NOMINAL_QUOTA:,} (2**53), the largest quota "
+            raise ValueError(f"{shorten_repr(value)} is above {MAX_NOMINAL_QUOTA:,} (2**53), the largest quota "
                              "kept exactly")
         if exact.is_finite() and 0 < exact < SMALLEST_NOMINAL_QUOTA:
             # Nothing a claim uses is finer than 1n, so such a quota is a typo (1e-300 printed 300 digits).
-            raise ValueError(f"{shorten(repr(value))} is above 0 but below 1n (0.000000001), the finest Kubernetes "
+            raise ValueError(f"{shorten_repr(value)} is above 0 but below 1n (0.000000001), the finest Kubernetes "
                              "quantity")
         return float(exact) if isinstance(value, str) else value
 

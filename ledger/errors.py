@@ -16,10 +16,23 @@ def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
 
     The one helper for echoing client input in an error message (an API problem detail, a CLI error): the
     caller sees which input was meant without the message growing with the input (a 100 KiB parameter
-    answered with a 100 KiB detail). Cut each piece of input on its own (``shorten(repr(value))`` for a
+    answered with a 100 KiB detail). Cut each piece of input on its own (:func:`shorten_repr` for a
     quoted value), never the whole message, so the ledger's own words stay whole.
     """
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def shorten_repr(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters like :func:`shorten`, keeping the closing quote of a string.
+
+    A long string reads ``'abc…'`` (its first ``limit - 2`` characters of ``repr``, the ellipsis and the quote), so
+    the message's own words after it are not taken for part of the value; other values are cut as
+    :func:`shorten` cuts them. The one helper for echoing a quoted value in an error message.
+    """
+    text = repr(value)
+    if len(text) <= limit or not isinstance(value, str):
+        return shorten(text, limit)
+    return text[: limit - 2] + "…" + text[-1]
 
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -35,7 +35,7 @@ import msgspec
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten_repr
 from ledger.types import JSONObject, JSONValue
 
 __all__ = [
@@ -233,10 +233,10 @@ def parse_duration(value: str, name: str, *, shortest: timedelta = timedelta(0))
     """
     if _CALENDAR_UNITS.match(value):
         raise Invalid(f"{name}: months and years have no fixed length; give days or less (P30D, PT1H), "
-                      f"got {shorten(repr(value))}")
+                      f"got {shorten_repr(value)}")
     bad = Invalid(f"{name}: expected an ISO 8601 duration (PT30M) or seconds in ASCII decimal digits (1800, 0.5), "
-                  f"got {shorten(repr(value))}")
-    out_of_range = Invalid(f"{name}: {shorten(repr(value))} is out of range; the longest duration accepted is P36500D "
+                  f"got {shorten_repr(value)}")
+    out_of_range = Invalid(f"{name}: {shorten_repr(value)} is out of range; the longest duration accepted is P36500D "
                            f"(100 years, {int(MAX_DURATION.total_seconds())} seconds), the shortest "
                            f"{_spell_shortest(shortest)}")
     if _SECONDS.fullmatch(value):
@@ -276,7 +276,7 @@ def parse_query_time(value: str) -> datetime:
     """
     parsed = parse_time(value)
     if parsed >= TIME_LIMIT:
-        raise Invalid(f"{shorten(repr(value))} is too far in the future; the latest time accepted is "
+        raise Invalid(f"{shorten_repr(value)} is too far in the future; the latest time accepted is "
                       f"{LATEST_TIME_TEXT}")
     return parsed
 
@@ -299,23 +299,23 @@ def parse_time(value: str) -> datetime:
     """
     match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))}")
+        raise Invalid(f"not an RFC 3339 time with a zone: {shorten_repr(value)}")
     year, month, day, hour, minute, second, fraction, sign, off_h, off_m = match.groups()
     zone = UTC
     if sign is not None:
         if int(off_h) > 23 or int(off_m) > 59:
-            raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))} (bad offset)")
+            raise Invalid(f"not an RFC 3339 time with a zone: {shorten_repr(value)} (bad offset)")
         offset = timedelta(hours=int(off_h), minutes=int(off_m))
         zone = timezone(-offset if sign == "-" else offset)
     micros = int((fraction or "")[:6].ljust(6, "0"))
     try:
         parsed = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=zone)
     except ValueError as e:
-        raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))} ({e})") from e
+        raise Invalid(f"not an RFC 3339 time with a zone: {shorten_repr(value)} ({e})") from e
     try:
         return parsed.astimezone(UTC)
     except OverflowError as e:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
-        raise Invalid(f"time out of range (years 1-9999 in UTC): {shorten(repr(value))}") from e
+        raise Invalid(f"time out of range (years 1-9999 in UTC): {shorten_repr(value)}") from e
 
 
 _RECORDER_TIME: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{6})?Z")
@@ -349,7 +349,7 @@ def _receive_time(value: str) -> tuple[datetime, str]:
                 return parsed, (value[:19] if whole else value[:-1]) + "+00:00"
     parsed = parse_time(value)
     if parsed >= TIME_LIMIT:
-        raise Invalid(f"{shorten(repr(value))} is too far in the future: no query can ask about it (the latest "
+        raise Invalid(f"{shorten_repr(value)} is too far in the future: no query can ask about it (the latest "
                       f"time accepted is {LATEST_TIME_TEXT})")
     return parsed, parsed.isoformat()
 
@@ -608,7 +608,7 @@ def _watch_event(
         value = decoded["observedAt"]
         try:
             if not isinstance(value, str):
-                raise Invalid(f"not an RFC 3339 time with a zone: {shorten(repr(value))}")
+                raise Invalid(f"not an RFC 3339 time with a zone: {shorten_repr(value)}")
             observed_at, instant = _receive_time_cached(value)
         except Invalid as e:
             return _broken(source, line, f"observedAt: {e}", _text(raw))
@@ -642,7 +642,7 @@ def envelope_problem(decoded: object) -> str | None:
         message = obj.get("message") if isinstance(obj, dict) else None
         return f"type: ERROR events cannot be replayed (message: {message!r})"
     if not isinstance(event_type, str) or event_type not in WATCH_TYPES:
-        return f"type: {shorten(repr(event_type))} is not ADDED, MODIFIED, DELETED or BOOKMARK"
+        return f"type: {shorten_repr(event_type)} is not ADDED, MODIFIED, DELETED or BOOKMARK"
     if "object" not in decoded:
         return "missing field 'object'"
     if not isinstance(obj, dict):

@@ -37,7 +37,7 @@ from typing import Literal, TypeGuard, get_args
 import aiohttp
 from aiohttp import web
 
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten_repr
 from ledger.recorded import BrokenLine, WatchLine, parse_time
 from ledger.types import JSONObject, JSONValue
 from workers.k8s.kinds import BY_KIND, BY_PLURAL, DRA_GROUP, DRA_VERSIONS
@@ -56,7 +56,7 @@ FAULT_KINDS: tuple[str, ...] = (*BY_KIND, "Lease")
 
 
 def _refuse(name: str, expected: str, value: object) -> ValueError:
-    return ValueError(f"{name} must be {expected}; got {shorten(repr(value))}")
+    return ValueError(f"{name} must be {expected}; got {shorten_repr(value)}")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -98,7 +98,7 @@ class Fault:
                 The message names the field and what it accepts.
         """
         if not isinstance(body, dict):
-            raise ValueError(f"must be a JSON object; got {shorten(repr(body))}")
+            raise ValueError(f"must be a JSON object; got {shorten_repr(body)}")
         names = [f.name for f in fields(cls)]
         if unknown := [k for k in body if k not in names]:
             raise ValueError(f"unknown field {', '.join(map(repr, unknown))}; the fields are {', '.join(names)}")
@@ -610,7 +610,7 @@ class FakeApiServer:
             return _bad_request(f"until: {e}; give an RFC 3339 time with a zone, e.g. 2026-11-02T09:00:00Z")
         count = _int(count_text) if count_text is not None else 1
         if count is None or count < 1:
-            return _bad_request(f"count must be a whole number, 1 or more; got {shorten(repr(count_text))}")
+            return _bad_request(f"count must be a whole number, 1 or more; got {shorten_repr(count_text)}")
         played = self.advance(None) if _flag(request.query.get("all")) else self.advance(count, until=until)
         return web.json_response({"played": [{**asdict(p), "observed_at": p.observed_at.isoformat()} for p in played]})
 

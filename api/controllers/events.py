@@ -16,7 +16,7 @@ from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.methods import read
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten_repr
 from ledger.events import EVENT_TYPES
 from ledger.projections.queries import rfc3339
 from ledger.types import MAX_GLOBAL_POSITION
@@ -71,7 +71,7 @@ class EventsController(Controller):
             raise PermissionDeniedException("a team-limited token cannot read the audit log")
         if event_type is not None and event_type not in EVENT_TYPES:
             known = ", ".join(sorted(EVENT_TYPES))
-            raise Invalid(f"type: no event type {shorten(repr(event_type))}; the types are {known}")
+            raise Invalid(f"type: no event type {shorten_repr(event_type)}; the types are {known}")
         if page_token is not None and after_position:
             raise Invalid("give afterPosition or pageToken, not both (the token already says where to go on)")
         scope = parse_cluster(cluster, ctx)

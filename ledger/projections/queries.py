@@ -20,7 +20,7 @@ from typing import Literal, TypeVar
 
 from sqlalchemy import Connection, Row, text
 
-from ledger.errors import Invalid, UnknownDeviceClass, shorten
+from ledger.errors import Invalid, UnknownDeviceClass, shorten, shorten_repr
 from ledger.projections import counts
 from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
@@ -606,8 +606,8 @@ def device_class_members(conn: Connection, *, at: datetime, scope: OccupancyScop
         spec = _json(r.spec)
         specs[r.cluster] = expressions_of(spec.get("selectors") if isinstance(spec, dict) else None)
     if not specs:
-        where = f" in cluster {shorten(repr(scope.cluster))}" if scope.cluster is not None else ""
-        raise UnknownDeviceClass(f"DeviceClass {shorten(repr(device_class))} is not defined at {rfc3339(at)}{where}")
+        where = f" in cluster {shorten_repr(scope.cluster)}" if scope.cluster is not None else ""
+        raise UnknownDeviceClass(f"DeviceClass {shorten_repr(device_class)} is not defined at {rfc3339(at)}{where}")
     params["class_clusters"] = sorted(specs)
     members: set[DeviceSortKey] = set()
     # One inventory row per device at T is the projection's invariant; should two overlap, the newest
@@ -831,7 +831,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             positive) or giving more than :data:`MAX_STEPS` buckets.
     """
     if group_by not in GROUP_BY:
-        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {shorten(repr(group_by))}")
+        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {shorten_repr(group_by)}")
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     if step is not None and step <= timedelta(0):
@@ -1223,7 +1223,7 @@ def claims_page(conn: Connection, *, at: datetime, state: str = "all", cluster: 
         Invalid: unknown ``state``.
     """
     if state not in ("pending", "allocated", "deleted", "all"):
-        raise Invalid(f"state must be pending, allocated, deleted or all, got {shorten(repr(state))}")
+        raise Invalid(f"state must be pending, allocated, deleted or all, got {shorten_repr(state)}")
     chunk = _CLAIM_CHUNK if limit is None else max(limit + 1, _CLAIM_CHUNK // 5)
     params: dict[str, object] = {"at": at, "cluster": cluster, "namespace": namespace, "name": name,
                                  "origin": origin, "state": state, "chunk": chunk}

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, text
 
-from ledger.errors import Invalid, shorten
+from ledger.errors import Invalid, shorten_repr
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339, split_equally
 from ledger.store.locks import lock_rolled_hours
@@ -325,7 +325,7 @@ def usage_from_rollups(conn: Connection, *, start: datetime, end: datetime, grou
         Invalid: ``group_by`` unknown, or ``start`` is not before ``end``.
     """
     if group_by not in GROUP_BY:
-        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {shorten(repr(group_by))}")
+        raise Invalid(f"groupBy must be one of {', '.join(GROUP_BY)}, got {shorten_repr(group_by)}")
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     column = GROUP_BY[group_by]

@@ -59,13 +59,13 @@ def test_a_parameter_without_a_name_is_shown_as_an_empty_name(client: TestClient
 
 def test_a_long_event_type_is_echoed_cut(client: TestClient[Litestar]) -> None:
     detail = problem(client, "/v1/events?type=" + "T" * 5000, 422)
-    assert detail.startswith("type: no event type '" + "T" * (MAX_ECHO_CHARS - 2) + "…; the types are "), detail[:300]
+    assert detail.startswith("type: no event type '" + "T" * (MAX_ECHO_CHARS - 3) + "…'; the types are "), detail[:300]
 
 
 def test_a_time_too_far_in_the_future_with_a_long_fraction_is_echoed_cut(client: TestClient[Litestar]) -> None:
     at = "9999-06-01T00:00:00." + "0" * 5000 + "Z"
     detail = problem(client, f"/v1/occupancy?at={at}", 422)
-    assert detail == (f"at: {repr(at)[:MAX_ECHO_CHARS - 1]}… is too far in the future; "
+    assert detail == (f"at: {repr(at)[:MAX_ECHO_CHARS - 2]}…' is too far in the future; "
                       "the latest time accepted is 9998-12-31T23:59:59.999999Z")
 
 
@@ -73,11 +73,13 @@ LONG = "z" * 5000
 """A value far longer than any name or value the API takes."""
 CUT = "z" * (MAX_ECHO_CHARS - 1) + "…"
 """``LONG`` as a problem body repeats it."""
+QUOTED = "'" + "z" * (MAX_ECHO_CHARS - 3) + "…'"
+"""``LONG`` as a problem body repeats it quoted (a cut string keeps its closing quote)."""
 WINDOW = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z"
 
 
 @pytest.mark.parametrize(("url", "status", "detail"), [
-    (f"/v1/occupancy?deviceClass={LONG}", 404, f"DeviceClass '{CUT[:-2]}… is not defined at "),
+    (f"/v1/occupancy?deviceClass={LONG}", 404, f"DeviceClass {QUOTED} is not defined at "),
     (f"/v1/claims/{LONG}/x/history", 404, f"no ResourceClaim {CUT}/x was ever recorded"),
     (f"/v1/claims/x/{LONG}/history", 404, f"no ResourceClaim x/{CUT} was ever recorded"),
     (f"/v1/devices/{LONG}/p/d/timeline", 404, f"no device {CUT}/p/d was ever recorded"),
@@ -86,9 +88,9 @@ WINDOW = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z"
      f"groupBy: Invalid enum value '{CUT}' (one of: team, namespace, deviceClass, model, node)"),
     (f"/v1/claims?state={LONG}", 422, f"state: Invalid enum value '{CUT}' (one of: pending, allocated, deleted, all)"),
     (f"/v1/claims?origin={LONG}", 422, f"origin: Invalid enum value '{CUT}' (one of: manual, template, extended)"),
-    (f"/v1/occupancy?at={LONG}", 422, f"at: not an RFC 3339 time with a zone: '{CUT[:-2]}…"),
-    (f"/v1/usage?from={LONG}&to=2026-11-02T12:00:00Z", 422, f"from: not an RFC 3339 time with a zone: '{CUT[:-2]}…"),
-    (f"/v1/usage?{WINDOW}&step=P{'9' * 5000}D", 422, f"step: 'P{'9' * 97}… is out of range; "),
+    (f"/v1/occupancy?at={LONG}", 422, f"at: not an RFC 3339 time with a zone: {QUOTED}"),
+    (f"/v1/usage?from={LONG}&to=2026-11-02T12:00:00Z", 422, f"from: not an RFC 3339 time with a zone: {QUOTED}"),
+    (f"/v1/usage?{WINDOW}&step=P{'9' * 5000}D", 422, f"step: 'P{'9' * 96}…' is out of range; "),
 ])
 def test_every_problem_repeats_client_input_cut_to_100_characters_ending_in_an_ellipsis(
         client: TestClient[Litestar], url: str, status: int, detail: str) -> None:
@@ -100,15 +102,15 @@ def test_every_problem_repeats_client_input_cut_to_100_characters_ending_in_an_e
 
 def test_an_unknown_device_class_in_a_long_cluster_cuts_both(client: TestClient[Litestar]) -> None:
     got = problem(client, f"/v1/occupancy?deviceClass={LONG}&cluster={'c' * 5000}", 404)
-    assert got.startswith(f"DeviceClass '{CUT[:-2]}… is not defined at "), got[:300]
-    assert got.endswith(f" in cluster '{'c' * (MAX_ECHO_CHARS - 2)}…"), got[-300:]
+    assert got.startswith(f"DeviceClass {QUOTED} is not defined at "), got[:300]
+    assert got.endswith(f" in cluster '{'c' * (MAX_ECHO_CHARS - 3)}…'"), got[-300:]
 
 
 def test_the_cli_refuses_a_long_unknown_device_class_echoing_it_cut(seeded: LedgerHandle) -> None:
     code, output = run_cli(seeded, "occupancy", "--at", "2026-11-02T09:30:00Z", "--device-class", LONG)
 
     assert code == 2, output
-    assert f"DeviceClass '{CUT[:-2]}… is not defined at 2026-11-02T09:30:00Z" in output
+    assert f"DeviceClass {QUOTED} is not defined at 2026-11-02T09:30:00Z" in output
     assert "z" * MAX_ECHO_CHARS not in output
 
 
@@ -138,7 +140,7 @@ POSITIONS = "the largest accepted is 9223372036854775807, the smallest 0"
     ("/v1/occupancy?limit=1001", f"limit: '1001' is out of range; {LIMITS}"),
     ("/v1/occupancy?limit=" + "9" * 30, f"limit: '{'9' * 30}' is out of range; {LIMITS}"),
     # Longer than Python's int() reads by default (4300 digits); msgspec said "Integer value out of range".
-    ("/v1/occupancy?limit=" + "9" * 5000, f"limit: '{'9' * (MAX_ECHO_CHARS - 2)}… is out of range; {LIMITS}"),
+    ("/v1/occupancy?limit=" + "9" * 5000, f"limit: '{'9' * (MAX_ECHO_CHARS - 3)}…' is out of range; {LIMITS}"),
     ("/v1/claims?limit=0", f"limit: '0' is out of range; {LIMITS}"),
     ("/v1/quotas?limit=1001", f"limit: '1001' is out of range; {LIMITS}"),
     ("/v1/pending?limit=-1", f"limit: '-1' is out of range; {LIMITS}"),
@@ -151,7 +153,7 @@ POSITIONS = "the largest accepted is 9223372036854775807, the smallest 0"
     ("/v1/events?afterPosition=" + "9" * 30, f"afterPosition: '{'9' * 30}' is out of range; {POSITIONS}"),
     ("/v1/events?afterPosition=-1", f"afterPosition: '-1' is out of range; {POSITIONS}"),
     ("/v1/events?afterPosition=-" + "9" * 5000,
-     f"afterPosition: '-{'9' * (MAX_ECHO_CHARS - 3)}… is out of range; {POSITIONS}"),
+     f"afterPosition: '-{'9' * (MAX_ECHO_CHARS - 4)}…' is out of range; {POSITIONS}"),
 ])
 def test_an_integer_out_of_range_is_a_422_naming_the_largest_and_smallest_accepted(
         client: TestClient[Litestar], url: str, detail: str) -> None:
@@ -301,7 +303,7 @@ def test_a_nul_character_in_a_value_is_a_422_naming_the_parameter(client: TestCl
 
 def test_a_nul_character_in_a_long_value_is_echoed_cut(client: TestClient[Litestar]) -> None:
     assert problem(client, f"/v1/claims?team={'t' * 5000}%00", 422) == \
-        f"team: '{'t' * (MAX_ECHO_CHARS - 2)}… {NUL_WORDS}"
+        f"team: '{'t' * (MAX_ECHO_CHARS - 3)}…' {NUL_WORDS}"
 
 
 def test_a_page_token_edited_to_hold_a_nul_character_is_refused_as_not_issued(client: TestClient[Litestar]) -> None:

@@ -40,7 +40,7 @@ def _replay(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tu
     ("lab\tone", "'lab\\tone' has a control character ('\\t')"),
     ("lab\x1b[31m", "'lab\\x1b[31m' has a control character ('\\x1b')"),
     # 300 characters: the name is echoed cut to 100 (its quote, 98 letters, an ellipsis).
-    ("a" * 300, "'" + "a" * 98 + "… has 300 characters"),
+    ("a" * 300, "'" + "a" * 97 + "…' has 300 characters"),
 ])
 @pytest.mark.parametrize("source", ["option", "environment"])
 def test_replay_refuses_a_cluster_name_no_cluster_may_have(tmp_path: Path, name: str, said: str,

@@ -71,7 +71,7 @@ def test_a_long_bad_choice_is_echoed_cut_and_with_its_control_characters_escaped
     assert result.exit_code == 2, result.output
     message = error_message(result.output)
     assert message.startswith(r"Invalid value for '--output' / '-o': '\x1b[31mxxx")
-    assert message.endswith("xx… is not one of 'table', 'json'.")
+    assert message.endswith("xx…' is not one of 'table', 'json'.")
     assert len(message) < 200
 
 
