@@ -27,6 +27,11 @@ CSV_COLUMNS = ("group", "deviceClass", "driver", "start", "end", "deviceHours", 
 """Columns of the CSV export: ``group`` holds the value of the ``groupBy`` key."""
 
 
+VARY_ACCEPT = {"Vary": "Accept"}
+"""On every ``/v1/usage`` answer, JSON or CSV: the representation follows the request's ``Accept`` (RFC 9110 §12.5.5),
+so a cache must not hand a CSV answer to a client that asked for JSON, or the other way round."""
+
+
 def usage_csv(body: dict[str, Any]) -> str:
     """Render a usage body as CSV with a header row of :data:`CSV_COLUMNS`, one line per row of the body.
 
@@ -144,7 +149,8 @@ class UsageController(Controller):
         ``[teams] overrides``, applied to the whole window at query time. With a
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the
         whole result as CSV with columns group, deviceClass, driver, start, end, deviceHours, cost, currency
-        (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON. A media
+        (see :func:`usage_csv`); CSV refused with ``q=0``, or no acceptable type at all, answers JSON. Both carry
+        ``Vary: Accept``. A media
         range whose ``q`` is not an RFC 9110 qvalue (0 to 1, three decimals at most) is ignored.
 
         Nothing after "now" counts (``AppState.clock``). The JSON pages are cut by offset from one result:
@@ -183,9 +189,9 @@ class UsageController(Controller):
             now=now,
         )
         if as_csv:
-            return Response(usage_csv(body), media_type="text/csv")  # type: ignore[arg-type]
+            return Response(usage_csv(body), media_type="text/csv", headers=VARY_ACCEPT)  # type: ignore[arg-type]
         rows = body["rows"]
         assert isinstance(rows, list)
         at = rfc3339(now)  # to the microsecond: page 2 must cut the very same result
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=at, query=query)
-        return Response(to_struct({**body, "rows": chunk, "nextPageToken": token}, Usage))
+        return Response(to_struct({**body, "rows": chunk, "nextPageToken": token}, Usage), headers=VARY_ACCEPT)

@@ -40,6 +40,7 @@ def test_a_media_range_with_an_invalid_q_value_is_ignored(client: TestClient[Lit
                                                                else accept.encode("ascii")})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].split(";")[0] == media_type
+    assert response.headers["vary"] == "Accept"  # either way: a cache must keep JSON and CSV apart
 
 
 AT = "2026-11-02T09:30:00Z"
