@@ -1366,8 +1366,7 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
             _heading(f"seed-lab: one node, 8 GPUs, history {rfc3339(start)} .. {rfc3339(end)}")
             c = DEMO_CLUSTER
             render_occupancy(services.occupancy_all(db, at=busy, cluster=c))
-            out.print("Pending claims (requested more devices than are free):")
-            render_claims(services.claims(db, at=busy, state="pending", cluster=c))
+            render_pending(services.pending(db, at=busy, cluster=c))  # requested 4, 2 free
             out.print("After train-0 finished and the shared claim's pods went away:")
             render_occupancy(services.occupancy_all(db, at=end, cluster=c))
             render_usage(services.usage(db, start=start.replace(minute=0, second=0, microsecond=0), end=end,

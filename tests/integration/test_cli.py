@@ -29,6 +29,7 @@ def test_the_demo_replays_the_bundled_history_and_prints_its_tables(ledger_engin
     assert "devices 8, allocated 6, free 2, shared 1" in result.output
     assert "devices 8, allocated 5, free 3, shared 0" in result.output
     assert "ml-train/big" in result.output
+    assert "gpu.example.com: 4 (2 free)" in result.output  # pending demand: requested 4, 2 free at 09:30
     # The heading names the history's span whole (a rule 80 columns wide cut its end off in a file or a pipe).
     import json
 
