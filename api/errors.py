@@ -23,7 +23,16 @@ from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
 from api.parameters import client_name, literal_strings, required_query_names
-from ledger.errors import MAX_ECHO_CHARS, Conflict, Invalid, LedgerError, NotFound, Unavailable, shorten
+from ledger.errors import (
+    MAX_ECHO_CHARS,
+    Conflict,
+    Invalid,
+    LedgerError,
+    NotFound,
+    Unavailable,
+    printable,
+    shorten,
+)
 
 _log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -31,9 +40,11 @@ PROBLEM_JSON = "application/problem+json"
 
 def _problem(status: int, detail: str, headers: dict[str, str] | None = None) -> Response[Any]:
     """A problem details answer (RFC 9457) of type ``about:blank``: its title is the status phrase
-    (:func:`_phrase`), ``detail`` says what was wrong."""
+    (:func:`_phrase`), ``detail`` says what was wrong, its control and bidirectional formatting characters written
+    as escapes (:func:`ledger.errors.printable`): a detail repeats what the client sent, and is read in terminals
+    and logs (``curl`` prints a right-to-left override as it is)."""
     return Response(
-        {"type": "about:blank", "status": status, "title": _phrase(status), "detail": detail},
+        {"type": "about:blank", "status": status, "title": _phrase(status), "detail": printable(detail)},
         status_code=status,
         media_type=PROBLEM_JSON,
         headers=headers,

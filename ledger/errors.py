@@ -35,14 +35,18 @@ def shorten_repr(value: object, limit: int = MAX_ECHO_CHARS) -> str:
     return text[: limit - 2] + "…" + text[-1]
 
 
-_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+_BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""Unicode's explicit bidirectional formatting characters (ALM, LRM, RLM, the embeddings and overrides, the
+isolates): one of them makes a terminal draw the text after it in another order than it is written."""
+_CONTROL_CHARACTERS = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI_CONTROLS}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[\\x00-\\x09\\x0b-\\x1f\\x7f-\\x9f{_BIDI_CONTROLS}]")
 
 
 def printable(text: str, *, keep_newlines: bool = False) -> str:
     """``text`` with its control characters written as Python escapes (``\\x1b``, ``\\t``; newlines too unless
-    ``keep_newlines``), so that a string from the cluster (a device attribute, an object's kind or name in a
-    rejection) cannot move the cursor, recolour, retitle or ring the operator's terminal, or split a log line."""
+    ``keep_newlines``) and its bidirectional formatting characters as ``\\u`` escapes (``\\u202e``), so that a
+    string from the cluster (a device attribute, an object's kind or name in a rejection) cannot move the cursor,
+    recolour, retitle or ring the operator's terminal, split a log line, or show its characters in another order."""
     pattern = _CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL_CHARACTERS
     return pattern.sub(lambda m: repr(m.group())[1:-1], text)
 

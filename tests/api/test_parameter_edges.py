@@ -496,3 +496,9 @@ def test_a_cluster_of_only_blanks_is_still_asked_for(client: TestClient[Litestar
 def test_other_parameters_of_only_blanks_are_refused_saying_what_they_take(client: TestClient[Litestar], url: str,
                                                                           detail: str) -> None:
     assert problem(client, url, 422).startswith(detail)
+
+
+def test_a_bidirectional_override_in_an_echoed_name_is_written_as_an_escape(client: TestClient[Litestar]) -> None:
+    # U+202E would make a terminal showing the answer (curl) draw the rest of the line right to left.
+    detail = problem(client, "/v1/claims/%E2%80%AEml/%F0%9F%98%80/history", 404)
+    assert detail == "no ResourceClaim \\u202eml/\U0001f600 was ever recorded"
