@@ -446,10 +446,6 @@ def claims_at(conn: Connection, *, at: datetime, cluster: str | None) -> list[Cl
     return [_claim_of(list(members)) for _, members in groupby(held, key=lambda r: (r.cluster, r.claim_uid))]
 
 
-def _claim_order(claim: JSONValue) -> tuple[str, str]:
-    return (str(claim.get("namespace")), str(claim.get("name"))) if isinstance(claim, dict) else ("", "")
-
-
 def quotas(conn: Connection, *, at: datetime, config: LedgerConfig, cluster: str | None = None) -> JSONObject:
     """Kueue-style counted usage per (team, resource name) versus nominal quota at ``at``.
 
@@ -463,33 +459,36 @@ def quotas(conn: Connection, *, at: datetime, config: LedgerConfig, cluster: str
         ``used`` is a device count (an int) or, for counter/capacity sources, a quantity in base units
         (bytes for memory); ``nominalQuota`` is ``null`` without a configured quota (then ``overQuota``
         is false); ``overQuota`` = used > nominalQuota. ``reasons`` (``"<namespace>/<claim>: <Kueue
-        message>"``) name the claims Kueue itself would refuse, counted anyway. Every configured quota
+        message>"``) name the claims Kueue itself would refuse, counted anyway, in the order of ``claims``,
+        each once. Every configured quota
         has a row, with ``used`` 0 when nothing is held.
     """
     # The inventory matters only for counter and capacity sources (CEL over the devices at T).
     catalogs = load_catalogs(conn, at=at, cluster=cluster,
                              with_devices=any(m.sources for m in config.device_class_mappings))
     used: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    reasons: dict[tuple[str, str], list[str]] = defaultdict(list)
-    claims: dict[tuple[str, str], list[JSONValue]] = defaultdict(list)
+    claims: dict[tuple[str, str], list[tuple[str, str, Decimal, tuple[str, ...]]]] = defaultdict(list)
     for claim in claims_at(conn, at=at, cluster=cluster):
         team = config.team_of(claim.namespace, claim.team)
         for charge in count_claim(claim, config=config, catalog=catalogs.get(claim.cluster, Catalog())):
             key = (team, charge.resource_name)
             used[key] += charge.amount
-            reasons[key].extend(f"{claim.namespace}/{claim.name}: {r}" for r in charge.reasons)
-            claims[key].append({"namespace": claim.namespace, "name": claim.name,
-                                "used": as_number(charge.amount), "reasons": list(charge.reasons)})
+            claims[key].append((claim.namespace, claim.name, charge.amount, charge.reasons))
     for quota in config.quotas:
         used.setdefault((quota.team, quota.resource_name), Decimal(0))
     rows: list[JSONValue] = []
     for team, name in sorted(used):
         nominal = config.quota_of(team, name)
         amount = used[(team, name)]
+        # By namespace and name (sorted is stable: one name in two clusters keeps claims_at's order); the row's
+        # reasons follow the same order, each once.
+        held = sorted(claims[(team, name)], key=lambda c: (c[0], c[1]))
+        reasons = dict.fromkeys(f"{ns}/{claim}: {r}" for ns, claim, _, why in held for r in why)
         rows.append({"team": team, "resourceName": name, "used": as_number(amount), "nominalQuota": nominal,
                      "overQuota": nominal is not None and amount > Decimal(str(nominal)),
-                     "reasons": list(dict.fromkeys(reasons[(team, name)])),
-                     "claims": sorted(claims[(team, name)], key=_claim_order)})
+                     "reasons": list(reasons),
+                     "claims": [{"namespace": ns, "name": claim, "used": as_number(charged), "reasons": list(why)}
+                                for ns, claim, charged, why in held]})
     return {"at": rfc3339(at), "rows": rows}
 
 

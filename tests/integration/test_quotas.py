@@ -256,6 +256,11 @@ def test_case_8_refused_claims_are_counted_with_kueues_reason(ledger: LedgerHand
     reasons = set(rows[("vision", "res-1")]["reasons"]) | set(rows[("vision", "res-2")]["reasons"])
     assert reasons == {f"ml/all-nics: {REASON_ALL}", f"ml/prio: {REASON_FIRST_AVAILABLE}",
                        f"ml/by-name: {REASON_CLAIM_BY_NAME}"}
+    # Listed in the order of the row's claims (namespace, name), not in the order the claims were created.
+    names = [c["name"] for c in rows[("vision", "res-2")]["claims"]]
+    assert names == sorted(names) and names.index("by-name") < names.index("prio")
+    assert rows[("vision", "res-2")]["reasons"] == [f"ml/by-name: {REASON_CLAIM_BY_NAME}",
+                                                    f"ml/prio: {REASON_FIRST_AVAILABLE}"]
     # The request with neither exactly nor firstAvailable has no class to map: its result names none.
     assert not any(REASON_NO_EXACTLY in r for row in rows.values() for r in row["reasons"])
     # With an empty configuration every class is unmapped: still counted, under the class name.
