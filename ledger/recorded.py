@@ -264,6 +264,11 @@ LATEST_TIME_TEXT: Final = LATEST_TIME.isoformat().replace("+00:00", "Z")
 """:data:`LATEST_TIME` as messages name it (``9998-12-31T23:59:59.999999Z``)."""
 
 
+class PastYear9999(Invalid):
+    """A valid RFC 3339 time whose instant in UTC is after year 9999 (``9999-12-31T23:00:00-05:00``), which
+    ``datetime`` cannot hold."""
+
+
 def parse_query_time(value: str) -> datetime:
     """Parse a time a query gives (``--at``, ``?at=``, window ends): :func:`parse_time`, before :data:`TIME_LIMIT`.
 
@@ -274,7 +279,10 @@ def parse_query_time(value: str) -> datetime:
         Invalid: as :func:`parse_time`; or the time is at or past :data:`TIME_LIMIT` (the message names the
             latest time accepted, and echoes the value at most 100 characters long).
     """
-    parsed = parse_time(value)
+    try:
+        parsed = parse_time(value)
+    except PastYear9999:
+        parsed = TIME_LIMIT  # later still: refused below with the same words as any time past the limit
     if parsed >= TIME_LIMIT:
         raise Invalid(f"{shorten_repr(value)} is too far in the future; the latest time accepted is "
                       f"{LATEST_TIME_TEXT}")
@@ -295,7 +303,8 @@ def parse_time(value: str) -> datetime:
         The same instant as a tz-aware datetime in UTC.
 
     Raises:
-        Invalid: no zone, not a string, out-of-range fields, or not a timestamp at all.
+        PastYear9999: the instant is after year 9999 in UTC (an :class:`Invalid`).
+        Invalid: no zone, not a string, out-of-range fields, before year 1 in UTC, or not a timestamp at all.
     """
     match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
     if match is None:
@@ -315,7 +324,8 @@ def parse_time(value: str) -> datetime:
     try:
         return parsed.astimezone(UTC)
     except OverflowError as e:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
-        raise Invalid(f"time out of range (years 1-9999 in UTC): {shorten_repr(value)}") from e
+        error = PastYear9999 if parsed.year == 9999 else Invalid
+        raise error(f"time out of range (years 1-9999 in UTC): {shorten_repr(value)}") from e
 
 
 _RECORDER_TIME: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{6})?Z")
@@ -347,7 +357,10 @@ def _receive_time(value: str) -> tuple[datetime, str]:
                 # isoformat() leaves out a fraction of zero microseconds: so does the text cut here.
                 whole = len(value) == 20 or value.endswith(".000000Z")
                 return parsed, (value[:19] if whole else value[:-1]) + "+00:00"
-    parsed = parse_time(value)
+    try:
+        parsed = parse_time(value)
+    except PastYear9999:
+        parsed = TIME_LIMIT  # later still: refused below with the same words
     if parsed >= TIME_LIMIT:
         raise Invalid(f"{shorten_repr(value)} is too far in the future: no query can ask about it (the latest "
                       f"time accepted is {LATEST_TIME_TEXT})")

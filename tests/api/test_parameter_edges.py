@@ -62,6 +62,13 @@ def test_a_long_event_type_is_echoed_cut(client: TestClient[Litestar]) -> None:
     assert detail.startswith("type: no event type '" + "T" * (MAX_ECHO_CHARS - 3) + "…'; the types are "), detail[:300]
 
 
+@pytest.mark.parametrize("at", ["9999-12-31T23:59:59-14:00", "9999-12-31T23:00:00-01:00", "9999-06-01T00:00:00Z"])
+def test_a_time_past_the_limit_is_refused_with_the_latest_time_accepted(client: TestClient[Litestar], at: str) -> None:
+    # The first two are past year 9999 in UTC, which datetime cannot hold: the same answer as the third.
+    assert problem(client, "/v1/occupancy?at=" + at.replace("+", "%2B"), 422) == (
+        f"at: '{at}' is too far in the future; the latest time accepted is 9998-12-31T23:59:59.999999Z")
+
+
 def test_a_time_too_far_in_the_future_with_a_long_fraction_is_echoed_cut(client: TestClient[Litestar]) -> None:
     at = "9999-06-01T00:00:00." + "0" * 5000 + "Z"
     detail = problem(client, f"/v1/occupancy?at={at}", 422)

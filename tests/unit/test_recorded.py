@@ -265,6 +265,9 @@ def test_a_line_observed_in_the_last_hour_a_query_takes_is_read() -> None:
          "accepted is 9998-12-31T23:59:59.999999Z)"),
         ('{"observedAt": "9999-01-01T01:30:00+01:00", "type": "ADDED", "object": {}}',
          "observedAt: '9999-01-01T01:30:00+01:00' is too far in the future"),
+        # Past year 9999 in UTC (datetime cannot hold it): the same words, not "out of range".
+        ('{"observedAt": "9999-12-31T23:30:00-05:00", "type": "ADDED", "object": {}}',
+         "observedAt: '9999-12-31T23:30:00-05:00' is too far in the future: no query can ask about it"),
         ('{"type": "ADDED", "object": {}}', "missing field 'observedAt'"),
         (
             '{"observedAt": "2026-11-02T09:00:00Z", "type": "ERROR", "object": {"message": "too old"}}',
