@@ -152,9 +152,13 @@ _kept = 0
 def content_digest(device: DeviceView) -> bytes:
     """A 16-byte BLAKE2b digest of everything CEL sees of ``device`` (driver, attributes, capacity,
     ``allowMultipleAllocations``): equal for equal devices, different (but for a 2**-128 chance) otherwise. Two
-    devices whose attributes list the same names in another order get different digests."""
-    encoded = msgspec.json.encode([device.driver, device.attributes, device.capacity,
-                                   device.allow_multiple_allocations])
+    devices whose attributes list the same names in another order get different digests.
+
+    MessagePack, not JSON, is hashed: JSON writes ``inf``, ``-inf`` and ``nan`` all as ``null``, so two devices
+    differing only in such a value would share a digest and an answer; MessagePack keeps every float's 64 bits
+    (and tells ``1`` from ``1.0``, a string from bytes)."""
+    encoded = msgspec.msgpack.encode([device.driver, device.attributes, device.capacity,
+                                      device.allow_multiple_allocations])
     return hashlib.blake2b(encoded, digest_size=16).digest()
 
 

@@ -38,9 +38,10 @@ def decode_jsonb(data: bytes) -> object:
     return many ``jsonb`` values (``/v1/pending`` decodes the attributes and capacity of every device
     published at T, ``claims.requests`` and ``device_allocations.consumed_capacity``) spent about a fifth
     of their time in ``json.loads``. The two agree on every document PostgreSQL writes (integers of any
-    size, floats, strings, nesting). A number beyond the range of a float, which ``jsonb`` keeps as an
-    exact numeric, makes msgspec refuse the whole document; the standard library then decodes it (as
-    ``inf``), as it did before.
+    size, floats, strings, nesting). ``jsonb`` keeps numbers as exact numerics and writes them out in
+    positional notation: an integer of any size (``1e400`` is 401 digits) decodes exactly, but a fraction
+    beyond the range of a float (``1e400 + 0.5``) makes msgspec refuse the whole document; the standard
+    library then decodes it (the number as ``inf``), as it did before.
 
     Args:
         data: UTF-8 JSON text (``bytes``; psycopg has already dropped the ``jsonb`` binary format's

@@ -31,6 +31,17 @@ def test_devices_that_differ_in_one_attribute_get_their_own_answers() -> None:
                    capacity={"memory": {"value": "80Gi"}}, allow_multiple_allocations=True))
 
 
+@pytest.mark.parametrize(("one", "other"), [(float("inf"), float("-inf")), (float("inf"), float("nan")), (1, 1.0)])
+def test_devices_differing_in_a_value_json_would_write_alike_get_their_own_answers(one: float, other: float) -> None:
+    # JSON writes inf, -inf and nan all as null; the digest must still tell such devices apart.
+    first = DeviceView(driver="d.example.com", attributes={"x": {"int": one}})
+    second = DeviceView(driver="d.example.com", attributes={"x": {"int": other}})
+    assert content_digest(first) != content_digest(second)
+    expression = "device.attributes['d.example.com'].x > 0.0"
+    assert selects([expression], DeviceView(driver="d.example.com", attributes={"x": {"int": float("inf")}})) is True
+    assert selects([expression], DeviceView(driver="d.example.com", attributes={"x": {"int": float("-inf")}})) is False
+
+
 def test_an_equal_device_is_answered_from_the_memo_without_evaluating_cel(monkeypatch: pytest.MonkeyPatch) -> None:
     assert selects([MODEL_IS_A100], gpu("A100")) is True
 
