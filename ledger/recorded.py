@@ -279,14 +279,25 @@ def parse_query_time(value: str) -> datetime:
         Invalid: as :func:`parse_time`; or the time is at or past :data:`TIME_LIMIT` (the message names the
             latest time accepted, and echoes the value at most 100 characters long).
     """
-    try:
-        parsed = parse_time(value)
-    except PastYear9999:
-        parsed = TIME_LIMIT  # later still: refused below with the same words as any time past the limit
-    if parsed >= TIME_LIMIT:
+    parsed = _before_time_limit(value)
+    if parsed is None:
         raise Invalid(f"{shorten_repr(value)} is too far in the future; the latest time accepted is "
                       f"{LATEST_TIME_TEXT}")
     return parsed
+
+
+def _before_time_limit(value: str) -> datetime | None:
+    """:func:`parse_time`, or ``None`` for a time at or past :data:`TIME_LIMIT`: one past year 9999 in UTC
+    (:class:`PastYear9999`) too, so that every time past the limit gets the same refusal.
+
+    Raises:
+        Invalid: as :func:`parse_time`, but for :class:`PastYear9999`.
+    """
+    try:
+        parsed = parse_time(value)
+    except PastYear9999:
+        return None
+    return parsed if parsed < TIME_LIMIT else None
 
 
 def parse_time(value: str) -> datetime:
@@ -357,14 +368,11 @@ def _receive_time(value: str) -> tuple[datetime, str]:
                 # isoformat() leaves out a fraction of zero microseconds: so does the text cut here.
                 whole = len(value) == 20 or value.endswith(".000000Z")
                 return parsed, (value[:19] if whole else value[:-1]) + "+00:00"
-    try:
-        parsed = parse_time(value)
-    except PastYear9999:
-        parsed = TIME_LIMIT  # later still: refused below with the same words
-    if parsed >= TIME_LIMIT:
+    limited = _before_time_limit(value)
+    if limited is None:
         raise Invalid(f"{shorten_repr(value)} is too far in the future: no query can ask about it (the latest "
                       f"time accepted is {LATEST_TIME_TEXT})")
-    return parsed, parsed.isoformat()
+    return limited, limited.isoformat()
 
 
 # Recorded files repeat the same receive time on every line of a burst (a relist, a resync).
