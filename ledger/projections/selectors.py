@@ -174,8 +174,8 @@ def selects(expressions: Sequence[str], device: DeviceView) -> bool:
     global _kept
     if not expressions:
         return True
-    digest = content_digest(device)
-    answers = _selections.get(tuple(expressions))
+    digest, wanted = content_digest(device), tuple(expressions)
+    answers = _selections.get(wanted)
     selected = None if answers is None else answers.get(digest)
     if selected is None:
         context = _context(device)  # built once for all the expressions
@@ -184,7 +184,7 @@ def selects(expressions: Sequence[str], device: DeviceView) -> bool:
             _selections.clear()  # the answers of a much larger inventory than any one instant holds
             _kept, answers = 0, None
         if answers is None:
-            answers = _selections.setdefault(tuple(expressions), {})
+            answers = _selections.setdefault(wanted, {})
         answers[digest] = selected
         _kept += 1
     return selected
