@@ -39,8 +39,9 @@ from api.controllers.health import HealthController
 from api.controllers.occupancy import OccupancyController
 from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
-from api.deps import AppState, provide_state, wall_clock
+from api.deps import AppState, ReportSlots, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
+from api.limits import DEFAULT_REPORT_SLOTS
 from api.methods import JsonRenderPluginWithHead
 from api.parameters import known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
@@ -60,6 +61,8 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The ledger database, schema at head (``LedgerDatabase.url``: with its password)."""
     cluster: str | None
     """Answer for this cluster only; ``None``: every cluster."""
+    report_slots: int = DEFAULT_REPORT_SLOTS
+    """Whole-fleet reports each worker computes at once (``serve --report-slots``, :class:`api.deps.ReportSlots`)."""
     config: str
     """The configuration ``serve`` read and checked, as JSON (``LedgerConfig.model_dump_json(by_alias=True)``):
     every worker, one started after the file changed too, answers with the same tokens, teams and prices."""
@@ -91,7 +94,8 @@ def create_app_for_worker() -> Litestar:
         config = LedgerConfig.model_validate_json(spec.config)
     except ValidationError as e:
         raise Invalid(f"{WORKER_SPEC_ENV}: not a configuration: {e}") from e
-    return create_app(db=LedgerDatabase.from_url(spec.database_url), config=config, cluster=spec.cluster)
+    return create_app(db=LedgerDatabase.from_url(spec.database_url), config=config, cluster=spec.cluster,
+                      reports=ReportSlots(spec.report_slots))
 
 
 def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -122,7 +126,7 @@ def freeze_startup_objects() -> None:
 
 
 def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None,
-               clock: Callable[[], datetime] = wall_clock) -> Litestar:
+               clock: Callable[[], datetime] = wall_clock, reports: ReportSlots | None = None) -> Litestar:
     """Build the Litestar application.
 
     Args:
@@ -131,6 +135,8 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         cluster: answer for this cluster only (``None``: every cluster, selectable per request).
         clock: returns "now" (aware UTC) for the usage window's present (see ``GET /v1/usage``); the
             wall clock unless a test moves time.
+        reports: how many whole-fleet reports the process computes at once (:class:`api.deps.ReportSlots`);
+            ``None``: :data:`api.deps.DEFAULT_REPORT_SLOTS`, waiting up to :data:`api.deps.REPORT_WAIT_S`.
 
     Raises:
         Invalid: a token's ``tokenEnv`` variable is unset or too short, two tokens have the same value, or
@@ -181,6 +187,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         on_startup=[freeze_startup_objects],
         on_shutdown=[gc.unfreeze],
     )
-    app.state.ledger = AppState(db=db, config=config, cluster=cluster, clock=clock)
+    app.state.ledger = AppState(db=db, config=config, cluster=cluster, clock=clock,
+                                reports=reports if reports is not None else ReportSlots())
     app.state.tokens = tokens
     return app

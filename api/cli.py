@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from api.limits import DEFAULT_REPORT_SLOTS, MAX_REPORT_SLOTS, REPORT_WAIT_S
 from ledger import cli, services
 from ledger.config import check_cluster_name, load_config
 from ledger.embedded import require_port
@@ -37,14 +38,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None,
-              workers: int = 1) -> None:
+              workers: int = 1, report_slots: int = DEFAULT_REPORT_SLOTS) -> None:
     """Serve the REST API with uvicorn until interrupted.
 
     ``workers``: processes answering on ``host:port`` (uvicorn's workers, each with its own connection pool and
     settled-occupancy memory). One process runs the API's Python on one core at a time (the interpreter lock);
     each worker adds a core's worth. With more than one, everything below is checked in this process first
     (so a bad setting is one error, not one per worker); the workers then build the same app from
-    :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies.
+    :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies. ``report_slots``: whole-fleet
+    reports each process computes at once (:class:`api.deps.ReportSlots`).
 
     Raises:
         LedgerError: ``host`` is empty or blank, or cannot be listened on (:func:`ledger.embedded.require_port`;
@@ -56,6 +58,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     import uvicorn
 
     from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app
+    from api.deps import ReportSlots
 
     if cluster == "":
         raise LedgerError("--cluster is empty; leave it out to serve every cluster")
@@ -88,7 +91,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
         # Served anyway (the workers may not have recorded it yet), but a mistyped name answers like an empty cluster.
         typer.echo(f"warning: the ledger holds no event of cluster {cluster!r} yet: every answer will be empty "
                    "until something is recorded under that name", err=True)
-    app = create_app(db=db, config=config, cluster=cluster)
+    app = create_app(db=db, config=config, cluster=cluster, reports=ReportSlots(report_slots))
     served = "" if workers == 1 else f", {workers} worker processes"
     where = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL (RFC 3986)
     typer.echo(f"dra-ledger API on http://{where}:{port}/v1 (OpenAPI at http://{where}:{port}/schema){served}",
@@ -100,7 +103,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     # checked, the configuration as read here (not its path: a worker started later, after the file changed,
     # would hold other tokens than its siblings), through the environment they inherit.
     # JSON carries every value a LedgerConfig takes (its numbers are finite; a test round-trips deploy/ledger.toml).
-    os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster,
+    os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster, report_slots=report_slots,
                                              config=config.model_dump_json(by_alias=True)).to_json()
     db.dispose()
     uvicorn.run("api.app:create_app_for_worker", factory=True, workers=workers, host=host, port=port,
@@ -123,6 +126,10 @@ def register(app: typer.Typer) -> None:
             min=1, max=MAX_WORKERS, envvar="LEDGER_API_WORKERS",
             help="Processes answering requests on the port; each uses up to one core (set it to the cores the "
                  "API may use).")] = 1,
+        report_slots: Annotated[int, typer.Option(
+            min=1, max=MAX_REPORT_SLOTS, envvar="LEDGER_API_REPORT_SLOTS",
+            help="Whole-fleet reports (quotas, shared, pending, idle claims) each process computes at once; more "
+                 f"requests wait, up to {REPORT_WAIT_S:g} s, then get 503.")] = DEFAULT_REPORT_SLOTS,
         url: cli.UrlOpt = None,
         data_dir: cli.DataDirOpt = None,
     ) -> None:
@@ -132,7 +139,7 @@ def register(app: typer.Typer) -> None:
             settings = settings.model_copy(update={"config": config})
         with cli.reported_errors():  # one line and exit code 2 (a database it cannot use, too), no traceback
             serve_api(settings, host=host, port=port, allow_open=allow_unauthenticated, cluster=cluster,
-                      workers=workers)
+                      workers=workers, report_slots=report_slots)
 
     def serve_demo(settings: Settings, port: int) -> None:
         typer.echo(

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from litestar import Request
 from litestar.params import QueryParameter
 
+from api.limits import DEFAULT_REPORT_SLOTS, REPORT_WAIT_S
 from ledger import recorded
 from ledger.config import LedgerConfig
-from ledger.errors import Invalid, shorten_repr
+from ledger.errors import Busy, Invalid, shorten_repr
 from ledger.recorded import parse_query_time
 from ledger.store.database import LedgerDatabase
 
@@ -32,15 +35,52 @@ def wall_clock() -> datetime:
     return datetime.now(UTC)
 
 
+class ReportSlots:
+    """Bounds how many whole-fleet reports (``/v1/quotas``, ``/v1/shared``, ``/v1/pending``,
+    ``/v1/reports/idle-claims``) one API process computes at once.
+
+    Each of them reads every device, allocation and claim at its instant and builds its answer in memory
+    (~18 MB at 12,000 devices); the handlers run in a pool of 40 threads, so 30 clients at once made one worker
+    hold 30 such working sets (350+ MB, kept by the allocator afterwards) for no gain in speed: the Python of
+    one process runs on one core at a time. A request past the limit waits for a slot without holding a
+    database connection, and after ``wait_s`` gets :class:`ledger.errors.Busy` (503). Paged reads
+    (occupancy, claims, events, usage) are not counted.
+    """
+
+    def __init__(self, count: int = DEFAULT_REPORT_SLOTS, *, wait_s: float = REPORT_WAIT_S) -> None:
+        if count < 1:
+            raise Invalid(f"report slots: {count}; at least 1")
+        self.count = count
+        self.wait_s = wait_s
+        self._free = threading.BoundedSemaphore(count)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold one slot for the block; called from the handler's worker thread (``sync_to_thread``).
+
+        Raises:
+            Busy: no slot came free within ``wait_s`` seconds (``retry_after_s``: the wait, at least 1 s).
+        """
+        if not self._free.acquire(timeout=self.wait_s):
+            raise Busy(f"this API process is computing as many whole-fleet reports at once as it may ({self.count}, "
+                       f"serve --report-slots) and none finished within {self.wait_s:g} s; retry later",
+                       retry_after_s=max(1, round(self.wait_s)))
+        try:
+            yield
+        finally:
+            self._free.release()
+
+
 @dataclass(frozen=True, slots=True)
 class AppState:
-    """What the app was created with: the ledger database, the configuration, the cluster filter, and the
-    clock that says when "now" is (aware UTC; tests pass a fake one)."""
+    """What the app was created with: the ledger database, the configuration, the cluster filter, the
+    clock that says when "now" is (aware UTC; tests pass a fake one), and the report slots."""
 
     db: LedgerDatabase
     config: LedgerConfig
     cluster: str | None
     clock: Callable[[], datetime] = wall_clock
+    reports: ReportSlots = field(default_factory=ReportSlots)
 
 
 def provide_state(request: Request[Any, Any, Any]) -> AppState:

@@ -1,7 +1,8 @@
 """The single error-to-HTTP mapping: every failure leaves as RFC 9457 problem details.
 
-``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable) →
-503 with ``Retry-After``, anything else → 500 with no internals in the body (the traceback goes to the log).
+``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable) and ``Busy``
+(every report slot taken) → 503 with ``Retry-After``, anything else → 500 with no internals in the body (the
+traceback goes to the log).
 
 Parameters follow one rule: 400 when the *set* of parameters is wrong (a name the endpoint does not take,
 one given twice, a required one missing), 422 when a parameter is there but its *value* is not one it can
@@ -25,6 +26,7 @@ from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetail
 from api.parameters import client_name, literal_strings, required_query_names
 from ledger.errors import (
     MAX_ECHO_CHARS,
+    Busy,
     Conflict,
     Invalid,
     LedgerError,
@@ -61,6 +63,9 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)
         return _problem(503, "the ledger database is not reachable; retry later", headers={"Retry-After": "5"})
+    if isinstance(exc, Busy):
+        _log.warning("%s", exc)
+        return _problem(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     _log.error("unmapped ledger error: %s", exc)
     return _problem(500, "the ledger failed to answer; see the server log")
 
@@ -189,7 +194,8 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
         404: "The named object was never recorded.",
         422: "A parameter's value is not one it can take (not a number, out of range, not one of the listed "
         "values, a bad time or duration, an empty window or cluster, a foreign pageToken, a NUL character).",
-        503: "The ledger database is not reachable; retry after Retry-After seconds.",
+        503: "The ledger database is not reachable, or (whole-fleet reports) this API process is computing as many "
+        "reports as it may at once; retry after Retry-After seconds.",
     }
     return {
         code: ResponseSpec(

@@ -132,6 +132,15 @@ class Unavailable(LedgerError):
     """The ledger database cannot be reached now (connection refused, server restarting); retry later."""
 
 
+class Busy(LedgerError):
+    """This process already runs as much of one kind of work at once as it may, and none finished within the
+    wait; retry after ``retry_after_s`` seconds. Nothing was read or changed."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class SchemaNotReady(LedgerError):
     """The database schema is missing or older than this code; run ``dra-ledger db upgrade``."""
 

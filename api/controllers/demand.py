@@ -73,13 +73,17 @@ class DemandController(Controller):
         Kueue's ``deviceClassMappings`` in the configuration: ``ExactCount`` requests count ``count``,
         ``adminAccess`` counts 0, a claim shared by many pods counts once; what Kueue would refuse is still
         counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
+
+        A whole-fleet report: at most ``serve --report-slots`` of them run at once in a process, and a
+        request that waits 30 s for a slot gets 503 with ``Retry-After`` (:class:`api.deps.ReportSlots`).
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
+        with ctx.reports.held():
+            body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
         rows = [r for r in body["rows"] if access.sees(r["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "rows": chunk, "nextPageToken": token}, Quotas)
@@ -98,13 +102,17 @@ class DemandController(Controller):
         together, in that order (a page may end inside any of them and the next one go on from there);
         ``totals`` count every entry, on every page. A fleet with MIG partitions lists every GPU's counter set
         (4,000 for 500 MIG nodes of 8 GPUs), too much for one answer.
+
+        A whole-fleet report: at most ``serve --report-slots`` of them run at once in a process, and a
+        request that waits 30 s for a slot gets 503 with ``Retry-After`` (:class:`api.deps.ReportSlots`).
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        body = scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access)
+        with ctx.reports.held():
+            body = scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access)
         lists = ("devices", "counterSets", "claims")
         entries = [(name, entry) for name in lists for entry in body[name]]
         chunk, token = pagination.cut(entries, page=page, limit=limit, at=str(body["at"]), query=query)
@@ -119,12 +127,16 @@ class DemandController(Controller):
         """Claims without an allocation at T, with devices requested per request, and per DeviceClass the
         claims waiting, devices requested and devices free at T (selected by the class's CEL selectors,
         unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
+
+        A whole-fleet report: at most ``serve --report-slots`` of them run at once in a process, and a
+        request that waits 30 s for a slot gets 503 with ``Retry-After`` (:class:`api.deps.ReportSlots`).
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)
+        with ctx.reports.held():
+            body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)
         chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

@@ -56,6 +56,9 @@ class ReportsController(Controller):
         by default); ``team`` is the team after the configuration's ``[teams] overrides``, and a
         team-limited token sees the rows of that team: the body is the one of
         ``dra-ledger report idle-claims -o json`` (``services.idle_report``).
+
+        A whole-fleet report: at most ``serve --report-slots`` of them run at once in a process, and a
+        request that waits 30 s for a slot gets 503 with ``Retry-After`` (:class:`api.deps.ReportSlots`).
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
@@ -64,13 +67,8 @@ class ReportsController(Controller):
         query = pagination.fingerprint(request.url.path, {"minIdle": idle, "cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        body: Any = services.idle_report(
-            ctx.db,
-            at=when,
-            config=ctx.config,
-            min_idle=idle,
-            cluster=scope,
-        )
+        with ctx.reports.held():
+            body: Any = services.idle_report(ctx.db, at=when, config=ctx.config, min_idle=idle, cluster=scope)
         rows = [c for c in body["claims"] if access.sees(c["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, IdleClaims)

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ledger.errors import Invalid, LedgerError, ObservationConflict, StoreUnavailable
 from ledger.events import NewEvent, RecordedEvent
@@ -328,14 +329,19 @@ class LedgerDatabase:
 def unavailable_as_error() -> Iterator[None]:
     """Re-raise a lost or refused database connection as :class:`~ledger.errors.StoreUnavailable`.
 
-    A refused or lost connection (:func:`connection_lost`) is transient for a long-running writer; every
-    other error passes.
+    A refused or lost connection (:func:`connection_lost`) is transient for a long-running writer, and so is a
+    pool with every connection in use past its ``pool_timeout`` (30 s; an API process under more concurrent
+    requests than its 15 connections answered 500 there); every other error passes.
 
     Raises:
-        StoreUnavailable: the block failed because the database was unreachable.
+        StoreUnavailable: the block failed because the database was unreachable, or no pooled connection came
+            free in time.
     """
     try:
         yield
+    except PoolTimeout as e:
+        raise StoreUnavailable("no free database connection: every connection of the pool stayed in use past the "
+                               "pool's timeout") from e
     except DBAPIError as e:
         if not connection_lost(e):
             raise
