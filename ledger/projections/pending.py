@@ -112,7 +112,7 @@ def free_devices(conn: Connection, *, at: datetime, cluster: str, catalog: Catal
             for name in names:
                 for counter, amount in counter_amounts(d.consumes_counters, name).items():
                     in_use[(d.driver, d.pool, name, counter)] += amount
-    totals = CounterSetTotals(conn, at)
+    totals = CounterSetTotals(conn, at, pools=[(cluster, d, p) for (d, p, _), names in sets_of.items() if names])
 
     def fits(d: Device) -> bool:
         for name in sets_of.get((d.driver, d.pool, d.device), []):

@@ -178,7 +178,7 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
             members[(r.cluster, r.driver, r.pool, name)].append(  # type: ignore[attr-defined]
                 (r.device, counter_amounts(consumes, name)))  # type: ignore[attr-defined]
     out: list[JSONValue] = []
-    held_totals = CounterSetTotals(conn, at)
+    held_totals = CounterSetTotals(conn, at, pools=[(c, d, p) for c, d, p, _ in members])
     for (cluster, driver, pool, set_name), parts in sorted(members.items()):
         if len(parts) < 2 and not any(by_device.get((cluster, driver, pool, d)) for d, _ in parts):
             continue

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from ledger import services
-from ledger.projections import queries
+from ledger.projections import counter_sets, queries
 from ledger.quantities import parse_quantity
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
@@ -339,3 +339,36 @@ def test_shared_device_hours_are_charged_by_consumed_capacity_or_equally(ledger:
     assert body["devices"] == [{"driver": "devicenetwork.io", "pool": "kind-worker",
                                 "device": "my-network-macvlan-dummy0", "sharedHours": 1.0,
                                 "billedDeviceHours": round(4 / 65535, 6)}]
+
+
+def test_shared_counters_of_many_pools_are_each_pools_latest_at_or_before_the_instant(ledger: LedgerHandle,
+                                                                                       tmp_path: Path) -> None:
+    def counter_slice(pool: str, generation: int, memory: str) -> Any:
+        body = real("kep4815_resourceslice_counter-slice-sharedcounters-only_v1.yaml")
+        body["metadata"].update({"name": f"{pool}-counters", "uid": uid("slice"), "resourceVersion": rv()})
+        body["spec"]["pool"].update({"name": pool, "generation": generation, "resourceSliceCount": 1})
+        body["spec"]["sharedCounters"][0]["counters"]["memory"]["value"] = memory
+        return body
+
+    # Pool a: 40Gi from minute 10, a driver restart publishes 80Gi at minute 20. Pool b: 16Gi from minute 15.
+    path = history(tmp_path / "pools.jsonl", [("ADDED", counter_slice("a", 1, "40Gi"), 10),
+                                              ("ADDED", counter_slice("b", 1, "16Gi"), 15),
+                                              ("MODIFIED", counter_slice("a", 2, "80Gi"), 20)])
+    assert not ledger.replay(path).rejected
+    driver, c = "resource-driver.example.com", ledger.cluster
+    a, b, never, elsewhere = (c, driver, "a"), (c, driver, "b"), (c, driver, "never"), ("other", driver, "a")
+
+    def memory(at_minutes: float) -> dict[tuple[str, str, str], list[str]]:
+        with ledger.db.reading() as conn:
+            found: Any = counter_sets.shared_counters_of(conn, [b, a, never, a, elsewhere], at(at_minutes))
+        return {k: [s["counters"]["memory"]["value"] for s in v] for k, v in found.items()}
+
+    assert memory(5) == {a: [], b: [], never: [], elsewhere: []}  # nothing published yet
+    assert memory(12) == {a: ["40Gi"], b: [], never: [], elsewhere: []}
+    assert memory(20) == {a: ["80Gi"], b: ["16Gi"], never: [], elsewhere: []}  # at the instant itself
+    with ledger.db.reading() as conn:
+        assert counter_sets.shared_counters_of(conn, [], at(20)) == {}
+        # Asked one at a time (a pool not given up front), the same totals: 80Gi in bytes.
+        totals = counter_sets.CounterSetTotals(conn, at(20), pools=[b])
+        assert totals.of(c, driver, "a", "gpu-0-counter-set") == {"memory": 80 * parse_quantity("1Gi")}
+        assert totals.of(c, driver, "b", "gpu-0-counter-set") == {"memory": 16 * parse_quantity("1Gi")}
