@@ -118,7 +118,12 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         status = 422
     elif isinstance(detail, str) and detail.startswith("Missing required "):
         detail = _missing(request, detail)
-    return _problem(status, str(detail), headers=exc.headers or None)
+    headers = dict(exc.headers or {})
+    for name in [h for h in headers if h.lower() == "allow"]:
+        # A 405 lists the route's methods in the router's order (OPTIONS first); OPTIONS answers them sorted
+        # (GET, HEAD, OPTIONS). One order for both: a client comparing the two sees one set.
+        headers[name] = ", ".join(sorted(m.strip() for m in headers[name].split(",") if m.strip()))
+    return _problem(status, str(detail), headers=headers or None)
 
 
 def _missing(request: Request[Any, Any, Any], detail: str) -> str:

@@ -183,3 +183,13 @@ def test_a_problems_title_is_the_status_phrase_as_rfc_9457_asks_for_type_about_b
     body = got.json()
     assert (got.status_code, body["type"], body["status"], body["title"]) == (status, "about:blank", status, title)
     assert body["detail"]  # what was wrong is said in the detail
+
+
+@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/occupancy"), ("POST", "/v1/usage"),
+                                              ("PUT", "/v1/claims/ml-serve/shared-gpu/history"), ("POST", "/healthz")])
+def test_a_405_lists_the_allowed_methods_in_the_order_options_gives_them(
+        client: TestClient[Litestar], method: str, path: str) -> None:
+    refused = client.request(method, path)
+    options = client.options(path)
+    assert refused.status_code == 405
+    assert refused.headers["allow"] == options.headers["allow"] == "GET, HEAD, OPTIONS"
