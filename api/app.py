@@ -136,7 +136,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         clock: returns "now" (aware UTC) for the usage window's present (see ``GET /v1/usage``); the
             wall clock unless a test moves time.
         reports: how many whole-fleet reports the process computes at once (:class:`api.deps.ReportSlots`);
-            ``None``: :data:`api.deps.DEFAULT_REPORT_SLOTS`, waiting up to :data:`api.deps.REPORT_WAIT_S`.
+            ``None``: :data:`api.limits.DEFAULT_REPORT_SLOTS`, waiting up to :data:`api.limits.REPORT_WAIT_S`.
 
     Raises:
         Invalid: a token's ``tokenEnv`` variable is unset or too short, two tokens have the same value, or
