@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from litestar import Request
 from litestar.params import QueryParameter
 
@@ -19,6 +19,8 @@ from ledger.config import LedgerConfig
 from ledger.errors import Busy, Invalid, shorten_repr
 from ledger.recorded import parse_query_time
 from ledger.store.database import LedgerDatabase
+
+T = TypeVar("T")
 
 ClusterParam = Annotated[
     str | None, QueryParameter(description="Only this cluster; leave the parameter out for every cluster.")
@@ -37,36 +39,62 @@ def wall_clock() -> datetime:
 
 class ReportSlots:
     """Bounds how many whole-fleet reports (``/v1/quotas``, ``/v1/shared``, ``/v1/pending``,
-    ``/v1/reports/idle-claims``) one API process computes at once.
+    ``/v1/reports/idle-claims``) one API process computes at once, first come first served.
 
     Each of them reads every device, allocation and claim at its instant and builds its answer in memory
-    (~18 MB at 12,000 devices); the handlers run in a pool of 40 threads, so 30 clients at once made one worker
-    hold 30 such working sets (350+ MB, kept by the allocator afterwards) for no gain in speed: the Python of
-    one process runs on one core at a time. A request past the limit waits for a slot without holding a
-    database connection, and after ``wait_s`` gets :class:`ledger.errors.Busy` (503). Paged reads
-    (occupancy, claims, events, usage) are not counted.
+    (~18 MB at 12,000 devices). Run as sync handlers in Litestar's pool of 40 threads, 30 clients at once made one
+    worker hold 30 such working sets (350+ MB, kept by the allocator afterwards) for no gain in speed: the Python
+    of one process runs on one core at a time.
+
+    The wait happens on the event loop, before the report takes a thread or a database connection: the thread
+    pool stays free for the other endpoints (a wait inside a thread filled the pool, so the wait began only once a
+    thread came free, past 40 requests at once, and occupancy and health answers queued behind it). Waiters are
+    served in arrival order (``anyio.Semaphore``); one that waits ``wait_s`` gets :class:`ledger.errors.Busy`
+    (503). A client that disconnects while its report waits or runs does not free the slot early: the report
+    is computed all the same.
     """
 
     def __init__(self, count: int = DEFAULT_REPORT_SLOTS, *, wait_s: float = REPORT_WAIT_S) -> None:
+        """Args: ``count``, at least 1; ``wait_s``, seconds a request may wait for a slot.
+
+        Raises:
+            Invalid: ``count`` is below 1.
+        """
         if count < 1:
             raise Invalid(f"report slots: {count}; at least 1")
         self.count = count
         self.wait_s = wait_s
-        self._free = threading.BoundedSemaphore(count)
+        # Made outside any event loop (create_app runs before uvicorn's loop): anyio binds it on first use.
+        self._free = anyio.Semaphore(count)
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold one slot for the block; called from the handler's worker thread (``sync_to_thread``).
+    @property
+    def running(self) -> int:
+        """Reports holding a slot now."""
+        return self.count - self._free.value
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot now."""
+        return self._free.statistics().tasks_waiting
+
+    async def run(self, compute: Callable[[], T]) -> T:
+        """Wait for a slot (at most ``wait_s`` seconds), then run ``compute`` in a worker thread holding it.
+
+        Returns:
+            What ``compute`` returns; what it raises passes unchanged, the slot freed either way.
 
         Raises:
             Busy: no slot came free within ``wait_s`` seconds (``retry_after_s``: the wait, at least 1 s).
         """
-        if not self._free.acquire(timeout=self.wait_s):
+        try:
+            with anyio.fail_after(self.wait_s):
+                await self._free.acquire()
+        except TimeoutError:
             raise Busy(f"this API process is computing as many whole-fleet reports at once as it may ({self.count}, "
                        f"serve --report-slots) and none finished within {self.wait_s:g} s; retry later",
-                       retry_after_s=max(1, round(self.wait_s)))
+                       retry_after_s=max(1, round(self.wait_s))) from None
         try:
-            yield
+            return await anyio.to_thread.run_sync(compute)
         finally:
             self._free.release()
 

@@ -1,8 +1,8 @@
 """The single error-to-HTTP mapping: every failure leaves as RFC 9457 problem details.
 
-``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable) and ``Busy``
-(every report slot taken) → 503 with ``Retry-After``, anything else → 500 with no internals in the body (the
-traceback goes to the log).
+``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable, or no pooled
+connection free: ``NoFreeConnection``) and ``Busy`` (every report slot taken) → 503 with ``Retry-After``, anything
+else → 500 with no internals in the body (the traceback goes to the log).
 
 Parameters follow one rule: 400 when the *set* of parameters is wrong (a name the endpoint does not take,
 one given twice, a required one missing), 422 when a parameter is there but its *value* is not one it can
@@ -30,6 +30,7 @@ from ledger.errors import (
     Conflict,
     Invalid,
     LedgerError,
+    NoFreeConnection,
     NotFound,
     Unavailable,
     printable,
@@ -60,6 +61,11 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
         return _problem(409, str(exc))
     if isinstance(exc, Invalid):
         return _problem(422, str(exc))
+    if isinstance(exc, NoFreeConnection):
+        _log.warning("%s", exc)
+        return _problem(503, "every database connection of this API process stayed in use for the pool's timeout "
+                             "(30 s): more requests at once than it has connections; retry later",
+                        headers={"Retry-After": "5"})
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)
         return _problem(503, "the ledger database is not reachable; retry later", headers={"Retry-After": "5"})
@@ -157,12 +163,15 @@ UNPROCESSABLE = "Unprocessable Content"
 _KNOWN_STATUSES = frozenset(s.value for s in HTTPStatus)
 
 
-def html_error_as_problem(response: Response[Any]) -> Response[Any]:
+async def html_error_as_problem(response: Response[Any]) -> Response[Any]:
     """Turn an HTML 404 page into problem details (``after_request`` of the whole app).
 
     Litestar's OpenAPI router answers a name under ``/schema`` that no page has with an HTML 404 page that it returns
     itself, not by raising, so the handlers above never see it. The API answers every error as RFC 9457 problem
     details and never with HTML, so that page is replaced. Other responses pass unchanged.
+
+    A coroutine though it awaits nothing: Litestar runs a plain function hook in its thread pool, for every
+    response, so when report requests filled the pool even ``/healthz`` waited for a thread.
     """
     media_type = response.media_type  # a str, or a MediaType member (a str whose str() is its name)
     if response.status_code == 404 and isinstance(media_type, str) and media_type.startswith("text/html"):
@@ -199,8 +208,8 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
         404: "The named object was never recorded.",
         422: "A parameter's value is not one it can take (not a number, out of range, not one of the listed "
         "values, a bad time or duration, an empty window or cluster, a foreign pageToken, a NUL character).",
-        503: "The ledger database is not reachable, or (whole-fleet reports) this API process is computing as many "
-        "reports as it may at once; retry after Retry-After seconds.",
+        503: "The ledger database is not reachable, every database connection of this API process is in use, or "
+        "(whole-fleet reports) it is computing as many reports at once as it may; retry after Retry-After seconds.",
     }
     return {
         code: ResponseSpec(

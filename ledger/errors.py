@@ -150,3 +150,8 @@ class StoreUnavailable(Unavailable):
 
     Transient: nothing of the failed transaction was committed; retry after a backoff.
     """
+
+
+class NoFreeConnection(StoreUnavailable):
+    """Every connection of this process's database connection pool stayed in use past the pool's timeout: the
+    database may be reachable, but this process has more requests at once than connections. Retry later."""

@@ -64,11 +64,11 @@ class DemandController(Controller):
     path = "/v1"
     tags = ("quotas",)
 
-    @read("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas", sync_to_thread=True,
+    @read("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas",
          summary="Kueue-style counted usage vs quota per team and resource name")
-    def quotas(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState], access: NamedDependency[Access],
-               at: AtParam = None,
-               cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Quotas:
+    async def quotas(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState],
+                     access: NamedDependency[Access], at: AtParam = None,
+                     cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Quotas:
         """Counted usage at T from allocated claims (tables ``claims``, ``device_allocations``), following
         Kueue's ``deviceClassMappings`` in the configuration: ``ExactCount`` requests count ``count``,
         ``adminAccess`` counts 0, a claim shared by many pods counts once; what Kueue would refuse is still
@@ -82,17 +82,16 @@ class DemandController(Controller):
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        with ctx.reports.held():
-            body: Any = services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope)
+        body: Any = await ctx.reports.run(lambda: services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope))
         rows = [r for r in body["rows"] if access.sees(r["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "rows": chunk, "nextPageToken": token}, Quotas)
 
-    @read("/shared", responses=V1_PROBLEMS, operation_id="getShared", sync_to_thread=True, tags=["shared"],
+    @read("/shared", responses=V1_PROBLEMS, operation_id="getShared", tags=["shared"],
          summary="Shared devices, partitioned counter sets and multi-consumer claims")
-    def shared(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState], access: NamedDependency[Access],
-               at: AtParam = None, cluster: ClusterParam = None, limit: LimitParam = 100,
-               page_token: TokenParam = None) -> Shared:
+    async def shared(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState],
+                     access: NamedDependency[Access], at: AtParam = None, cluster: ClusterParam = None,
+                     limit: LimitParam = 100, page_token: TokenParam = None) -> Shared:
         """Devices with more than one allocation (``shareID``, ``consumedCapacity``, or a double booking)
         with each holder's chargeback fraction; partitionable devices grouped by the counter set they
         consume (``sharedCounters`` / ``consumesCounters``) with counters in use; claims with more than one
@@ -111,19 +110,19 @@ class DemandController(Controller):
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        with ctx.reports.held():
-            body = scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access)
+        body = await ctx.reports.run(
+            lambda: scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access))
         lists = ("devices", "counterSets", "claims")
         entries = [(name, entry) for name in lists for entry in body[name]]
         chunk, token = pagination.cut(entries, page=page, limit=limit, at=str(body["at"]), query=query)
         paged = {name: [entry for of, entry in chunk if of == name] for name in lists}
         return to_struct({**body, **paged, "nextPageToken": token}, Shared)
 
-    @read("/pending", responses=V1_PROBLEMS, operation_id="getPending", sync_to_thread=True, tags=["pending"],
+    @read("/pending", responses=V1_PROBLEMS, operation_id="getPending", tags=["pending"],
          summary="Pending demand vs free devices per DeviceClass")
-    def pending(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState], access: NamedDependency[Access],
-                at: AtParam = None,
-                cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Pending:
+    async def pending(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState],
+                      access: NamedDependency[Access], at: AtParam = None,
+                      cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Pending:
         """Claims without an allocation at T, with devices requested per request, and per DeviceClass the
         claims waiting, devices requested and devices free at T (selected by the class's CEL selectors,
         unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
@@ -136,7 +135,7 @@ class DemandController(Controller):
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        with ctx.reports.held():
-            body = scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access)
+        body = await ctx.reports.run(
+            lambda: scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access))
         chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

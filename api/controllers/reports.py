@@ -28,10 +28,9 @@ class ReportsController(Controller):
         "/idle-claims",
         responses=V1_PROBLEMS,
         operation_id="getIdleClaims",
-        sync_to_thread=True,
         summary="The idle-claim report",
     )
-    def idle_claims(
+    async def idle_claims(
         self,
         request: Request[Any, Any, Any],
         ctx: NamedDependency[AppState],
@@ -67,8 +66,8 @@ class ReportsController(Controller):
         query = pagination.fingerprint(request.url.path, {"minIdle": idle, "cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        with ctx.reports.held():
-            body: Any = services.idle_report(ctx.db, at=when, config=ctx.config, min_idle=idle, cluster=scope)
+        body: Any = await ctx.reports.run(
+            lambda: services.idle_report(ctx.db, at=when, config=ctx.config, min_idle=idle, cluster=scope))
         rows = [c for c in body["claims"] if access.sees(c["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, IdleClaims)

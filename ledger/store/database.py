@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ledger.errors import Invalid, LedgerError, ObservationConflict, StoreUnavailable
+from ledger.errors import Invalid, LedgerError, NoFreeConnection, ObservationConflict, StoreUnavailable
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema, tables
@@ -334,13 +334,13 @@ def unavailable_as_error() -> Iterator[None]:
     requests than its 15 connections answered 500 there); every other error passes.
 
     Raises:
-        StoreUnavailable: the block failed because the database was unreachable, or no pooled connection came
-            free in time.
+        StoreUnavailable: the block failed because the database was unreachable; :class:`NoFreeConnection` when
+            no pooled connection came free in time.
     """
     try:
         yield
     except PoolTimeout as e:
-        raise StoreUnavailable("no free database connection: every connection of the pool stayed in use past the "
+        raise NoFreeConnection("no free database connection: every connection of the pool stayed in use past the "
                                "pool's timeout") from e
     except DBAPIError as e:
         if not connection_lost(e):

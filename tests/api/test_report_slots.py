@@ -1,13 +1,19 @@
-"""Report slots: an API process computes a bounded number of whole-fleet reports at once, and a request that
-cannot get a slot, or a pooled database connection, in time is a 503 with ``Retry-After``, never a 500."""
+"""Report slots: an API process computes a bounded number of whole-fleet reports at once, in arrival order, and a
+request that cannot get a slot, or a pooled database connection, in time is a 503 with ``Retry-After``, never a
+500; requests waiting for a slot hold no thread, so the other endpoints keep answering."""
 
 from __future__ import annotations
 
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
+import anyio
 import pytest
+from litestar import Litestar
 from litestar.testing import TestClient
 from sqlalchemy import create_engine
 
@@ -15,14 +21,22 @@ from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_work
 from api.deps import AppState, ReportSlots
 from api.limits import DEFAULT_REPORT_SLOTS
 from ledger.config import DEFAULT
-from ledger.errors import Busy, Invalid, StoreUnavailable
+from ledger.errors import Busy, Invalid, NoFreeConnection
 from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
 from tests.factories import CLI
 
-REPORTS = ["/v1/quotas?at=2026-11-02T09:30:00Z", "/v1/shared?at=2026-11-02T09:30:00Z",
-           "/v1/pending?at=2026-11-02T09:30:00Z", "/v1/reports/idle-claims?at=2026-11-02T09:30:00Z"]
+AT = "2026-11-02T09:30:00Z"
+REPORTS = [f"/v1/quotas?at={AT}", f"/v1/shared?at={AT}", f"/v1/pending?at={AT}", f"/v1/reports/idle-claims?at={AT}"]
 """The four whole-fleet reports, at an instant of the seed-lab history."""
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds; fail after 30 s, naming ``what``."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
 
 
 def test_no_more_reports_than_slots_run_at_once_and_every_one_runs() -> None:
@@ -31,37 +45,90 @@ def test_no_more_reports_than_slots_run_at_once_and_every_one_runs() -> None:
     lock = threading.Lock()
     pair = threading.Barrier(2, timeout=10)  # the first two in wait for each other: two at once is reached
 
-    def report(n: int) -> None:
+    def report(n: int) -> int:
         nonlocal inside, most
-        with slots.held():
-            with lock:
-                inside += 1
-                most = max(most, inside)
-            pair.wait()
-            with lock:
-                inside -= 1
-                ran.append(n)
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        pair.wait()
+        with lock:
+            inside -= 1
+            ran.append(n)
+        return n * 10
 
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(report, range(8)))
+    results: list[int] = []
+
+    async def main() -> None:
+        async def one(n: int) -> None:
+            results.append(await slots.run(partial(report, n)))
+
+        async with anyio.create_task_group() as tasks:
+            for n in range(8):
+                tasks.start_soon(one, n)
+
+    anyio.run(main)
     assert most == 2
     assert sorted(ran) == list(range(8))
+    assert sorted(results) == [n * 10 for n in range(8)]  # each report's own answer came back
+
+
+def test_waiting_reports_get_the_slot_in_the_order_they_came() -> None:
+    slots = ReportSlots(1, wait_s=30)
+    gate = threading.Event()
+    order: list[int] = []
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(slots.run, partial(gate.wait, 30))  # holds the only slot until the gate opens
+            for n in range(6):
+                while slots.waiting != n:  # the previous one is queued before the next comes
+                    await anyio.sleep(0.005)
+                tasks.start_soon(slots.run, partial(order.append, n))
+            while slots.waiting != 6:
+                await anyio.sleep(0.005)
+            gate.set()
+
+    anyio.run(main)
+    assert order == [0, 1, 2, 3, 4, 5]
 
 
 def test_a_request_that_gets_no_slot_in_time_is_busy_and_the_slot_is_free_again_after() -> None:
     slots = ReportSlots(1, wait_s=0.05)
+    gate = threading.Event()
 
-    def another_report() -> None:
-        with slots.held():
-            pass
+    async def main() -> tuple[Busy, str]:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(slots.run, partial(gate.wait, 30))
+            while slots.running == 0:  # until the holder has the slot
+                await anyio.sleep(0.005)
+            try:
+                await slots.run(lambda: "never")
+            except Busy as e:
+                refused = e
+            else:
+                raise AssertionError("a second report ran while the only slot was held")
+            gate.set()
+        return refused, await slots.run(lambda: "ran")  # released by the holder, and the refused wait took none
 
-    with slots.held(), ThreadPoolExecutor(1) as pool, pytest.raises(Busy) as raised:
-        pool.submit(another_report).result()
-    assert raised.value.retry_after_s == 1  # the wait rounded, at least a second
-    assert str(raised.value) == ("this API process is computing as many whole-fleet reports at once as it may (1, "
-                                 "serve --report-slots) and none finished within 0.05 s; retry later")
-    with slots.held():  # released on the way out, and a failed wait took nothing
-        pass
+    refused, after = anyio.run(main)
+    assert refused.retry_after_s == 1  # the wait rounded, at least a second
+    assert str(refused) == ("this API process is computing as many whole-fleet reports at once as it may (1, "
+                            "serve --report-slots) and none finished within 0.05 s; retry later")
+    assert after == "ran"
+
+
+def test_a_report_that_raises_frees_its_slot() -> None:
+    slots = ReportSlots(1, wait_s=0.05)
+
+    def broken() -> None:
+        raise Invalid("a bad instant")
+
+    async def main() -> str:
+        with pytest.raises(Invalid, match="a bad instant"):
+            await slots.run(broken)
+        return await slots.run(lambda: "ran")
+
+    assert anyio.run(main) == "ran"
 
 
 def test_zero_slots_is_refused() -> None:
@@ -69,12 +136,22 @@ def test_zero_slots_is_refused() -> None:
         ReportSlots(0)
 
 
+def _hold_the_slot(client: TestClient[Litestar], slots: ReportSlots, gate: threading.Event) -> object:
+    """Start, on the app's event loop, a report that holds a slot until ``gate`` opens; return its future."""
+    future = client.blocking_portal.start_task_soon(slots.run, partial(gate.wait, 60))
+    _until(lambda: slots.running == 1, "the report holds the slot")
+    return future
+
+
 def test_each_whole_fleet_report_waits_for_a_slot_and_says_503_when_none_comes(seeded: LedgerHandle) -> None:
     slots = ReportSlots(1, wait_s=0.05)
+    gate = threading.Event()
     with TestClient(create_app(db=seeded.db, config=DEFAULT, reports=slots)) as client:
-        with slots.held():  # another report holds the only slot
-            busy = [client.get(url) for url in REPORTS]
-            paged = client.get("/v1/occupancy?at=2026-11-02T09:30:00Z")
+        holder = _hold_the_slot(client, slots, gate)
+        busy = [client.get(url) for url in REPORTS]
+        paged = client.get(f"/v1/occupancy?at={AT}")
+        gate.set()
+        holder.result(timeout=30)  # type: ignore[attr-defined]  # a concurrent.futures.Future
         after = [client.get(url) for url in REPORTS]
     assert [r.status_code for r in busy] == [503] * 4
     assert {r.headers["retry-after"] for r in busy} == {"1"}
@@ -85,20 +162,43 @@ def test_each_whole_fleet_report_waits_for_a_slot_and_says_503_when_none_comes(s
     assert [r.status_code for r in after] == [200] * 4  # each 503 left the slot free
 
 
-def test_a_pool_with_no_free_connection_in_time_is_a_503_not_a_500(seeded: LedgerHandle) -> None:
+def test_requests_waiting_for_a_slot_hold_no_thread_so_other_endpoints_answer_meanwhile(
+        seeded: LedgerHandle) -> None:
+    # More waiting reports than the 40 threads Litestar runs sync handlers on: a wait inside a thread filled the
+    # pool, and occupancy, /readyz and the app's after-request hook then queued behind the reports.
+    slots = ReportSlots(1, wait_s=60)
+    gate = threading.Event()
+    waiting = 45
+    with TestClient(create_app(db=seeded.db, config=DEFAULT, reports=slots)) as client, \
+            ThreadPoolExecutor(waiting) as pool:
+        holder = _hold_the_slot(client, slots, gate)
+        reports = [pool.submit(client.get, REPORTS[n % 4]) for n in range(waiting)]
+        _until(lambda: slots.waiting == waiting, f"{waiting} reports wait for the slot")
+        meanwhile = [client.get(f"/v1/occupancy?at={AT}"), client.get("/readyz"), client.get("/healthz")]
+        still_waiting = slots.waiting
+        gate.set()
+        holder.result(timeout=30)  # type: ignore[attr-defined]  # a concurrent.futures.Future
+        answers = [r.result(timeout=120) for r in reports]
+    assert [r.status_code for r in meanwhile] == [200, 200, 200]
+    assert still_waiting == waiting  # answered while every report still waited
+    assert [r.status_code for r in answers] == [200] * waiting
+
+
+def test_a_pool_with_no_free_connection_in_time_is_a_503_that_says_so(seeded: LedgerHandle) -> None:
     engine = create_engine(seeded.db.url, pool_size=1, max_overflow=0, pool_timeout=0.05)
     db = LedgerDatabase(engine=engine)
     try:
         with TestClient(create_app(db=db, config=DEFAULT)) as client:
             with engine.connect():  # the pool's only connection, in use
-                with pytest.raises(StoreUnavailable, match=r"^no free database connection"), db.reading():
+                with pytest.raises(NoFreeConnection, match=r"^no free database connection"), db.reading():
                     pass
-                answer = client.get("/v1/occupancy?at=2026-11-02T09:30:00Z")
-            again = client.get("/v1/occupancy?at=2026-11-02T09:30:00Z")
+                answer = client.get(f"/v1/occupancy?at={AT}")
+            again = client.get(f"/v1/occupancy?at={AT}")
     finally:
         engine.dispose()
     assert answer.status_code == 503, answer.text
     assert answer.headers["retry-after"] == "5"
+    assert answer.json()["detail"].startswith("every database connection of this API process stayed in use")
     assert again.status_code == 200
 
 
@@ -116,7 +216,7 @@ def test_the_app_has_the_default_slots_unless_given_and_a_worker_takes_serves_nu
         app.state.ledger.db.dispose()
 
 
-@pytest.mark.parametrize(("value", "bound"), [("0", "greater than or equal to 1"), ("65", "less than or equal to 64")])
+@pytest.mark.parametrize(("value", "bound"), [("0", "greater than or equal to 1"), ("16", "less than or equal to 15")])
 def test_serve_refuses_report_slots_out_of_range_before_anything_else(value: str, bound: str) -> None:
     result = subprocess.run([*CLI, "serve", "--report-slots", value, "--database-url",
                              "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True, timeout=60)
