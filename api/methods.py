@@ -75,6 +75,12 @@ class JsonRenderPluginWithHead(JsonRenderPlugin):
         """
         handlers = {id(h): h for r in router.routes if isinstance(r, HTTPRoute) for h in r.route_handlers
                     if HttpMethod.GET in h.http_methods and HttpMethod.HEAD not in h.http_methods}
+        for r in router.routes:
+            if isinstance(r, HTTPRoute) and any(id(h) in handlers for h in r.route_handlers):
+                # Litestar's OPTIONS answer lists the methods of the route it was made for ("GET, OPTIONS"), and
+                # register() keeps it when it merges the HEAD twin into a new route: without it, the new route
+                # makes its own, which lists HEAD too (as a 405 on the same path does).
+                r.route_handlers[:] = [h for h in r.route_handlers if set(h.http_methods) != {HttpMethod.OPTIONS}]
         for handler in handlers.values():
             router.register(route(sorted(handler.paths), http_method=[HttpMethod.HEAD], media_type=handler.media_type,
                                   sync_to_thread=False, include_in_schema=False)(handler.fn))

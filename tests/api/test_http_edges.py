@@ -186,7 +186,9 @@ def test_a_problems_title_is_the_status_phrase_as_rfc_9457_asks_for_type_about_b
 
 
 @pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/occupancy"), ("POST", "/v1/usage"),
-                                              ("PUT", "/v1/claims/ml-serve/shared-gpu/history"), ("POST", "/healthz")])
+                                              ("PUT", "/v1/claims/ml-serve/shared-gpu/history"), ("POST", "/healthz"),
+                                              ("DELETE", "/schema"), ("POST", "/schema/openapi.json"),
+                                              ("DELETE", "/schema/swagger"), ("PATCH", "/schema/openapi.yaml")])
 def test_a_405_lists_the_allowed_methods_in_the_order_options_gives_them(
         client: TestClient[Litestar], method: str, path: str) -> None:
     refused = client.request(method, path)
