@@ -278,7 +278,8 @@ class SharedTotals(msgspec.Struct, kw_only=True):
 
 
 class Shared(msgspec.Struct, kw_only=True):
-    """``GET /v1/shared``: devices with several allocations, counter sets (partitions), shared claims.
+    """``GET /v1/shared``: devices with several allocations, counter sets (partitions), shared claims; every entry
+    names its ``cluster`` (an answer over every cluster holds each cluster's entries).
 
     ``devices[].allocations[].fraction`` is each holder's chargeback share of the device: by
     ``consumedCapacity`` where every allocation states it, else equal.

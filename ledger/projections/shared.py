@@ -83,13 +83,14 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
 
     Returns:
         ``{"at", "totals": {"sharedDevices", "counterSets", "sharedClaims"},
-        "devices": [{"driver", "pool", "device", "node", "allowMultipleAllocations", "conflict", "split",
+        "devices": [{"cluster", "driver", "pool", "device", "node", "allowMultipleAllocations", "conflict", "split",
         "allocations": [{"namespace", "claim", "team", "request", "shareID", "consumedCapacity",
         "fraction"}]}],
-        "counterSets": [{"driver", "pool", "counterSet", "counters": {name: {"total", "inUse", "free"}}, "conflict",
+        "counterSets": [{"cluster", "driver", "pool", "counterSet", "counters": {name: {"total", "inUse", "free"}},
+        "conflict",
         "partitions": [{"device", "consumes": {name: amount}, "allocatable", "allocations":
         [{"namespace", "claim", "team", "fraction"}]}]}],
-        "claims": [{"namespace", "name", "team", "devices": ["driver/pool/device"], "consumers":
+        "claims": [{"cluster", "namespace", "name", "team", "devices": ["driver/pool/device"], "consumers":
         [{"resource", "name", "fraction"}]}]}``.
         ``fraction`` is the share of the device (devices), of the parent's counters (partitions: the
         largest consumed/total ratio) or of the claim (consumers: 1/n). Counter amounts are numbers in
@@ -99,7 +100,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         unknown total, the pool's ``sharedCounters`` unseen, blocks it once any of it is in use). A counter
         set's ``conflict`` is true when a counter's ``inUse`` exceeds its ``total`` (its devices allocated past
         the hardware: a GPU and its partitions at once).
-        Lists are sorted by driver, pool, device / namespace, name.
+        Lists are sorted by cluster, then driver, pool, device / namespace, name.
     """
     params = {"at": at, "cluster": cluster}
     allocations = conn.execute(text(
@@ -136,7 +137,8 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         out_allocs: list[JSONValue] = []
         for alloc, f in zip(allocs, fractions, strict=True):
             out_allocs.append({k: v for k, v in alloc.items() if k != "conflict"} | {"fraction": _ratio(f)})
-        devices.append({"driver": key[1], "pool": key[2], "device": key[3], "node": row.node if row else None,
+        devices.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3],
+                        "node": row.node if row else None,
                         "allowMultipleAllocations": bool(row.allow_multiple_allocations) if row else False,
                         "conflict": any(bool(x["conflict"]) for x in allocs), "split": split,
                         "allocations": out_allocs})
@@ -150,13 +152,13 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
     claim_rows = conn.execute(text(
         "SELECT c.cluster, c.uid, c.namespace, c.name FROM unnest(CAST(:k0 AS text[]), CAST(:k1 AS text[])) "
         "AS k(cluster, uid) JOIN claims c ON c.cluster = k.cluster AND c.uid = k.uid WHERE c.created_at <= :at "
-        "ORDER BY c.namespace, c.name, c.uid"),
+        "ORDER BY c.cluster, c.namespace, c.name, c.uid"),
         {"at": at, **key_arrays(many)}).all() if many else []
     teams = read_team_book(conn, cluster=cluster, overrides=overrides)
     claims: list[JSONValue] = []
     for c in claim_rows:
         live = [x for x in consumers.get(f"{c.cluster}\x00{c.uid}", []) if x.live]
-        claims.append({"namespace": c.namespace, "name": c.name,
+        claims.append({"cluster": c.cluster, "namespace": c.namespace, "name": c.name,
                        "team": teams.team(c.cluster, c.namespace, at),
                        "devices": list(by_claim_devices.get((c.cluster, c.uid), [])),
                        "consumers": [{"resource": x.resource, "name": x.name,
@@ -212,8 +214,8 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
         # More in use than the set holds: devices of one piece of hardware allocated past it (a GPU and its
         # partitions at once), a scheduler or driver bug, flagged as a double allocation is (DESIGN §11.5).
         conflict = over_committed(totals, in_use)
-        out.append({"driver": driver, "pool": pool, "counterSet": set_name, "counters": counters_out,
-                    "conflict": conflict, "partitions": partitions})
+        out.append({"cluster": cluster, "driver": driver, "pool": pool, "counterSet": set_name,
+                    "counters": counters_out, "conflict": conflict, "partitions": partitions})
     return out
 
 
@@ -230,8 +232,8 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
 
     Returns:
         ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
-        [{"driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; hours rounded to 6
-        decimals, rows sorted by team, deviceClass, driver, devices by driver, pool, device.
+        [{"cluster", "driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; hours rounded to 6
+        decimals, rows sorted by team, deviceClass, driver, devices by cluster, driver, pool, device.
 
     Raises:
         Invalid: ``start`` is not before ``end``.
@@ -272,7 +274,7 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
                 seconds[x[2]] += span * fraction
                 billed_s += span * fraction
         if shared_s:
-            devices.append({"driver": key[1], "pool": key[2], "device": key[3],
+            devices.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3],
                             "sharedHours": round(float(shared_s) / 3600, 6),
                             "billedDeviceHours": round(float(billed_s) / 3600, 6)})
     out: list[JSONValue] = [{"team": team, "deviceClass": cls or None, "driver": drv,

@@ -310,7 +310,7 @@ def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHand
 def test_seed_lab_shared_claim_splits_its_hours_between_its_two_pods(ledger: LedgerHandle) -> None:
     ledger.replay(HISTORIES / "seed-lab.jsonl")
     body: Any = services.shared(ledger.db, at=parse_time("2026-11-02T09:30:00Z"), cluster=ledger.cluster)
-    assert body["claims"] == [{"namespace": "ml-serve", "name": "shared-gpu", "team": "nlp",
+    assert body["claims"] == [{"cluster": ledger.cluster, "namespace": "ml-serve", "name": "shared-gpu", "team": "nlp",
                                "devices": ["gpu.example.com/lab-node/gpu-1"],
                                "consumers": [{"resource": "pods", "name": "serve-a", "fraction": 0.5},
                                              {"resource": "pods", "name": "serve-b", "fraction": 0.5}]}]
@@ -336,7 +336,7 @@ def test_shared_device_hours_are_charged_by_consumed_capacity_or_equally(ledger:
          "deviceHours": round(1 / 65535, 6)},
         {"team": "net", "deviceClass": "devicenetwork", "driver": "devicenetwork.io",
          "deviceHours": round(3 / 65535, 6)}]
-    assert body["devices"] == [{"driver": "devicenetwork.io", "pool": "kind-worker",
+    assert body["devices"] == [{"cluster": ledger.cluster, "driver": "devicenetwork.io", "pool": "kind-worker",
                                 "device": "my-network-macvlan-dummy0", "sharedHours": 1.0,
                                 "billedDeviceHours": round(4 / 65535, 6)}]
 
@@ -372,3 +372,18 @@ def test_shared_counters_of_many_pools_are_each_pools_latest_at_or_before_the_in
         totals = counter_sets.CounterSetTotals(conn, at(20), pools=[b])
         assert totals.of(c, driver, "a", "gpu-0-counter-set") == {"memory": 80 * parse_quantity("1Gi")}
         assert totals.of(c, driver, "b", "gpu-0-counter-set") == {"memory": 16 * parse_quantity("1Gi")}
+
+
+def test_every_shared_entry_names_its_cluster_so_two_clusters_answered_together_stay_apart(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # The seed lab recorded as two clusters, and the real KEP-4815 partitions in the handle's own.
+    for cluster in ("lab-a", "lab-b"):
+        assert not services.replay_files(ledger.db, [HISTORIES / "seed-lab.jsonl"], cluster=cluster).rejected
+    _kep4815(ledger, tmp_path)
+    body: Any = services.shared(ledger.db, at=parse_time("2026-11-02T09:30:00Z"))
+    assert [(c["cluster"], c["namespace"], c["name"]) for c in body["claims"]] == [
+        ("lab-a", "ml-serve", "shared-gpu"), ("lab-b", "ml-serve", "shared-gpu")]  # in (cluster, namespace, name)
+    assert [(s["cluster"], s["pool"], s["counterSet"]) for s in body["counterSets"]] == [
+        (ledger.cluster, "my-pool", "gpu-0-counter-set")]
+    one: Any = services.shared(ledger.db, at=parse_time("2026-11-02T09:30:00Z"), cluster="lab-b")
+    assert [(c["cluster"], c["name"]) for c in one["claims"]] == [("lab-b", "shared-gpu")]
