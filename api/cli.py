@@ -10,6 +10,7 @@ import typer
 
 from api.limits import DEFAULT_REPORT_SLOTS, MAX_REPORT_SLOTS, REPORT_WAIT_S
 from ledger import cli, services
+from ledger.cli_typer import whole_number_parser
 from ledger.config import check_cluster_name, load_config
 from ledger.embedded import require_port
 from ledger.errors import Invalid, LedgerError
@@ -123,17 +124,22 @@ def register(app: typer.Typer) -> None:
         config: cli.ConfigOpt = None,
         cluster: Annotated[str | None, typer.Option(help="Answer for this cluster only.")] = None,
         workers: Annotated[int, typer.Option(
-            min=1, max=MAX_WORKERS, envvar="LEDGER_API_WORKERS",
+            min=1, max=MAX_WORKERS, envvar="LEDGER_API_WORKERS", parser=whole_number_parser(1, MAX_WORKERS),
             help="Processes answering requests on the port; each uses up to one core (set it to the cores the "
                  "API may use).")] = 1,
         report_slots: Annotated[int, typer.Option(
             min=1, max=MAX_REPORT_SLOTS, envvar="LEDGER_API_REPORT_SLOTS",
+            parser=whole_number_parser(1, MAX_REPORT_SLOTS),
             help="Whole-fleet reports (quotas, shared, pending, idle claims) each process computes at once; more "
                  f"requests wait, up to {REPORT_WAIT_S:g} s, then get 503.")] = DEFAULT_REPORT_SLOTS,
         url: cli.UrlOpt = None,
         data_dir: cli.DataDirOpt = None,
     ) -> None:
         """Serve the read-only REST API (/v1, OpenAPI at /schema)."""
+        for variable in ("LEDGER_API_WORKERS", "LEDGER_API_REPORT_SLOTS"):
+            # Click reads a set but empty variable as unset: refused, as every empty LEDGER_ setting is.
+            if variable in os.environ and not os.environ[variable].strip():
+                raise typer.BadParameter(f"{variable} is set but empty; unset it for its default")
         settings = cli.settings_from(url, data_dir)
         if config is not None:
             settings = settings.model_copy(update={"config": config})

@@ -59,6 +59,35 @@ def choice_parser(choices: type[ChoiceT]) -> Callable[[str | ChoiceT], ChoiceT]:
     return parse
 
 
+def whole_number_parser(low: int, high: int) -> Callable[[str | int], int]:
+    """A Typer ``parser=`` reading an option's text (or its environment variable's) as a whole number from ``low`` to
+    ``high``, written in ASCII digits only.
+
+    Click's ``int`` reads the text with Python's ``int()``, which also takes ``1_5`` (15), ``+3``, `` 2`` and other
+    scripts' digits: a typo in a setting became another number without a word. A ``parser=`` replaces Typer's
+    ``min``/``max`` checks, so the range is checked here, in pydantic's words as Typer words them.
+
+    Returns:
+        A function from the text (or the already numeric default) to the number; it raises ``typer.BadParameter``
+        (exit code 2, naming the option and its environment variable) for anything else.
+    """
+
+    def parse(value: str | int) -> int:
+        if isinstance(value, int):
+            number = value
+        elif value.isascii() and value.isdigit():
+            number = int(value)
+        else:
+            raise typer.BadParameter(f"{shorten_repr(value)} is not a whole number (digits 0-9 only)")
+        if number < low:
+            raise typer.BadParameter(f"Input should be greater than or equal to {low}")
+        if number > high:
+            raise typer.BadParameter(f"Input should be less than or equal to {high}")
+        return number
+
+    return parse
+
+
 def choice_option(choices: type[enum.Enum], *param_decls: str, help: str | None = None) -> Any:
     """A ``typer.Option`` taking one of ``choices``: a bad value is refused naming the option, the value and the
     choices (:func:`choice_parser`); ``--help`` lists the choices as Typer does for an ``Enum`` (``<table|json>``).

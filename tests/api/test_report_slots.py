@@ -4,6 +4,7 @@ request that cannot get a slot, or a pooled database connection, in time is a 50
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -223,3 +224,24 @@ def test_serve_refuses_report_slots_out_of_range_before_anything_else(value: str
     said = " ".join(result.stderr.replace("│", " ").split())  # the error box's lines joined
     assert result.returncode == 2
     assert "Invalid value for '--report-slots' (env var: 'LEDGER_API_REPORT_SLOTS'): Input should be " + bound in said
+
+
+@pytest.mark.parametrize(("environment", "options", "said"), [
+    ({"LEDGER_API_REPORT_SLOTS": "1_5"}, [], "'--report-slots' (env var: 'LEDGER_API_REPORT_SLOTS'): '1_5' is not a "
+                                              "whole number (digits 0-9 only)"),
+    ({}, ["--report-slots", "+3"], "'--report-slots' (env var: 'LEDGER_API_REPORT_SLOTS'): '+3' is not a whole"),
+    ({"LEDGER_API_WORKERS": " 2"}, [], "'--workers' (env var: 'LEDGER_API_WORKERS'): ' 2' is not a whole number"),
+    ({}, ["--workers", "\u0663"], "'--workers' (env var: 'LEDGER_API_WORKERS'): '\u0663' is not a whole number"),
+    ({"LEDGER_API_REPORT_SLOTS": ""}, [], "LEDGER_API_REPORT_SLOTS is set but empty; unset it for its default"),
+    ({"LEDGER_API_WORKERS": ""}, [], "LEDGER_API_WORKERS is set but empty; unset it for its default"),
+    ({"LEDGER_API_WORKERS": " "}, [], "'--workers' (env var: 'LEDGER_API_WORKERS'): ' ' is not a whole number"),
+])
+def test_serve_takes_its_counts_in_plain_digits_only_and_refuses_an_empty_variable(
+        environment: dict[str, str], options: list[str], said: str) -> None:
+    # Python's int() read "1_5" as 15 and " 2" or "+3" as numbers: a typo became another setting without a word.
+    result = subprocess.run([*CLI, "serve", *options, "--database-url", "postgresql://nobody@127.0.0.1:1/none"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_API_")},
+                                 **environment})
+    assert result.returncode == 2
+    assert said in " ".join(result.stderr.replace("│", " ").split())
