@@ -752,14 +752,15 @@ def simulate(
 # --- queries -------------------------------------------------------------------------------------
 
 
-def _cell(text: str) -> Text:
+def _cell(value: str | list[str]) -> Text:
     """A table cell exactly as the data spells it: never read as Rich markup (a value ``[bold]x[/bold]`` stays
-    those characters), control characters escaped (:func:`printable`; newlines kept: the tables stack a cell's
-    lines with them)."""
-    return Text(printable(text, keep_newlines=True))
+    those characters), control characters escaped, newlines too (:func:`printable`: a team label ``a\nb`` from
+    the cluster showed as two lines, like a row that was never there). A list is one value a line."""
+    lines = value if isinstance(value, list) else [value]
+    return Text("\n").join(Text(printable(line)) for line in lines)
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+def _table(title: str, columns: list[str], rows: Sequence[Sequence[str | list[str]]]) -> None:
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -1080,11 +1081,12 @@ def render_quotas(body: JSONObject) -> None:
         return
     rows_in = body["rows"]
     assert isinstance(rows_in, list)
-    rows = [[_s(r["team"]), _s(r["resourceName"]), _number(r["used"]), _number(r["nominalQuota"]),
-             "OVER" if r["overQuota"] else "", "\n".join(str(x) for x in r["reasons"]) if isinstance(r["reasons"], list)
-             else ""] for r in rows_in if isinstance(r, dict)]
+    counted: list[list[str | list[str]]] = [
+        [_s(r["team"]), _s(r["resourceName"]), _number(r["used"]), _number(r["nominalQuota"]),
+         "OVER" if r["overQuota"] else "", [str(x) for x in r["reasons"]] if isinstance(r["reasons"], list) else ""]
+        for r in rows_in if isinstance(r, dict)]
     _table(f"Kueue-style counted usage at {body['at']}", ["team", "resource name", "used", "nominal quota",
-                                                         "over quota", "Kueue would refuse"], rows)
+                                                         "over quota", "Kueue would refuse"], counted)
 
 
 def render_shared(body: JSONObject) -> None:

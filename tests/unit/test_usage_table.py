@@ -56,3 +56,24 @@ def test_a_value_with_control_characters_or_markup_is_printed_as_written_and_har
     output = capsys.readouterr().out
     assert "\x1b" not in output and "\x07" not in output
     assert "A100\\x1b[31m\\x1b]0;owned\\x07 [bold]b[/bold]" in output
+
+
+def test_a_newline_in_a_value_is_escaped_so_it_cannot_draw_a_row_of_its_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A namespace label (the team) a cluster user wrote: on two lines, the second read like another team's row.
+    lines = printed(monkeypatch, capsys, body({**ROW, "team": "nlp\ninfra gpu.example.com gpu.example.com 99.000"}))
+
+    assert "nlp\\ninfra gpu.example.com gpu.example.com 99.000 gpu.example.com gpu.example.com 9.383" in lines
+    assert not any(line.startswith("infra") for line in lines)
+
+
+def test_a_quota_rows_reasons_are_stacked_one_a_line_each_escaped(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "out", Console(width=200, no_color=True))
+    cli.render_quotas({"at": "2026-11-02T09:30:00Z", "rows": [
+        {"team": "ml", "resourceName": "gpus", "used": 3, "nominalQuota": 2, "overQuota": True,
+         "reasons": ["first reason", "second\nreason"]}]})
+    lines = [" ".join(line.replace("│", " ").split()) for line in capsys.readouterr().out.splitlines()]
+
+    assert "ml gpus 3 2 OVER first reason" in lines
+    assert "second\\nreason" in lines  # the next line of the same cell, its newline escaped
