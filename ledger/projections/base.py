@@ -92,6 +92,11 @@ def cluster_filter(cluster: str | None, alias: str = "") -> str:
     return f" AND {prefix}cluster = :cluster" if cluster is not None else ""
 
 
+def key_arrays(keys: Sequence[tuple[str, ...]]) -> dict[str, list[str]]:
+    """``keys`` as one array a column, the bound parameters ``k0``, ``k1``, ... of an ``unnest`` (empty for no keys)."""
+    return {f"k{i}": [k[i] for k in keys] for i in range(len(keys[0]))} if keys else {}
+
+
 def json_value(value: object) -> JSONValue:
     """A ``jsonb`` column value as JSON (psycopg returns it decoded; a text column holds JSON text)."""
     if isinstance(value, str):

@@ -25,6 +25,7 @@ from decimal import Decimal
 from sqlalchemy import Connection, text
 
 from ledger.projections.base import json_value as _json
+from ledger.projections.base import key_arrays
 from ledger.quantities import quantity_value
 from ledger.types import JSONValue
 
@@ -46,11 +47,11 @@ def shared_counters_of(conn: Connection, pools: Iterable[tuple[str, str, str]], 
     if not keys:
         return found
     rows = conn.execute(text(
-        "SELECT k.i, e.payload FROM unnest(CAST(:clusters AS text[]), CAST(:streams AS text[])) "
+        "SELECT k.i, e.payload FROM unnest(CAST(:k0 AS text[]), CAST(:k1 AS text[])) "
         "WITH ORDINALITY AS k(cluster, stream, i) "
         "CROSS JOIN LATERAL (SELECT payload FROM events WHERE cluster = k.cluster AND stream = k.stream "
         "AND type = 'PoolGenerationObserved' AND occurred_at <= :at ORDER BY global_position DESC LIMIT 1) AS e"),
-        {"clusters": [c for c, _, _ in keys], "streams": [f"pool:{d}/{p}" for _, d, p in keys], "at": at})
+        {"at": at, **key_arrays([(c, f"pool:{d}/{p}") for c, d, p in keys])})
     for i, payload in rows:
         body = _json(payload)
         counters = body.get("sharedCounters") if isinstance(body, dict) else None

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Row, text
 
 from ledger.errors import Invalid, UnknownDeviceClass, shorten, shorten_repr
 from ledger.projections import counts
-from ledger.projections.base import TERMINAL, TERMINAL_SQL, request_count
+from ledger.projections.base import TERMINAL, TERMINAL_SQL, key_arrays, request_count
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.counter_sets import counter_set_state
@@ -1414,11 +1414,6 @@ class _LiveClaim:
     uid: str
     namespace: str
     name: str
-
-
-def key_arrays(keys: Sequence[tuple[str, ...]]) -> dict[str, list[str]]:
-    """``keys`` as one array a column, the bound parameters ``k0``, ``k1``, ... of an ``unnest`` (empty for no keys)."""
-    return {f"k{i}": [k[i] for k in keys] for i in range(len(keys[0]))} if keys else {}
 
 
 def _last_reserved_ends(conn: Connection, claims: Sequence[tuple[str, str]],

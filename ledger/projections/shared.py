@@ -30,6 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
+from ledger.projections.base import key_arrays
 from ledger.projections.counter_sets import (
     CounterSetTotals,
     counter_amounts,
@@ -37,7 +38,7 @@ from ledger.projections.counter_sets import (
     counters_fit,
     over_committed,
 )
-from ledger.projections.queries import NO_OVERRIDES, consumers_at, key_arrays, read_team_book, rfc3339
+from ledger.projections.queries import NO_OVERRIDES, consumers_at, read_team_book, rfc3339
 from ledger.quantities import as_number, quantity_value
 from ledger.types import JSONObject, JSONValue
 
