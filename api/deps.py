@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -55,7 +55,9 @@ class ReportSlots:
     """
 
     def __init__(self, count: int = DEFAULT_REPORT_SLOTS, *, wait_s: float = REPORT_WAIT_S) -> None:
-        """Args: ``count``, at least 1; ``wait_s``, seconds a request may wait for a slot.
+        """Args:
+            count: reports at once, at least 1.
+            wait_s: seconds a request may wait for a slot.
 
         Raises:
             Invalid: ``count`` is below 1.
@@ -107,8 +109,8 @@ class AppState:
     db: LedgerDatabase
     config: LedgerConfig
     cluster: str | None
+    reports: ReportSlots
     clock: Callable[[], datetime] = wall_clock
-    reports: ReportSlots = field(default_factory=ReportSlots)
 
 
 def provide_state(request: Request[Any, Any, Any]) -> AppState:
