@@ -25,6 +25,8 @@ request head still incomplete once 16 KiB of it are buffered (``h11_max_incomple
 whole in one read of up to 64 KiB is taken), httptools takes heads of any size (a 300 MB header took minutes of CPU
 and ~750 MB of memory), before any token is checked."""
 MAX_WORKERS = 64
+COUNT_VARIABLES = ("LEDGER_API_WORKERS", "LEDGER_API_REPORT_SLOTS")
+"""The environment variables of ``serve``'s ``--workers`` and ``--report-slots``, in that order."""
 """Most worker processes ``serve`` starts: each holds a connection pool (up to 15 connections, SQLAlchemy's
 default), so 64 workers may open ~1,000, past PostgreSQL's default ``max_connections`` of 100 well before."""
 
@@ -124,11 +126,12 @@ def register(app: typer.Typer) -> None:
         config: cli.ConfigOpt = None,
         cluster: Annotated[str | None, typer.Option(help="Answer for this cluster only.")] = None,
         workers: Annotated[int, typer.Option(
-            min=1, max=MAX_WORKERS, envvar="LEDGER_API_WORKERS", parser=whole_number_parser(1, MAX_WORKERS),
+            # min/max for --help; the parser checks the range (a parser= replaces Typer's own check).
+            min=1, max=MAX_WORKERS, envvar=COUNT_VARIABLES[0], parser=whole_number_parser(1, MAX_WORKERS),
             help="Processes answering requests on the port; each uses up to one core (set it to the cores the "
                  "API may use).")] = 1,
         report_slots: Annotated[int, typer.Option(
-            min=1, max=MAX_REPORT_SLOTS, envvar="LEDGER_API_REPORT_SLOTS",
+            min=1, max=MAX_REPORT_SLOTS, envvar=COUNT_VARIABLES[1],
             parser=whole_number_parser(1, MAX_REPORT_SLOTS),
             help="Whole-fleet reports (quotas, shared, pending, idle claims) each process computes at once; more "
                  f"requests wait, up to {REPORT_WAIT_S:g} s, then get 503.")] = DEFAULT_REPORT_SLOTS,
@@ -136,8 +139,9 @@ def register(app: typer.Typer) -> None:
         data_dir: cli.DataDirOpt = None,
     ) -> None:
         """Serve the read-only REST API (/v1, OpenAPI at /schema)."""
-        for variable in ("LEDGER_API_WORKERS", "LEDGER_API_REPORT_SLOTS"):
-            # Click reads a set but empty variable as unset: refused, as every empty LEDGER_ setting is.
+        for variable in COUNT_VARIABLES:
+            # Click reads a set but empty variable as unset, and never hands it to the parser: refused here, as
+            # every empty LEDGER_ setting is (Settings refuses the others when settings_from reads them).
             if variable in os.environ and not os.environ[variable].strip():
                 raise typer.BadParameter(f"{variable} is set but empty; unset it for its default")
         settings = cli.settings_from(url, data_dir)

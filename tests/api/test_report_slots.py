@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 import anyio
@@ -137,7 +137,7 @@ def test_zero_slots_is_refused() -> None:
         ReportSlots(0)
 
 
-def _hold_the_slot(client: TestClient[Litestar], slots: ReportSlots, gate: threading.Event) -> object:
+def _hold_the_slot(client: TestClient[Litestar], slots: ReportSlots, gate: threading.Event) -> Future[bool]:
     """Start, on the app's event loop, a report that holds a slot until ``gate`` opens; return its future."""
     future = client.blocking_portal.start_task_soon(slots.run, partial(gate.wait, 60))
     _until(lambda: slots.running == 1, "the report holds the slot")
@@ -152,7 +152,7 @@ def test_each_whole_fleet_report_waits_for_a_slot_and_says_503_when_none_comes(s
         busy = [client.get(url) for url in REPORTS]
         paged = client.get(f"/v1/occupancy?at={AT}")
         gate.set()
-        holder.result(timeout=30)  # type: ignore[attr-defined]  # a concurrent.futures.Future
+        holder.result(timeout=30)
         after = [client.get(url) for url in REPORTS]
     assert [r.status_code for r in busy] == [503] * 4
     assert {r.headers["retry-after"] for r in busy} == {"1"}
@@ -178,7 +178,7 @@ def test_requests_waiting_for_a_slot_hold_no_thread_so_other_endpoints_answer_me
         meanwhile = [client.get(f"/v1/occupancy?at={AT}"), client.get("/readyz"), client.get("/healthz")]
         still_waiting = slots.waiting
         gate.set()
-        holder.result(timeout=30)  # type: ignore[attr-defined]  # a concurrent.futures.Future
+        holder.result(timeout=30)
         answers = [r.result(timeout=120) for r in reports]
     assert [r.status_code for r in meanwhile] == [200, 200, 200]
     assert still_waiting == waiting  # answered while every report still waited
