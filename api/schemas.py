@@ -250,8 +250,10 @@ class QuotaClaim(msgspec.Struct, kw_only=True):
 
 
 class QuotaRow(msgspec.Struct, kw_only=True):
-    """Kueue-style counted usage of one team for one resource name (``deviceClassMappings``)."""
+    """Kueue-style counted usage of one team for one resource name (``deviceClassMappings``) in one cluster,
+    against that cluster's nominal quota (a ``[[quotas]]`` entry naming the cluster, else one naming none)."""
 
+    cluster: str
     team: str
     resourceName: str
     used: float
@@ -294,8 +296,10 @@ class Shared(msgspec.Struct, kw_only=True):
 
 
 class PendingClass(msgspec.Struct, kw_only=True):
-    """Pending demand for one DeviceClass against the devices it selects that are free at T."""
+    """Pending demand for one DeviceClass in one cluster against that cluster's devices the class selects that are
+    free at T (a claim waits for devices of its own cluster)."""
 
+    cluster: str
     deviceClass: str
     claims: int
     requested: int

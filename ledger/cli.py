@@ -1069,24 +1069,28 @@ def _number(value: JSONValue) -> str:
 
 
 def render_quotas(body: JSONObject) -> None:
-    """Print a quotas body (usage versus quota, or its intervals over time) as a table."""
+    """Print a quotas body (usage versus quota, or its intervals over time) as a table; a ``cluster`` column comes
+    first when the rows come from more than one cluster (:class:`_ClusterLead`)."""
     if "intervals" in body:
         intervals = body["intervals"]
         assert isinstance(intervals, list)
-        rows = [[_s(i["team"]), _s(i["resourceName"]), _s(i["from"]), _s(i["to"]), _number(i["used"]),
+        lead = _ClusterLead(intervals)
+        rows = [[*lead(i), _s(i["team"]), _s(i["resourceName"]), _s(i["from"]), _s(i["to"]), _number(i["used"]),
                  _number(i["nominalQuota"]), "OVER" if i["overQuota"] else ""]
                 for i in intervals if isinstance(i, dict)]
         _table(f"Counted usage from {body['from']} to {body['to']}",
-               ["team", "resource name", "from", "to", "used", "nominal quota", "over quota"], rows)
+               [*lead.columns, "team", "resource name", "from", "to", "used", "nominal quota", "over quota"], rows)
         return
     rows_in = body["rows"]
     assert isinstance(rows_in, list)
+    lead = _ClusterLead(rows_in)
     counted: list[list[str | list[str]]] = [
-        [_s(r["team"]), _s(r["resourceName"]), _number(r["used"]), _number(r["nominalQuota"]),
+        [*lead(r), _s(r["team"]), _s(r["resourceName"]), _number(r["used"]), _number(r["nominalQuota"]),
          "OVER" if r["overQuota"] else "", [str(x) for x in r["reasons"]] if isinstance(r["reasons"], list) else ""]
         for r in rows_in if isinstance(r, dict)]
-    _table(f"Kueue-style counted usage at {body['at']}", ["team", "resource name", "used", "nominal quota",
-                                                         "over quota", "Kueue would refuse"], counted)
+    _table(f"Kueue-style counted usage at {body['at']}",
+           [*lead.columns, "team", "resource name", "used", "nominal quota", "over quota", "Kueue would refuse"],
+           counted)
 
 
 def render_shared(body: JSONObject) -> None:
@@ -1121,19 +1125,21 @@ def render_shared(body: JSONObject) -> None:
 
 
 def render_pending(body: JSONObject) -> None:
-    """Print a pending body: per DeviceClass requested vs free, then the claims waiting."""
+    """Print a pending body: per DeviceClass requested vs free, then the claims waiting; both tables start with a
+    ``cluster`` column when the body holds more than one cluster (:class:`_ClusterLead`)."""
     classes, claims = body["classes"], body["claims"]
     assert isinstance(classes, list) and isinstance(claims, list)
-    _table(f"Pending demand at {body['at']}", ["deviceClass", "claims", "requested", "free"],
-           [[_s(c["deviceClass"]), _s(c["claims"]), _s(c["requested"]), _s(c["free"])]
+    lead = _ClusterLead([*classes, *claims])
+    _table(f"Pending demand at {body['at']}", [*lead.columns, "deviceClass", "claims", "requested", "free"],
+           [[*lead(c), _s(c["deviceClass"]), _s(c["claims"]), _s(c["requested"]), _s(c["free"])]
             for c in classes if isinstance(c, dict)])
     rows = []
     for c in claims:
         assert isinstance(c, dict) and isinstance(c["requests"], list)
         wants = ", ".join(f"{r['deviceClass']}: {r['count']} ({r['free']} free)" for r in c["requests"]
                           if isinstance(r, dict))
-        rows.append([f"{c['namespace']}/{c['name']}", _s(c["team"]), _s(c["pendingSince"]), wants or "-"])
-    _table("Pending claims", ["claim", "team", "pending since", "requested"], rows)
+        rows.append([*lead(c), f"{c['namespace']}/{c['name']}", _s(c["team"]), _s(c["pendingSince"]), wants or "-"])
+    _table("Pending claims", [*lead.columns, "claim", "team", "pending since", "requested"], rows)
 
 
 def _instant_or_window(at: str | None, start: str | None, end: str | None) -> None:

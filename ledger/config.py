@@ -21,10 +21,16 @@ Example (TOML)::
     deviceClassNames = ["mig.nvidia.com"]
     sources = [{ counter = "memory" }]
 
-    [[quotas]]
+    [[quotas]]                              # in every cluster: each cluster's Kueue has its own
     team = "vision"
     resourceName = "example.com/gpu"
     nominalQuota = 3
+
+    [[quotas]]                              # in one cluster only, in place of the one above
+    cluster = "lab-east"
+    team = "vision"
+    resourceName = "example.com/gpu"
+    nominalQuota = 8
 
     [[prices]]                              # per device-hour, by DeviceClass or model
     deviceClass = "gpu.example.com"
@@ -216,8 +222,15 @@ SMALLEST_NOMINAL_QUOTA = Decimal("1e-9")
 
 
 class Quota(_Model):
-    """Nominal quota of a team for one logical resource name (a count, like Kueue's nominalQuota)."""
+    """Nominal quota of a team for one logical resource name in a cluster (a count, like Kueue's nominalQuota).
 
+    Kueue admits workloads per cluster (each cluster's ClusterQueues hold their own nominal quotas), so usage is
+    counted per cluster and compared with the quota of that cluster: without ``cluster`` the entry applies in every
+    cluster the ledger holds, with it only in that one, where it takes the place of an entry without ``cluster``.
+    """
+
+    cluster: ClusterName | None = None
+    """The cluster the quota applies in (``LEDGER_CLUSTER`` of its watch worker); ``None``: every cluster."""
     team: Name
     resource_name: Name = Field(alias="resourceName")
     nominal_quota: float = Field(alias="nominalQuota", ge=0, allow_inf_nan=False)
@@ -485,11 +498,12 @@ class LedgerConfig(_Model):
         if len(currencies) > 1:
             # Costs are added up across rows and classes: two currencies cannot share one total.
             raise ValueError(f"prices: every price needs the same currency, got {', '.join(currencies)}")
-        seen: set[tuple[str, str]] = set()
+        seen: set[tuple[str | None, str, str]] = set()
         for quota in self.quotas:
-            if (quota.team, quota.resource_name) in seen:
-                raise ValueError(f"quotas: team {quota.team!r} has two quotas for {quota.resource_name!r}")
-            seen.add((quota.team, quota.resource_name))
+            if (quota.cluster, quota.team, quota.resource_name) in seen:
+                where = "every cluster" if quota.cluster is None else f"cluster {quota.cluster!r}"
+                raise ValueError(f"quotas: team {quota.team!r} has two quotas for {quota.resource_name!r} in {where}")
+            seen.add((quota.cluster, quota.team, quota.resource_name))
         return self
 
     def mappings_of(self, device_class: str) -> list[DeviceClassMapping]:
@@ -508,12 +522,21 @@ class LedgerConfig(_Model):
         ``overrides`` and apply it the same way (``ledger.projections.queries.NO_OVERRIDES`` when none)."""
         return self.teams.overrides.get(namespace, recorded)
 
-    def quota_of(self, team: str, resource_name: str) -> float | None:
-        """Return the nominal quota of ``team`` for ``resource_name`` (``None`` when none is configured)."""
+    def quota_of(self, *, cluster: str, team: str, resource_name: str) -> float | None:
+        """Return the nominal quota of ``team`` for ``resource_name`` in ``cluster``: the entry naming ``cluster``,
+        else the entry without one (``None`` when neither is configured)."""
+        everywhere = None
         for quota in self.quotas:
             if quota.team == team and quota.resource_name == resource_name:
-                return quota.nominal_quota
-        return None
+                if quota.cluster == cluster:
+                    return quota.nominal_quota
+                if quota.cluster is None:
+                    everywhere = quota.nominal_quota
+        return everywhere
+
+    def quota_keys_of(self, cluster: str) -> set[tuple[str, str]]:
+        """Return the (team, resource name) pairs with a nominal quota in ``cluster`` (entries naming it or none)."""
+        return {(q.team, q.resource_name) for q in self.quotas if q.cluster in (None, cluster)}
 
     def resource_name_of(self, device_class: str) -> str | None:
         """Return the logical resource name a DeviceClass is counted under, or ``None`` if unmapped."""

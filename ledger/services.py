@@ -1269,9 +1269,9 @@ def reconcile_relist(db: LedgerDatabase, objects: Sequence[JSONObject], *, clust
 
 
 def quotas(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, cluster: str | None = None) -> JSONObject:
-    """Kueue-style counted usage per (team, resource name) versus quota at ``at``.
+    """Kueue-style counted usage per (cluster, team, resource name) versus that cluster's quota at ``at``.
 
-    The body (the REST API's ``GET /v1/quotas``) is ``{"at", "rows": [{"team", "resourceName", "used",
+    The body (the REST API's ``GET /v1/quotas``) is ``{"at", "rows": [{"cluster", "team", "resourceName", "used",
     "nominalQuota", "overQuota", "reasons", "claims"}]}``; see :func:`ledger.projections.quotas.quotas`
     for the counting rules and units. Reads read models only (call :func:`catch_up` first for fresh data).
     """
@@ -1281,9 +1281,9 @@ def quotas(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, cluster: s
 
 def quota_history(db: LedgerDatabase, *, start: datetime, end: datetime, config: LedgerConfig,
                   cluster: str | None = None) -> JSONObject:
-    """Counted usage over ``[start, end)`` as intervals of constant usage per (team, resource name).
+    """Counted usage over ``[start, end)`` as intervals of constant usage per (cluster, team, resource name).
 
-    Body: ``{"from", "to", "intervals": [{"team", "resourceName", "from", "to", "used", "nominalQuota",
+    Body: ``{"from", "to", "intervals": [{"cluster", "team", "resourceName", "from", "to", "used", "nominalQuota",
     "overQuota"}]}``; see :func:`ledger.projections.quotas.quota_history`.
 
     Raises:
@@ -1324,10 +1324,10 @@ def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster:
 
 def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
             config: LedgerConfig = DEFAULT) -> JSONObject:
-    """Pending demand at ``at``: per DeviceClass claims waiting, devices requested, devices free.
+    """Pending demand at ``at``: per cluster and DeviceClass claims waiting, devices requested, devices free.
 
-    Body (``GET /v1/pending``): ``{"at", "classes": [{"deviceClass", "claims", "requested", "free"}],
-    "claims": [{"namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests":
+    Body (``GET /v1/pending``): ``{"at", "classes": [{"cluster", "deviceClass", "claims", "requested", "free"}],
+    "claims": [{"cluster", "namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests":
     [{"request", "deviceClass", "allocationMode", "count", "free"}]}]}``; see
     :func:`ledger.projections.pending.pending`. ``team`` follows ``config.teams.overrides``.
     """

@@ -41,20 +41,21 @@ def scope_shared(body: Any, access: Access) -> Any:
 
 
 def scope_pending(body: Any, access: Access) -> Any:
-    """Keep the caller's teams' claims; recompute claims and requested per class from them (free stays)."""
+    """Keep the caller's teams' claims; recompute claims and requested per (cluster, class) from them (free
+    stays)."""
     if access.teams is None:
         return body
     claims = [c for c in body["claims"] if access.sees(c["team"])]
-    counted: dict[str, int] = defaultdict(int)
-    requested: dict[str, int] = defaultdict(int)
+    counted: dict[tuple[str, str], int] = defaultdict(int)
+    requested: dict[tuple[str, str], int] = defaultdict(int)
     for claim in claims:
         for cls in {r["deviceClass"] for r in claim["requests"] if r.get("deviceClass")}:
-            counted[cls] += 1
+            counted[(claim["cluster"], cls)] += 1
         for r in claim["requests"]:
             if r.get("deviceClass"):
-                requested[r["deviceClass"]] += int(r.get("count") or 0)
-    classes = [{**c, "claims": counted[c["deviceClass"]], "requested": requested[c["deviceClass"]]}
-               for c in body["classes"] if counted[c["deviceClass"]]]
+                requested[(claim["cluster"], r["deviceClass"])] += int(r.get("count") or 0)
+    classes = [{**c, "claims": counted[key], "requested": requested[key]}
+               for c in body["classes"] if counted[key := (c["cluster"], c["deviceClass"])]]
     return {**body, "claims": claims, "classes": classes}
 
 
@@ -65,14 +66,15 @@ class DemandController(Controller):
     tags = ("quotas",)
 
     @read("/quotas", responses=V1_PROBLEMS, operation_id="getQuotas",
-         summary="Kueue-style counted usage vs quota per team and resource name")
+         summary="Kueue-style counted usage vs quota per cluster, team and resource name")
     async def quotas(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState],
                      access: NamedDependency[Access], at: AtParam = None,
                      cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Quotas:
         """Counted usage at T from allocated claims (tables ``claims``, ``device_allocations``), following
         Kueue's ``deviceClassMappings`` in the configuration: ``ExactCount`` requests count ``count``,
         ``adminAccess`` counts 0, a claim shared by many pods counts once; what Kueue would refuse is still
-        counted, with Kueue's reason. ``overQuota`` compares with the configured nominal quota.
+        counted, with Kueue's reason. Each cluster is counted apart, and ``overQuota`` compares with the
+        cluster's configured nominal quota (a ``[[quotas]]`` entry naming the cluster, else one naming none).
 
         A whole-fleet report: at most ``serve --report-slots`` of them run at once in a process, and a
         request that waits 30 s for a slot gets 503 with ``Retry-After`` (:class:`api.deps.ReportSlots`).
@@ -125,7 +127,8 @@ class DemandController(Controller):
                       cluster: ClusterParam = None, limit: LimitParam = 100, page_token: TokenParam = None) -> Pending:
         """Claims without an allocation at T, with devices requested per request, and per DeviceClass the
         claims waiting, devices requested and devices free at T (selected by the class's CEL selectors,
-        unallocated, not tainted NoSchedule/NoExecute). ``claims`` is paginated; ``classes`` covers all.
+        unallocated, not tainted NoSchedule/NoExecute), one ``classes`` entry per cluster and DeviceClass.
+        ``claims`` is paginated; ``classes`` covers all.
 
         A whole-fleet report: at most ``serve --report-slots`` of them run at once in a process, and a
         request that waits 30 s for a slot gets 503 with ``Retry-After`` (:class:`api.deps.ReportSlots`).

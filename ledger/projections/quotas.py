@@ -1,4 +1,4 @@
-"""Kueue-style counting: usage per (team, resource name) versus nominal quota, at any instant.
+"""Kueue-style counting: usage per (cluster, team, resource name) versus nominal quota, at any instant.
 
 Kueue charges DRA devices from ResourceClaimTemplates at admission (KUEUE-COUNTING.md); the ledger
 charges the claims that really held devices at T, with the same rules (DESIGN §5, §11.8):
@@ -20,7 +20,8 @@ charges the claims that really held devices at T, with the same rules (DESIGN §
 
 Charges come from ``claims.requests`` (``ResourceClaim.spec.devices.requests[]``) of the claims with
 a ``device_allocations`` interval containing T; the team is the allocation's recorded team unless
-the configuration overrides the namespace.
+the configuration overrides the namespace. Each cluster is counted apart: Kueue admits per cluster, against
+that cluster's ClusterQueues, so one team's devices in two clusters never add up against one quota.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from sqlalchemy import Connection, RowMapping, text
 from ledger.config import DeviceClassMapping, LedgerConfig, MappingSource
 from ledger.errors import Invalid
 from ledger.projections.base import cluster_filter as _cluster_filter
+from ledger.projections.base import clusters, request_count
 from ledger.projections.base import json_value as _json
-from ledger.projections.base import request_count
 from ledger.projections.queries import rfc3339
 from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.quantities import as_number, quantity_value
@@ -446,50 +447,71 @@ def claims_at(conn: Connection, *, at: datetime, cluster: str | None) -> list[Cl
     return [_claim_of(list(members)) for _, members in groupby(held, key=lambda r: (r.cluster, r.claim_uid))]
 
 
+_ClaimKey = tuple[str, str]
+"""(cluster, claim uid)."""
+_UsageKey = tuple[str, str, str]
+"""(cluster, team, resource name): one row of :func:`quotas`."""
+
+
 def quotas(conn: Connection, *, at: datetime, config: LedgerConfig, cluster: str | None = None) -> JSONObject:
-    """Kueue-style counted usage per (team, resource name) versus nominal quota at ``at``.
+    """Kueue-style counted usage per (cluster, team, resource name) versus nominal quota at ``at``.
 
     Sources: ``device_allocations`` (claims holding devices at ``at``), ``claims.requests``
     (``spec.devices.requests[]``), ``device_classes`` and ``device_inventory`` at ``at``; mappings and
-    quotas from ``config``. Several clusters add up (a team's quota is one number).
+    quotas from ``config``. Each cluster is counted apart, against its own nominal quota
+    (:meth:`LedgerConfig.quota_of`), as each cluster's Kueue admits against its own ClusterQueues.
 
     Returns:
-        ``{"at", "rows": [{"team", "resourceName", "used", "nominalQuota", "overQuota", "reasons",
-        "claims": [{"namespace", "name", "used", "reasons"}]}]}`` sorted by team, resourceName.
+        ``{"at", "rows": [{"cluster", "team", "resourceName", "used", "nominalQuota", "overQuota", "reasons",
+        "claims": [{"namespace", "name", "used", "reasons"}]}]}`` sorted by cluster, team, resourceName.
         ``used`` is a device count (an int) or, for counter/capacity sources, a quantity in base units
         (bytes for memory); ``nominalQuota`` is ``null`` without a configured quota (then ``overQuota``
         is false); ``overQuota`` = used > nominalQuota. ``reasons`` (``"<namespace>/<claim>: <Kueue
         message>"``) name the claims Kueue itself would refuse, counted anyway, in the order of ``claims``,
-        each once. Every configured quota
-        has a row, with ``used`` 0 when nothing is held.
+        each once. Every configured quota has a row in each cluster it applies in (``cluster``, else every
+        cluster with events: :func:`ledger.projections.base.clusters`), with ``used`` 0 when nothing is held.
     """
     # The inventory matters only for counter and capacity sources (CEL over the devices at T).
     catalogs = load_catalogs(conn, at=at, cluster=cluster,
                              with_devices=any(m.sources for m in config.device_class_mappings))
-    used: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    claims: dict[tuple[str, str], list[tuple[str, str, Decimal, tuple[str, ...]]]] = defaultdict(list)
+    used: dict[_UsageKey, Decimal] = defaultdict(Decimal)
+    claims: dict[_UsageKey, list[tuple[str, str, Decimal, tuple[str, ...]]]] = defaultdict(list)
     for claim in claims_at(conn, at=at, cluster=cluster):
         team = config.team_of(claim.namespace, claim.team)
         for charge in count_claim(claim, config=config, catalog=catalogs.get(claim.cluster, Catalog())):
-            key = (team, charge.resource_name)
+            key = (claim.cluster, team, charge.resource_name)
             used[key] += charge.amount
             claims[key].append((claim.namespace, claim.name, charge.amount, charge.reasons))
-    for quota in config.quotas:
-        used.setdefault((quota.team, quota.resource_name), Decimal(0))
+    for key in _quota_keys(conn, config=config, cluster=cluster):
+        used.setdefault(key, Decimal(0))
     rows: list[JSONValue] = []
-    for team, name in sorted(used):
-        nominal = config.quota_of(team, name)
-        amount = used[(team, name)]
-        # By namespace and name (sorted is stable: one name in two clusters keeps claims_at's order); the row's
-        # reasons follow the same order, each once.
-        held = sorted(claims[(team, name)], key=lambda c: (c[0], c[1]))
+    for key in sorted(used):
+        nominal = _nominal(config, key)
+        amount = used[key]
+        # By namespace and name (one cluster's claims: a namespace and name are unique there); the row's reasons
+        # follow the same order, each once.
+        held = sorted(claims[key], key=lambda c: (c[0], c[1]))
         reasons = dict.fromkeys(f"{ns}/{claim}: {r}" for ns, claim, _, why in held for r in why)
-        rows.append({"team": team, "resourceName": name, "used": as_number(amount), "nominalQuota": nominal,
-                     "overQuota": nominal is not None and amount > Decimal(str(nominal)),
+        rows.append({"cluster": key[0], "team": key[1], "resourceName": key[2], "used": as_number(amount),
+                     "nominalQuota": nominal, "overQuota": nominal is not None and amount > Decimal(str(nominal)),
                      "reasons": list(reasons),
                      "claims": [{"namespace": ns, "name": claim, "used": as_number(charged), "reasons": list(why)}
                                 for ns, claim, charged, why in held]})
     return {"at": rfc3339(at), "rows": rows}
+
+
+def _quota_keys(conn: Connection, *, config: LedgerConfig, cluster: str | None) -> set[_UsageKey]:
+    """(cluster, team, resource name) of every configured quota in ``cluster``, or in every cluster with events
+    (table ``events``) when ``None``: the rows :func:`quotas` shows even with nothing held."""
+    if not config.quotas:
+        return set()
+    names = [cluster] if cluster is not None else clusters(conn)
+    return {(name, team, resource) for name in names for team, resource in config.quota_keys_of(name)}
+
+
+def _nominal(config: LedgerConfig, key: _UsageKey) -> float | None:
+    """The nominal quota of a (cluster, team, resource name) key (``None``: none configured)."""
+    return config.quota_of(cluster=key[0], team=key[1], resource_name=key[2])
 
 
 def quota_history_at_each_edge(conn: Connection, *, start: datetime, end: datetime, config: LedgerConfig,
@@ -516,23 +538,24 @@ def quota_history_at_each_edge(conn: Connection, *, start: datetime, end: dateti
         edges.update(t for t in (r.lo, r.hi) if t is not None and start < t < end)
     points = sorted(edges)
 
-    open_rows: dict[tuple[str, str], JSONObject] = {}
+    open_rows: dict[_UsageKey, JSONObject] = {}
     out: list[JSONObject] = []
     for t in points:
         body = quotas(conn, at=t, config=config, cluster=cluster)
         rows = body["rows"]
         assert isinstance(rows, list)
-        seen: set[tuple[str, str]] = set()
+        seen: set[_UsageKey] = set()
         for row in rows:
             assert isinstance(row, dict)
-            key = (str(row["team"]), str(row["resourceName"]))
+            key = (str(row["cluster"]), str(row["team"]), str(row["resourceName"]))
             seen.add(key)
             current = open_rows.get(key)
             if current is not None and current["used"] == row["used"]:
                 continue
             if current is not None:
                 current["to"] = rfc3339(t)
-            fresh: JSONObject = {"team": key[0], "resourceName": key[1], "from": rfc3339(t), "to": rfc3339(end),
+            fresh: JSONObject = {"cluster": key[0], "team": key[1], "resourceName": key[2], "from": rfc3339(t),
+                                 "to": rfc3339(end),
                                  "used": row["used"], "nominalQuota": row["nominalQuota"],
                                  "overQuota": row["overQuota"]}
             open_rows[key] = fresh
@@ -543,12 +566,14 @@ def quota_history_at_each_edge(conn: Connection, *, start: datetime, end: dateti
 
 
 def _history_body(start: datetime, end: datetime, intervals: Sequence[JSONObject]) -> JSONObject:
-    """The body of :func:`quota_history`: ``intervals`` (of every (team, resourceName), each key's in edge order)
-    sorted by team, resourceName and the instant of ``from``, without the rows of ``used`` 0 and no quota.
+    """The body of :func:`quota_history`: ``intervals`` (of every (cluster, team, resourceName), each key's in edge
+    order) sorted by cluster, team, resourceName and the instant of ``from``, without the rows of ``used`` 0 and no
+    quota.
 
     Why the instant and not the text: :func:`rfc3339` writes microseconds only when they are not zero, so
     ``…:00.500000Z`` sorts before ``…:00Z`` as text."""
-    kept: list[JSONValue] = [r for r in sorted(intervals, key=lambda r: (str(r["team"]), str(r["resourceName"]),
+    kept: list[JSONValue] = [r for r in sorted(intervals, key=lambda r: (str(r["cluster"]), str(r["team"]),
+                                                                        str(r["resourceName"]),
                                                                         datetime.fromisoformat(str(r["from"]))))
                              if r["used"] != 0 or r["nominalQuota"] is not None]
     return {"from": rfc3339(start), "to": rfc3339(end), "intervals": kept}
@@ -563,10 +588,6 @@ Why: a day of a 1,000-node fleet has about 100,000 rows in the window, but the s
 of the claims held at the edge it is at (a few thousand); 5,000 rows (~3 MB) a fetch keep that day to
 about 20 round trips."""
 
-_ClaimKey = tuple[str, str]
-"""(cluster, claim uid)."""
-_UsageKey = tuple[str, str]
-"""(team, resource name): one row of :func:`quotas`."""
 _NO_CATALOG = Catalog()
 """The catalog of a cluster with no DeviceClass and no device at T (what :func:`quotas` counts with)."""
 
@@ -689,7 +710,7 @@ class _Claim:
 
 @dataclass(slots=True)
 class _Total:
-    """The charges of the claims counted under one (team, resource name) at the current edge.
+    """The charges of the claims counted under one (cluster, team, resource name) at the current edge.
 
     :func:`quotas` adds them up as Decimals in claim order, in the current context (28 significant digits
     by default). While every charge is a whole number and their magnitudes add up to less than
@@ -732,7 +753,7 @@ class _Total:
 
 
 class _Sweep:
-    """The claims held at the current edge, their charges, and the totals per (team, resource name)."""
+    """The claims held at the current edge, their charges, and the totals per (cluster, team, resource name)."""
 
     def __init__(self, *, config: LedgerConfig, catalogs: dict[str, Catalog]) -> None:
         self.config = config
@@ -758,7 +779,7 @@ class _Sweep:
 
     def recount(self, key: _ClaimKey, t: datetime) -> set[_UsageKey]:
         """Count ``key`` at ``t`` as :func:`quotas` does (its rows holding ``t``, the current catalog);
-        forget rows that are over. Returns the (team, resource name) keys whose charges changed."""
+        forget rows that are over. Returns the (cluster, team, resource name) keys whose charges changed."""
         claim = self._claims[key[0]].get(key)
         if claim is None:
             return set()
@@ -769,8 +790,8 @@ class _Sweep:
             counted = _claim_of([s.held for s in live])
             team = self.config.team_of(counted.namespace, counted.team)
             catalog = self.catalogs.get(counted.cluster, _NO_CATALOG)
-            charges = {(team, c.resource_name): c.amount for c in count_claim(counted, config=self.config,
-                                                                              catalog=catalog)}
+            charges = {(counted.cluster, team, c.resource_name): c.amount
+                       for c in count_claim(counted, config=self.config, catalog=catalog)}
         changed: set[_UsageKey] = set()
         for usage in claim.charges.keys() - charges.keys():
             total = self.totals[usage]
@@ -790,7 +811,7 @@ class _Sweep:
 
 def quota_history(conn: Connection, *, start: datetime, end: datetime, config: LedgerConfig,
                   cluster: str | None = None) -> JSONObject:
-    """Counted usage over ``[start, end)`` as intervals of constant usage per (team, resource name).
+    """Counted usage over ``[start, end)`` as intervals of constant usage per (cluster, team, resource name).
 
     Usage only changes when an allocation starts or ends, so the answer is that of :func:`quotas` at
     ``start`` and at every allocation edge inside the window (exact, no sampling):
@@ -804,8 +825,8 @@ def quota_history(conn: Connection, *, start: datetime, end: datetime, config: L
     intervals of the window, the rows of the claims held at the current edge, and the answer.
 
     Returns:
-        ``{"from", "to", "intervals": [{"team", "resourceName", "from", "to", "used", "nominalQuota",
-        "overQuota"}]}`` sorted by team, resourceName, from; consecutive equal values are merged and
+        ``{"from", "to", "intervals": [{"cluster", "team", "resourceName", "from", "to", "used", "nominalQuota",
+        "overQuota"}]}`` sorted by cluster, team, resourceName, from; consecutive equal values are merged and
         rows with ``used`` 0 and no quota are left out.
 
     Raises:
@@ -839,7 +860,7 @@ def quota_history(conn: Connection, *, start: datetime, end: datetime, config: L
     ends: list[tuple[datetime, int, _ClaimKey | None, bool]] = []
     """Heap of (upper bound, tie-breaker, claim or None, inclusive) of rows ending inside the window."""
     tie = count()
-    quota_keys = {(q.team, q.resource_name) for q in config.quotas}
+    quota_keys = _quota_keys(conn, config=config, cluster=cluster)
     limit = 10 ** getcontext().prec
     open_rows: dict[_UsageKey, JSONObject] = {}
     out: list[JSONObject] = []
@@ -883,8 +904,9 @@ def quota_history(conn: Connection, *, start: datetime, end: datetime, config: L
                 continue
             if current is not None:
                 current["to"] = when
-            nominal = config.quota_of(*key)
-            fresh: JSONObject = {"team": key[0], "resourceName": key[1], "from": when, "to": rfc3339(end),
+            nominal = _nominal(config, key)
+            fresh: JSONObject = {"cluster": key[0], "team": key[1], "resourceName": key[2], "from": when,
+                                 "to": rfc3339(end),
                                  "used": used, "nominalQuota": nominal,
                                  "overQuota": nominal is not None and amount > Decimal(str(nominal))}
             open_rows[key] = fresh

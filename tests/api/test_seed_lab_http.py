@@ -610,6 +610,41 @@ def test_quotas_over_http_show_vision_over_a_quota_of_three(
     assert (later["vision"]["used"], later["vision"]["overQuota"]) == (3, False)  # train-0 ended at 10:00
 
 
+def test_quotas_and_pending_over_two_clusters_answer_per_cluster_and_a_team_token_sees_its_own(
+        make_client: Any, seeded: LedgerHandle) -> None:
+    from ledger.config import LedgerConfig
+
+    services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
+    config = LedgerConfig.model_validate({
+        "deviceClassMappings": [{"name": "example.com/gpu", "deviceClassNames": ["gpu.example.com"]}],
+        "quotas": [{"team": "vision", "resourceName": "example.com/gpu", "nominalQuota": 3},
+                   {"cluster": "lab-2", "team": "vision", "resourceName": "example.com/gpu", "nominalQuota": 4}],
+        "api": {"tokens": [{"name": "admin", "token": "admin-token-0123456789"},
+                           {"name": "vision", "token": "vision-token-0123456789", "teams": ["vision"]},
+                           {"name": "nlp", "token": "nlp-token-0123456789", "teams": ["nlp"]}]}})
+    client = make_client(config)
+    at = {"at": "2026-11-02T09:30:00Z"}
+
+    def get(path: str, token: str) -> Any:
+        response = client.get(path, params=at, headers={"Authorization": f"Bearer {token}"})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    # 09:30 in each cluster: vision holds 4 devices (over 3 here, at 4 in lab-2), nlp 2; ml-train/big waits for 4
+    # with 2 free.
+    rows = [(r["cluster"], r["team"], r["used"], r["nominalQuota"], r["overQuota"])
+            for r in get("/v1/quotas", "admin-token-0123456789")["rows"]]
+    assert rows == sorted([("lab-2", "nlp", 2, None, False), ("lab-2", "vision", 4, 4, False),
+                           (seeded.cluster, "nlp", 2, None, False), (seeded.cluster, "vision", 4, 3, True)])
+    assert [(r["cluster"], r["team"]) for r in get("/v1/quotas", "vision-token-0123456789")["rows"]] == sorted([
+        ("lab-2", "vision"), (seeded.cluster, "vision")])
+    pending = get("/v1/pending", "vision-token-0123456789")  # ml-train is vision's: the token sees both claims
+    assert [(c["cluster"], c["deviceClass"], c["claims"], c["requested"], c["free"]) for c in pending["classes"]] \
+        == sorted([("lab-2", "gpu.example.com", 1, 4, 2), (seeded.cluster, "gpu.example.com", 1, 4, 2)])
+    assert get("/v1/pending", "admin-token-0123456789")["classes"] == pending["classes"]
+    assert get("/v1/pending", "nlp-token-0123456789")["classes"] == []  # nlp waits for nothing
+
+
 def test_calendar_steps_and_mixed_paging_are_refused_with_reasons(client: TestClient[Litestar]) -> None:
     window = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
     for step in ("P1M", "P1Y", "P1Y2D"):

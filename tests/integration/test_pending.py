@@ -21,7 +21,8 @@ from tests.paths import HISTORIES
 def test_seed_lab_big_requests_four_with_two_then_three_free(ledger: LedgerHandle, when: str, free: int) -> None:
     ledger.replay(HISTORIES / "seed-lab.jsonl")
     body: Any = services.pending(ledger.db, at=parse_time(when), cluster=ledger.cluster)
-    assert body["classes"] == [{"deviceClass": "gpu.example.com", "claims": 1, "requested": 4, "free": free}]
+    assert body["classes"] == [{"cluster": ledger.cluster, "deviceClass": "gpu.example.com", "claims": 1,
+                                "requested": 4, "free": free}]
     [big] = body["claims"]
     assert (big["namespace"], big["name"], big["team"], big["origin"]) == ("ml-train", "big", "vision", "manual")
     assert big["requests"] == [{"request": "gpu", "deviceClass": "gpu.example.com", "allocationMode": "ExactCount",
@@ -55,7 +56,8 @@ def test_tainted_devices_are_not_free_and_cel_errors_match_nothing(ledger: Ledge
     body: Any = services.pending(ledger.db, at=at(30), cluster=ledger.cluster)
     classes = {c["deviceClass"]: c for c in body["classes"]}
     # gpu-1..gpu-3 and the PreferNoSchedule device are free; gpu-0 is held; two are tainted out.
-    assert classes["gpu.example.com"] == {"deviceClass": "gpu.example.com", "claims": 2, "requested": 4, "free": 4}
+    assert classes["gpu.example.com"] == {"cluster": ledger.cluster, "deviceClass": "gpu.example.com", "claims": 2,
+                                          "requested": 4, "free": 4}
     assert classes["nvidia-only"]["free"] == 0 and classes["broken"]["free"] == 0
     by_claim = {c["name"]: c["requests"][0]["free"] for c in body["claims"]}
     assert by_claim == {"wants-three": 4, "wants-index-3": 1, "wants-nvidia": 0, "wants-broken": 0}

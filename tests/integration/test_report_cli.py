@@ -53,7 +53,9 @@ def test_quotas_prints_the_api_body_and_the_over_quota_interval(seeded: tuple[En
                                "--output", "json"))
     rows = {r["team"]: r for r in body["rows"]}
     assert (rows["vision"]["used"], rows["vision"]["nominalQuota"], rows["vision"]["overQuota"]) == (4, 3, True)
-    assert set(rows["vision"]) == {"team", "resourceName", "used", "nominalQuota", "overQuota", "reasons", "claims"}
+    assert set(rows["vision"]) == {"cluster", "team", "resourceName", "used", "nominalQuota", "overQuota", "reasons",
+                                   "claims"}
+    assert rows["vision"]["cluster"] == "seed-lab"
     over: Any = json.loads(run(engine, "quotas", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T12:00:00Z",
                                "--config", str(config), "--output", "json"))
     assert [(i["from"], i["to"]) for i in over["intervals"] if i["overQuota"]] == \
@@ -80,7 +82,8 @@ def test_shared_and_pending_print_their_bodies(seeded: tuple[Engine, Path]) -> N
                                  "2026-11-02T12:00:00Z", "--output", "json"))
     assert window["rows"] == []  # the seed lab shares a claim between pods, never a device between claims
     pending: Any = json.loads(run(engine, "pending", "--at", "2026-11-02T09:30:00Z", "--output", "json"))
-    assert pending["classes"] == [{"deviceClass": "gpu.example.com", "claims": 1, "requested": 4, "free": 2}]
+    assert pending["classes"] == [{"cluster": "seed-lab", "deviceClass": "gpu.example.com", "claims": 1,
+                                   "requested": 4, "free": 2}]
     assert "requested" in run(engine, "pending", "--at", "2026-11-02T09:30:00Z")
 
 

@@ -302,7 +302,8 @@ def test_pending_demand_counts_only_partitions_that_still_fit(ledger: LedgerHand
     _kep4815(ledger, tmp_path)
     body: Any = services.pending(ledger.db, at=T, cluster=ledger.cluster)
     # partitions 2 and 3 fit in the 20Gi left; gpu-0 (40Gi) does not; 0 and 1 are held.
-    assert body["classes"] == [{"deviceClass": "partition.example.com", "claims": 1, "requested": 1, "free": 2}]
+    assert body["classes"] == [{"cluster": ledger.cluster, "deviceClass": "partition.example.com", "claims": 1,
+                                "requested": 1, "free": 2}]
     [claim] = body["claims"]
     assert (claim["name"], claim["team"], claim["requests"][0]["free"]) == ("waiting", "vision", 2)
 

@@ -348,10 +348,10 @@ def quota_table(tmp_path: Path, value: str, capsys: pytest.CaptureFixture[str]) 
     """The nominal quota a file giving ``nominalQuota = value`` yields, and the quotas table printing it."""
     path = tmp_path / "ledger.toml"
     path.write_text(QUOTA.format(value=value), encoding="utf-8")
-    quota = load_config(path).quota_of("vision", "example.com/gpu")
+    quota = load_config(path).quota_of(cluster="lab", team="vision", resource_name="example.com/gpu")
     body: JSONObject = {"at": "2026-11-02T09:30:00Z", "rows": [{
-        "team": "vision", "resourceName": "example.com/gpu", "used": 4, "nominalQuota": quota, "overQuota": False,
-        "reasons": []}]}
+        "cluster": "lab", "team": "vision", "resourceName": "example.com/gpu", "used": 4, "nominalQuota": quota,
+        "overQuota": False, "reasons": []}]}
     render_quotas(body)
     return quota, capsys.readouterr().out
 

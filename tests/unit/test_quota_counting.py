@@ -132,13 +132,33 @@ def test_the_configuration_follows_kueues_mapping_rules(tmp_path: Path) -> None:
         load_config(path)
     path.write_text("quotas:\n- {team: t, resourceName: r, nominalQuota: 1}\n- {team: t, resourceName: r, "
                     "nominalQuota: 2}\n")
-    with pytest.raises(Invalid, match="two quotas"):
+    with pytest.raises(Invalid, match="two quotas for 'r' in every cluster"):
         load_config(path)
     path.write_text("quotas:\n- {team: t, resourceName: gpu.memory, nominalQuota: 80Gi}\n"
                     "teams: {overrides: {kube-system: platform}}\n")
     config = load_config(path)
-    assert config.quota_of("t", "gpu.memory") == 80 * 2**30
+    assert config.quota_of(cluster="c", team="t", resource_name="gpu.memory") == 80 * 2**30
     assert (config.team_of("kube-system", "kube-system"), config.team_of("ml", "vision")) == ("platform", "vision")
+
+
+def test_a_quota_naming_a_cluster_takes_the_place_of_the_one_for_every_cluster_there(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.yaml"
+    path.write_text("quotas:\n- {team: t, resourceName: r, nominalQuota: 3}\n"
+                    "- {cluster: east, team: t, resourceName: r, nominalQuota: 8}\n"
+                    "- {cluster: west, team: u, resourceName: r, nominalQuota: 1}\n")
+    config = load_config(path)
+    assert [config.quota_of(cluster=c, team="t", resource_name="r") for c in ("east", "west", "north")] == [8, 3, 3]
+    assert [config.quota_of(cluster=c, team="u", resource_name="r") for c in ("east", "west")] == [None, 1]
+    assert config.quota_keys_of("west") == {("t", "r"), ("u", "r")}
+    assert config.quota_keys_of("east") == {("t", "r")}
+    # One quota per (cluster, team, resource name); the entry without a cluster is a key of its own.
+    path.write_text("quotas:\n- {cluster: east, team: t, resourceName: r, nominalQuota: 3}\n"
+                    "- {cluster: east, team: t, resourceName: r, nominalQuota: 8}\n")
+    with pytest.raises(Invalid, match="team 't' has two quotas for 'r' in cluster 'east'"):
+        load_config(path)
+    path.write_text("quotas:\n- {cluster: ' east', team: t, resourceName: r, nominalQuota: 3}\n")
+    with pytest.raises(Invalid, match=r"quotas\.0\.cluster"):
+        load_config(path)
 
 
 @pytest.mark.parametrize(("spec", "expected"), [

@@ -71,7 +71,7 @@ def test_a_quota_rows_reasons_are_stacked_one_a_line_each_escaped(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cli, "out", Console(width=200, no_color=True))
     cli.render_quotas({"at": "2026-11-02T09:30:00Z", "rows": [
-        {"team": "ml", "resourceName": "gpus", "used": 3, "nominalQuota": 2, "overQuota": True,
+        {"cluster": "lab", "team": "ml", "resourceName": "gpus", "used": 3, "nominalQuota": 2, "overQuota": True,
          "reasons": ["first reason", "second\nreason"]}]})
     lines = [" ".join(line.replace("│", " ").split()) for line in capsys.readouterr().out.splitlines()]
 
