@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
@@ -50,8 +50,10 @@ class ReportSlots:
     pool stays free for the other endpoints (a wait inside a thread filled the pool, so the wait began only once a
     thread came free, past 40 requests at once, and occupancy and health answers queued behind it). Waiters are
     served in arrival order (``anyio.Semaphore``); one that waits ``wait_s`` gets :class:`ledger.errors.Busy`
-    (503). A client that disconnects while its report waits or runs does not free the slot early: the report
-    is computed all the same.
+    (503). A client that closes its connection while its request waits gives its place up (:class:`ClientGone`):
+    abandoned requests, such as those of a client that timed out and asked again, would otherwise each compute a
+    report nobody reads, ahead of the clients still waiting. Once its report runs (in a thread, which cannot be
+    interrupted) it is computed all the same.
     """
 
     def __init__(self, count: int = DEFAULT_REPORT_SLOTS, *, wait_s: float = REPORT_WAIT_S) -> None:
@@ -79,26 +81,80 @@ class ReportSlots:
         """Requests waiting for a slot now."""
         return self._free.statistics().tasks_waiting
 
-    async def run(self, compute: Callable[[], T]) -> T:
+    async def run(self, compute: Callable[[], T], *, gone: Callable[[], Awaitable[object]] | None = None) -> T:
         """Wait for a slot (at most ``wait_s`` seconds), then run ``compute`` in a worker thread holding it.
+
+        Args:
+            compute: the report, run in a worker thread.
+            gone: returns once the client has closed its connection (:func:`client_gone`); ``None``: wait whatever
+                the client does.
 
         Returns:
             What ``compute`` returns; what it raises passes unchanged, the slot freed either way.
 
         Raises:
             Busy: no slot came free within ``wait_s`` seconds (``retry_after_s``: the wait, at least 1 s).
+            ClientGone: ``gone`` returned before a slot came free; ``compute`` did not run, no slot is held.
         """
         try:
             with anyio.fail_after(self.wait_s):
-                await self._free.acquire()
+                got = await self._acquire(gone)
         except TimeoutError:
             raise Busy(f"this API process is computing as many whole-fleet reports at once as it may ({self.count}, "
                        f"serve --report-slots) and none finished within {self.wait_s:g} s; retry later",
                        retry_after_s=max(1, round(self.wait_s))) from None
+        if not got:
+            raise ClientGone("the client closed its connection while its report waited for a slot")
         try:
             return await anyio.to_thread.run_sync(compute)
         finally:
             self._free.release()
+
+    async def _acquire(self, gone: Callable[[], Awaitable[object]] | None) -> bool:
+        """Take a slot, in arrival order; ``False`` when ``gone`` returned first (then no slot is held)."""
+        if gone is None:
+            await self._free.acquire()
+            return True
+        try:
+            # A free slot means nobody waits (a release hands the slot straight to the first waiter), so taking it
+            # keeps the order, without a task to watch the connection.
+            self._free.acquire_nowait()
+            return True
+        except anyio.WouldBlock:
+            pass
+        got = False
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                await gone()
+                group.cancel_scope.cancel()  # stops the acquire below; anyio's Semaphore then holds no slot for us
+
+            group.start_soon(watch)
+            await self._free.acquire()
+            got = True
+            group.cancel_scope.cancel()  # stops the watch
+        return got
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited for a report slot: the report was not computed
+    and nobody is left to read an answer (:mod:`api.errors` answers it with status 499, the code proxies such as nginx
+    give a request the client closed)."""
+
+
+def client_gone(request: Request[Any, Any, Any]) -> Callable[[], Awaitable[None]]:
+    """A ``gone`` for :meth:`ReportSlots.run`: waits until the ASGI server reports ``http.disconnect`` for
+    ``request``, the client having closed its connection.
+
+    Only for requests whose body the handler never reads (the reports are GETs): the messages before the disconnect
+    (the request body, empty for a GET) are read and dropped.
+    """
+
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The single error-to-HTTP mapping: every failure leaves as RFC 9457 problem details.
 
 ``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable, or no pooled
-connection free: ``NoFreeConnection``) and ``Busy`` (every report slot taken) → 503 with ``Retry-After``, anything
-else → 500 with no internals in the body (the traceback goes to the log).
+connection free: ``NoFreeConnection``) and ``Busy`` (every report slot taken) → 503 with ``Retry-After``,
+``ClientGone`` (the client left while its report waited) → 499 that nobody reads, anything else → 500 with no
+internals in the body (the traceback goes to the log).
 
 Parameters follow one rule: 400 when the *set* of parameters is wrong (a name the endpoint does not take,
 one given twice, a required one missing), 422 when a parameter is there but its *value* is not one it can
@@ -23,6 +24,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
+from api.deps import ClientGone
 from api.parameters import client_name, literal_strings, required_query_names
 from ledger.errors import (
     MAX_ECHO_CHARS,
@@ -179,6 +181,16 @@ async def html_error_as_problem(response: Response[Any]) -> Response[Any]:
     return response
 
 
+CLIENT_CLOSED_REQUEST = 499
+"""The status of a request whose client closed its connection before the answer (nginx's convention): never
+sent, since nobody reads it, but it is what the access log shows."""
+
+
+def _client_gone(request: Request[Any, Any, Any], _: ClientGone) -> Response[Any]:
+    _log.info("%s: the client closed its connection while its report waited for a slot", request.url.path)
+    return Response(None, status_code=CLIENT_CLOSED_REQUEST)
+
+
 def _internal(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     _log.exception("unhandled error", exc_info=exc)
     return _problem(500, "the ledger failed to answer; see the server log")
@@ -187,6 +199,7 @@ def _internal(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
 EXCEPTION_HANDLERS: dict[int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]] = {
     LedgerError: _ledger_error,
     HTTPException: _http_error,
+    ClientGone: _client_gone,
     Exception: _internal,
 }
 """Handlers registered on the app (most specific class wins)."""

@@ -12,7 +12,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
-from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster
+from api.deps import AppState, ClusterParam, asked_instant, client_gone, page_instant, parse_cluster
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import Pending, Quotas, Shared, to_struct
@@ -84,7 +84,8 @@ class DemandController(Controller):
         query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
-        body: Any = await ctx.reports.run(lambda: services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope))
+        body: Any = await ctx.reports.run(
+            lambda: services.quotas(ctx.db, at=when, config=ctx.config, cluster=scope), gone=client_gone(request))
         rows = [r for r in body["rows"] if access.sees(r["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "rows": chunk, "nextPageToken": token}, Quotas)
@@ -113,7 +114,8 @@ class DemandController(Controller):
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body = await ctx.reports.run(
-            lambda: scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access))
+            lambda: scope_shared(services.shared(ctx.db, at=when, cluster=scope, config=ctx.config), access),
+            gone=client_gone(request))
         lists = ("devices", "counterSets", "claims")
         entries = [(name, entry) for name in lists for entry in body[name]]
         chunk, token = pagination.cut(entries, page=page, limit=limit, at=str(body["at"]), query=query)
@@ -139,6 +141,7 @@ class DemandController(Controller):
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body = await ctx.reports.run(
-            lambda: scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access))
+            lambda: scope_pending(services.pending(ctx.db, at=when, cluster=scope, config=ctx.config), access),
+            gone=client_gone(request))
         chunk, token = pagination.cut(body["claims"], page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, Pending)

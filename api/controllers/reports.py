@@ -11,7 +11,7 @@ from litestar.params import QueryParameter
 from api import pagination
 from api.auth import Access
 from api.controllers.occupancy import AT_DOC, LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
-from api.deps import AppState, ClusterParam, asked_instant, page_instant, parse_cluster, parse_duration
+from api.deps import AppState, ClusterParam, asked_instant, client_gone, page_instant, parse_cluster, parse_duration
 from api.errors import V1_PROBLEMS
 from api.methods import read
 from api.schemas import IdleClaims, to_struct
@@ -67,7 +67,8 @@ class ReportsController(Controller):
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body: Any = await ctx.reports.run(
-            lambda: services.idle_report(ctx.db, at=when, config=ctx.config, min_idle=idle, cluster=scope))
+            lambda: services.idle_report(ctx.db, at=when, config=ctx.config, min_idle=idle, cluster=scope),
+            gone=client_gone(request))
         rows = [c for c in body["claims"] if access.sees(c["team"])]
         chunk, token = pagination.cut(rows, page=page, limit=limit, at=str(body["at"]), query=query)
         return to_struct({**body, "claims": chunk, "nextPageToken": token}, IdleClaims)

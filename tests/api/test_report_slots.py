@@ -5,22 +5,26 @@ request that cannot get a slot, or a pooled database connection, in time is a 50
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 import anyio
 import pytest
+import uvicorn
 from litestar import Litestar
 from litestar.testing import TestClient
 from sqlalchemy import create_engine
 
 from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_worker
-from api.deps import AppState, ReportSlots
+from api.deps import AppState, ClientGone, ReportSlots
 from api.limits import DEFAULT_REPORT_SLOTS
+from ledger import services
 from ledger.config import DEFAULT
 from ledger.errors import Busy, Invalid, NoFreeConnection
 from ledger.store.database import LedgerDatabase
@@ -245,3 +249,86 @@ def test_serve_takes_its_counts_in_plain_digits_only_and_refuses_an_empty_variab
                                  **environment})
     assert result.returncode == 2
     assert said in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_a_request_whose_client_left_gives_its_place_up_and_the_next_one_gets_the_slot() -> None:
+    slots = ReportSlots(1, wait_s=30)
+    gate = threading.Event()
+    left = anyio.Event()
+    ran: list[str] = []
+
+    async def main() -> ClientGone:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(slots.run, partial(gate.wait, 30))
+            while slots.running == 0:  # until the holder has the slot
+                await anyio.sleep(0.005)
+            outcome: list[ClientGone] = []
+
+            async def leaver() -> None:
+                try:
+                    await slots.run(lambda: ran.append("leaver"), gone=left.wait)
+                except ClientGone as e:
+                    outcome.append(e)
+
+            tasks.start_soon(leaver)
+            tasks.start_soon(partial(slots.run, lambda: ran.append("stayer"), gone=anyio.Event().wait))
+            while slots.waiting < 2:
+                await anyio.sleep(0.005)
+            left.set()  # the first waiter's client closes its connection
+            while slots.waiting > 1:
+                await anyio.sleep(0.005)
+            gate.set()
+        [gone] = outcome
+        return gone
+
+    gone = anyio.run(main)
+    assert str(gone) == "the client closed its connection while its report waited for a slot"
+    assert ran == ["stayer"]  # the report of the client that left never ran
+    assert slots.running == 0 and slots.waiting == 0
+
+
+def test_closing_the_connection_of_a_waiting_report_frees_its_place_on_a_real_server(
+        seeded: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The request's place is given up on the ASGI server's http.disconnect, which only a real server sends
+    # (the test client's transport never disconnects): uvicorn on a socket of its own, raw HTTP over sockets.
+    gate = threading.Event()
+    quotas = services.quotas
+
+    def held_quotas(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(60)
+        return quotas(*args, **kwargs)
+
+    monkeypatch.setattr(services, "quotas", held_quotas)
+    slots = ReportSlots(1, wait_s=60)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(db=seeded.db, config=DEFAULT, reports=slots), log_level="error",
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+
+    def send(path: str) -> socket.socket:
+        conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+        return conn
+
+    try:
+        _until(lambda: server.started, "the server listens")
+        holder = send(f"/v1/quotas?at={AT}")
+        _until(lambda: slots.running == 1, "the quotas report holds the slot")
+        leaver = send(f"/v1/pending?at={AT}")
+        _until(lambda: slots.waiting == 1, "the pending report waits")
+        leaver.close()
+        _until(lambda: slots.waiting == 0, "the closed request gives its place up")
+        gate.set()
+        answer = holder.recv(64)
+        holder.close()
+        after = send(f"/v1/pending?at={AT}")
+        again = after.recv(64)
+        after.close()
+    finally:
+        gate.set()
+        server.should_exit = True
+        thread.join(30)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert again.startswith(b"HTTP/1.1 200 ")  # the slot was free: the request that left took none
