@@ -233,13 +233,13 @@ def page_instant(page_at: str | None, asked: datetime | None, *, name: str = "at
 
     Raises:
         Invalid: ``asked`` given and the token carrying another instant (a token edited, or issued for another
-            ``name``): the token does not belong to this query, as for any other parameter changed.
+            ``name``): the token belongs to another list, as for any other parameter changed.
     """
     if page_at is None:
         return asked or datetime.now(UTC)
     carried = parse_instant(page_at, "pageToken")
     if asked is not None and asked != carried:
-        raise Invalid(f"pageToken does not belong to this query (it was issued for another {name})")
+        raise Invalid(f"pageToken was issued for another {name}; leave pageToken out to ask for the first page")
     return carried
 
 

@@ -82,7 +82,8 @@ def decode(token: str | None, *, query: str) -> Page:
         # An offset is a row count or (the events list) a global position: a bigint either way.
         raise Invalid("pageToken is not a token this API issued")
     if q != query:
-        raise Invalid("pageToken does not belong to this query (its parameters changed)")
+        raise Invalid("pageToken was issued for another list (another endpoint, or other parameters than this "
+                      "request's); leave pageToken out to ask for the first page")
     if after is not None and not (isinstance(after, list) and all(isinstance(k, str) for k in after)):
         raise Invalid("pageToken is not a token this API issued")
     if not all(_encodable(k) and "\x00" not in k for k in (*(after or ()), at or "")):

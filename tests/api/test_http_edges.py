@@ -11,6 +11,7 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from ledger.config import LedgerConfig
+from tests.api.test_parameter_edges import FOREIGN_TOKEN
 
 TOKEN = "head-token-0123456789abcdef"
 WINDOW = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
@@ -155,7 +156,7 @@ def test_a_page_token_of_one_list_is_refused_by_another_taking_the_same_paramete
     assert quotas["nextPageToken"] is not None
     pending = client.get("/v1/pending", params={"at": AT, "limit": 1, "pageToken": quotas["nextPageToken"]})
     assert pending.status_code == 422, pending.text
-    assert "does not belong to this query" in pending.json()["detail"]
+    assert pending.json()["detail"] == FOREIGN_TOKEN
     # Its own token still pages.
     again = client.get("/v1/quotas", params={"at": AT, "limit": 1, "pageToken": quotas["nextPageToken"]})
     assert again.status_code == 200, again.text

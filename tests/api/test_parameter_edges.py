@@ -22,6 +22,9 @@ from tests.api.conftest import SEED
 from tests.api.test_cli_bodies import run_cli
 
 MAX_ECHO_CHARS = 100
+FOREIGN_TOKEN = ("pageToken was issued for another list (another endpoint, or other parameters than this request's); "
+                 "leave pageToken out to ask for the first page")
+"""The refusal of a page token of another question: another endpoint's, or one asked with other parameters."""
 """The documented cut of echoed input (:data:`api.parameters.MAX_ECHO_CHARS`), spelled out so the tests state it."""
 
 
@@ -420,14 +423,14 @@ def test_a_page_token_edited_to_another_valid_instant_is_refused_when_at_is_give
     edited = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
 
     assert problem(client, f"{url}&pageToken={edited}", 422) == \
-        "pageToken does not belong to this query (it was issued for another at)"
+        "pageToken was issued for another at; leave pageToken out to ask for the first page"
     second = client.get(f"{url}&pageToken={token}").json()
     assert second["at"] == "2026-11-02T09:30:00Z"
     # The same instant written with another offset is the same query: the token answers the same second page.
     assert client.get(f"{path}?at=2026-11-02T10:30:00%2B01:00&limit=1&pageToken={token}").json() == second
     # Another instant is another query, whatever the token carries.
     assert problem(client, f"{path}?at=2026-11-02T09:30:01Z&limit=1&pageToken={token}", 422) == \
-        "pageToken does not belong to this query (its parameters changed)"
+        FOREIGN_TOKEN
 
 
 def test_a_page_token_answers_the_same_window_and_durations_written_another_way(client: TestClient[Litestar]) -> None:
@@ -440,7 +443,7 @@ def test_a_page_token_answers_the_same_window_and_durations_written_another_way(
             f"&limit=1&pageToken={first['nextPageToken']}")
     assert client.get(same).json() == second
     other_step = usage.replace("PT30M", "PT31M") + f"&pageToken={first['nextPageToken']}"
-    assert problem(client, other_step, 422) == "pageToken does not belong to this query (its parameters changed)"
+    assert problem(client, other_step, 422) == FOREIGN_TOKEN
 
 
 
@@ -455,7 +458,7 @@ def test_an_idle_claims_page_token_answers_min_idle_written_another_way(seeded: 
     assert [c["cluster"] for c in (*page["claims"], *expected["claims"])] == ["default", "second"]
     assert client.get(idle.replace("PT30M", "1800") + f"&pageToken={page['nextPageToken']}").json() == expected
     assert problem(client, idle.replace("PT30M", "1801") + f"&pageToken={page['nextPageToken']}", 422) == \
-        "pageToken does not belong to this query (its parameters changed)"
+        FOREIGN_TOKEN
 
 
 def test_requests_leave_no_copy_of_the_route_handler_behind(client: TestClient[Litestar]) -> None:
