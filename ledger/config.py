@@ -230,12 +230,23 @@ class Quota(_Model):
     """
 
     cluster: ClusterName | None = None
-    """The cluster the quota applies in (``LEDGER_CLUSTER`` of its watch worker); ``None``: every cluster."""
+    """The cluster the quota applies in (``LEDGER_CLUSTER`` of its watch worker); left out (``None``): every
+    cluster."""
     team: Name
     resource_name: Name = Field(alias="resourceName")
     nominal_quota: float = Field(alias="nominalQuota", ge=0, allow_inf_nan=False)
     """A count, or a quantity string (``"80Gi"``) parsed to its base unit for counter/capacity sources; 0 to
     :data:`MAX_NOMINAL_QUOTA`, so that every whole quota is kept exactly."""
+
+    @field_validator("cluster")
+    @classmethod
+    def _some_cluster(cls, cluster: str | None, info: ValidationInfo) -> str | None:
+        # As ApiToken.teams: an explicit null in a file (YAML's `cluster:` with its value forgotten) would have meant
+        # every cluster, the widest reading of a mistake; a dumped configuration handed to the API's workers writes
+        # None for "left out", and is taken as it is.
+        if cluster is None and info.context is FILE_CONTEXT:
+            raise ValueError("empty (null): leave cluster out for a quota in every cluster, or name the cluster")
+        return cluster
 
     @field_validator("nominal_quota", mode="before")
     @classmethod

@@ -160,7 +160,7 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
         "namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests": [{"request", "deviceClass",
         "allocationMode", "count", "free"}]}]}``; classes sorted by cluster, then name (one entry per cluster and
         DeviceClass: a claim waits for the devices of its own cluster, so free devices never add up across
-        clusters), claims by namespace, name.
+        clusters), claims by cluster, namespace, name.
         ``count`` is the devices a request asks for (``ExactCount``: ``count``, default 1; ``All``: every
         device the class and request select; ``adminAccess``: 0); a ``firstAvailable`` request is shown
         with its first alternative. ``free`` (class) counts free devices the class selects; ``free``
@@ -178,7 +178,7 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
         "  AND t.valid @> :at LIMIT 1) AS team "
         "FROM claim_states s JOIN claims c ON c.cluster = s.cluster AND c.uid = s.claim_uid "
         "WHERE s.valid @> :at AND s.state = 'pending'" + _cluster_filter(cluster, "s") +
-        " ORDER BY c.namespace, c.name, c.uid"), params).all()
+        " ORDER BY c.cluster, c.namespace, c.name, c.uid"), params).all()
     catalogs = load_catalogs(conn, at=at, cluster=cluster)
     free_by_cluster: dict[str, set[DeviceId]] = {}
     class_free: dict[tuple[str, str], int] = {}  # (cluster, class) -> free devices the class selects

@@ -468,8 +468,8 @@ def quotas(conn: Connection, *, at: datetime, config: LedgerConfig, cluster: str
         (bytes for memory); ``nominalQuota`` is ``null`` without a configured quota (then ``overQuota``
         is false); ``overQuota`` = used > nominalQuota. ``reasons`` (``"<namespace>/<claim>: <Kueue
         message>"``) name the claims Kueue itself would refuse, counted anyway, in the order of ``claims``,
-        each once. Every configured quota has a row in each cluster it applies in (``cluster``, else every
-        cluster with events: :func:`ledger.projections.base.clusters`), with ``used`` 0 when nothing is held.
+        each once. Every configured quota has a row in each cluster with events it applies in
+        (:func:`ledger.projections.base.clusters`; ``cluster`` alone when given), ``used`` 0 when nothing is held.
     """
     # The inventory matters only for counter and capacity sources (CEL over the devices at T).
     catalogs = load_catalogs(conn, at=at, cluster=cluster,
@@ -501,11 +501,12 @@ def quotas(conn: Connection, *, at: datetime, config: LedgerConfig, cluster: str
 
 
 def _quota_keys(conn: Connection, *, config: LedgerConfig, cluster: str | None) -> set[_UsageKey]:
-    """(cluster, team, resource name) of every configured quota in ``cluster``, or in every cluster with events
-    (table ``events``) when ``None``: the rows :func:`quotas` shows even with nothing held."""
+    """(cluster, team, resource name) of every configured quota in each cluster with events (table ``events``),
+    only ``cluster`` when given: the rows :func:`quotas` shows even with nothing held. A cluster the ledger holds
+    no event of gets none (a misspelt ``cluster`` would otherwise be answered with every quota unused)."""
     if not config.quotas:
         return set()
-    names = [cluster] if cluster is not None else clusters(conn)
+    names = [name for name in clusters(conn) if cluster is None or name == cluster]
     return {(name, team, resource) for name in names for team, resource in config.quota_keys_of(name)}
 
 

@@ -61,7 +61,8 @@ def test_pending_claims_over_every_cluster_carry_each_rows_cluster(ledger: Ledge
     # The seed lab's claim for 4 GPUs (ml-train/big) is pending from its creation on (README, "What the demo shows").
     body: Any = services.pending(ledger.db, at=parse_time("2026-11-02T09:30:00Z"))
 
-    assert sorted((r["cluster"], r["namespace"], r["name"]) for r in body["claims"]) == [
+    # Listed by cluster first, as its classes are (the other cluster's name is this one's with "-b" added).
+    assert [(r["cluster"], r["namespace"], r["name"]) for r in body["claims"]] == [
         (ledger.cluster, "ml-train", "big"), (other.cluster, "ml-train", "big")]
 
 
@@ -116,6 +117,8 @@ def test_quotas_over_every_cluster_count_each_cluster_against_its_own_quota(ledg
     mine = [r for r in body["rows"] if r["cluster"] == ledger.cluster]
     assert services.quotas(ledger.db, at=parse_time(check["at"]), config=config, cluster=ledger.cluster)["rows"] \
         == mine
+    # A cluster the ledger holds nothing of (a misspelt name) has no rows, not every quota unused.
+    assert services.quotas(ledger.db, at=parse_time(check["at"]), config=config, cluster="ghost")["rows"] == []
 
 
 def test_quota_history_over_every_cluster_keeps_each_clusters_intervals_apart(ledger: LedgerHandle) -> None:

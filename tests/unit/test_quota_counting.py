@@ -159,6 +159,14 @@ def test_a_quota_naming_a_cluster_takes_the_place_of_the_one_for_every_cluster_t
     path.write_text("quotas:\n- {cluster: ' east', team: t, resourceName: r, nominalQuota: 3}\n")
     with pytest.raises(Invalid, match=r"quotas\.0\.cluster"):
         load_config(path)
+    # YAML reads a key whose value was forgotten as null: refused, not read as "every cluster".
+    path.write_text("quotas:\n- cluster:\n  team: t\n  resourceName: r\n  nominalQuota: 3\n")
+    with pytest.raises(Invalid, match="leave cluster out for a quota in every cluster, or name the cluster"):
+        load_config(path)
+    # The configuration serve hands its workers (JSON) writes a quota without a cluster as null, read as left out.
+    path.write_text("quotas:\n- {team: t, resourceName: r, nominalQuota: 3}\n")
+    config = load_config(path)
+    assert LedgerConfig.model_validate_json(config.model_dump_json(by_alias=True)) == config
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
