@@ -628,6 +628,11 @@ def _problem(err: ErrorDetails) -> str:
     """One validation error as ``location: message`` (:func:`error_message`); a check of the whole file has no
     location."""
     message = error_message(err)
+    given = err.get("input")
+    if err["type"] == "string_type" and isinstance(given, bool | int | float):
+        # YAML reads an unquoted 2024 as a number and no as false (TOML 2024 too): pydantic only says a string was
+        # expected, without the value it got or the remedy.
+        message += f" (got {given!r}, a value written without quotes read as a number or a boolean: quote it)"
     where = ".".join('""' if p == "" else str(p) for p in err["loc"])  # an empty key shown, not left out
     return f"{where}: {message}" if where else message
 

@@ -163,6 +163,13 @@ def test_a_quota_naming_a_cluster_takes_the_place_of_the_one_for_every_cluster_t
     path.write_text("quotas:\n- cluster:\n  team: t\n  resourceName: r\n  nominalQuota: 3\n")
     with pytest.raises(Invalid, match="leave cluster out for a quota in every cluster, or name the cluster"):
         load_config(path)
+    # A name YAML reads as a number or a boolean: the message shows what was read and says to quote it.
+    path.write_text("quotas:\n- {cluster: 2024, team: no, resourceName: r, nominalQuota: 3}\n")
+    with pytest.raises(Invalid) as refused:
+        load_config(path)
+    hint = "a value written without quotes read as a number or a boolean: quote it"
+    assert f"quotas.0.cluster: Input should be a valid string (got 2024, {hint})" in str(refused.value)
+    assert f"quotas.0.team: Input should be a valid string (got False, {hint})" in str(refused.value)
     # The configuration serve hands its workers (JSON) writes a quota without a cluster as null, read as left out.
     path.write_text("quotas:\n- {team: t, resourceName: r, nominalQuota: 3}\n")
     config = load_config(path)
