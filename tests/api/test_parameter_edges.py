@@ -40,6 +40,15 @@ def problem(client: TestClient[Litestar], url: str, status: int) -> str:
     return detail
 
 
+def test_an_instant_finer_than_a_microsecond_is_cut_to_the_microsecond(client: TestClient[Litestar]) -> None:
+    # PostgreSQL keeps microseconds: the nanoseconds of `date --rfc-3339=ns` are cut (not rounded up into the
+    # next microsecond), and the answer says which instant it is for.
+    for path in ("/v1/occupancy", "/v1/claims", "/v1/pending"):
+        answer = client.get(path, params={"at": "2026-11-02T09:30:00.123456999Z", "limit": 1})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["at"] == "2026-11-02T09:30:00.123456Z", path
+
+
 def test_a_long_unknown_parameter_name_is_echoed_cut_to_100_characters_with_an_ellipsis(
         client: TestClient[Litestar]) -> None:
     detail = problem(client, "/v1/occupancy?" + "x" * 5000 + "=1", 400)
