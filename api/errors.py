@@ -186,8 +186,19 @@ CLIENT_CLOSED_REQUEST = 499
 sent, since nobody reads it, but it is what the access log shows."""
 
 
+_access_log = logging.getLogger("uvicorn.access")
+"""uvicorn's access log: it writes no line for an answer sent after the client left (its ``send`` returns first),
+so the 499 of :func:`_client_gone` is written here, as uvicorn writes its lines."""
+
+
 def _client_gone(request: Request[Any, Any, Any], _: ClientGone) -> Response[Any]:
-    _log.info("%s: the client closed its connection while its report waited for a slot", request.url.path)
+    scope = request.scope
+    client = scope.get("client")
+    target = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
+                                                     if scope["query_string"] else "")
+    # The arguments uvicorn's access formatter reads: client address, method, target, HTTP version, status.
+    _access_log.info('%s - "%s %s HTTP/%s" %d', f"{client[0]}:{client[1]}" if client else "", scope["method"],
+                     target.replace('"', "%22"), scope.get("http_version", "1.1"), CLIENT_CLOSED_REQUEST)
     return Response(None, status_code=CLIENT_CLOSED_REQUEST)
 
 

@@ -4,6 +4,7 @@ request that cannot get a slot, or a pooled database connection, in time is a 50
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -287,6 +288,17 @@ def test_a_request_whose_client_left_gives_its_place_up_and_the_next_one_gets_th
     assert slots.running == 0 and slots.waiting == 0
 
 
+class _Lines(logging.Handler):
+    """Keeps the message of every record it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def test_closing_the_connection_of_a_waiting_report_frees_its_place_on_a_real_server(
         seeded: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     # The request's place is given up on the ASGI server's http.disconnect, which only a real server sends
@@ -302,8 +314,10 @@ def test_closing_the_connection_of_a_waiting_report_frees_its_place_on_a_real_se
     slots = ReportSlots(1, wait_s=60)
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(db=seeded.db, config=DEFAULT, reports=slots), log_level="error",
+    server = uvicorn.Server(uvicorn.Config(create_app(db=seeded.db, config=DEFAULT, reports=slots), log_level="info",
                                            lifespan="on"))
+    access = _Lines()  # on the logger itself (after uvicorn configured it): the app sets the root handlers up
+    logging.getLogger("uvicorn.access").addHandler(access)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
 
@@ -330,5 +344,12 @@ def test_closing_the_connection_of_a_waiting_report_frees_its_place_on_a_real_se
         gate.set()
         server.should_exit = True
         thread.join(30)
+        logging.getLogger("uvicorn.access").removeHandler(access)
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert again.startswith(b"HTTP/1.1 200 ")  # the slot was free: the request that left took none
+    # The access log has the request that left, with status 499, as uvicorn writes its own lines (it writes none for
+    # an answer sent after the client left).
+    lines = access.lines
+    assert [line.split(" - ", 1)[1] for line in lines if line.endswith(" 499")] == [
+        f'"GET /v1/pending?at={AT} HTTP/1.1" 499']
+    assert sum(line.endswith(" 200") for line in lines) == 2
