@@ -94,6 +94,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
         # Served anyway (the workers may not have recorded it yet), but a mistyped name answers like an empty cluster.
         typer.echo(f"warning: the ledger holds no event of cluster {cluster!r} yet: every answer will be empty "
                    "until something is recorded under that name", err=True)
+    for warning in services.quota_cluster_warnings(db, config):
+        typer.echo(warning, err=True)
     app = create_app(db=db, config=config, cluster=cluster, reports=ReportSlots(report_slots))
     served = "" if workers == 1 else f", {workers} worker processes"
     where = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL (RFC 3986)

@@ -1167,6 +1167,8 @@ def quotas(at: AtOpt = None,
     _instant_or_window(at, start, end)
 
     def run(db: LedgerDatabase) -> JSONObject:
+        for warning in services.quota_cluster_warnings(db, cfg):
+            typer.echo(warning, err=True)
         if start is not None and end is not None:
             return services.quota_history(db, start=_time(start, "--from"), end=_time(end, "--to"), config=cfg,
                                           cluster=cluster)

@@ -747,6 +747,24 @@ def has_events(db: LedgerDatabase, cluster: str) -> bool:
         return cluster in recorded_clusters(conn)
 
 
+def quota_cluster_warnings(db: LedgerDatabase, config: LedgerConfig) -> list[str]:
+    """Warnings, one line each, for the clusters ``[[quotas]]`` entries name that the ledger holds no event of
+    (table ``events``), sorted by cluster: such a quota shows no row, and a misspelt name (``lab-2`` for ``lab2``)
+    would otherwise leave its cluster on the quota for every cluster, or none, without a word. Empty when every
+    named cluster is recorded, or no quota names one.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    named = {quota.cluster for quota in config.quotas if quota.cluster is not None}
+    if not named:
+        return []
+    with unavailable_as_error(), db.reading(autocommit=True) as conn:
+        missing = sorted(named - set(recorded_clusters(conn)))
+    return [f"warning: [[quotas]] names cluster {name!r}, which the ledger holds no event of: its quotas show no row "
+            "until something is recorded under that name" for name in missing]
+
+
 def count_observations(db: LedgerDatabase, cluster: str) -> int:
     """How many observations (recorded or rejected lines, table ``observations``) the ledger holds for ``cluster``.
 

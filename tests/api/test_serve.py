@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import httpx
 import pytest
 import typer
 from litestar.testing import TestClient
+from typer.testing import CliRunner
 
 from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_worker
 from api.cli import register, serve_api
@@ -207,6 +209,37 @@ def test_serving_a_cluster_the_ledger_holds_nothing_of_warns_and_serves(
     assert ("warning: the ledger holds no event of cluster 'nope' yet: every answer will be empty until something "
             "is recorded under that name") in err
     assert served == ["nope", ledger.cluster]  # served anyway: the workers may record it later
+
+
+def test_serve_and_quotas_warn_of_a_quota_for_a_cluster_the_ledger_never_recorded(
+        ledger: LedgerHandle, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    import uvicorn
+
+    import api.app
+    from tests.paths import HISTORIES
+
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    served: list[object] = []
+    monkeypatch.setattr(api.app, "create_app", lambda **kwargs: kwargs["cluster"])
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    path = tmp_path / "ledger.toml"
+    quota = '[[quotas]]\ncluster = "{}"\nteam = "vision"\nresourceName = "example.com/gpu"\nnominalQuota = 3\n'
+    path.write_text(quota.format("lab-2") + quota.format(ledger.cluster) + quota.format("lab-0"))
+    warnings = [f"warning: [[quotas]] names cluster {name!r}, which the ledger holds no event of: its quotas show no "
+                "row until something is recorded under that name" for name in ("lab-0", "lab-2")]
+
+    serve_api(Settings(database_url=ledger.db.url, config=path), host="127.0.0.1", port=free_port(), allow_open=False)
+    quotas = CliRunner().invoke(cli.app, ["quotas", "--config", str(path), "--database-url", ledger.db.url,
+                                      "--output", "json"])
+
+    assert served == [None]  # served all the same
+    assert capsys.readouterr().err.splitlines()[:2] == warnings
+    assert quotas.exit_code == 0, quotas.output
+    assert quotas.stderr.splitlines() == warnings
+    # The recorded cluster's quota has its row; the two others none.
+    assert [(r["cluster"], r["nominalQuota"]) for r in json.loads(quotas.stdout)["rows"]
+            if r["resourceName"] == "example.com/gpu"] == [(ledger.cluster, 3.0)]
 
 
 def test_an_unset_token_variable_is_named_with_the_configuration_file_it_comes_from(tmp_path: Path) -> None:
