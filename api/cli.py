@@ -25,10 +25,10 @@ request head still incomplete once 16 KiB of it are buffered (``h11_max_incomple
 whole in one read of up to 64 KiB is taken), httptools takes heads of any size (a 300 MB header took minutes of CPU
 and ~750 MB of memory), before any token is checked."""
 MAX_WORKERS = 64
-COUNT_VARIABLES = ("LEDGER_API_WORKERS", "LEDGER_API_REPORT_SLOTS")
-"""The environment variables of ``serve``'s ``--workers`` and ``--report-slots``, in that order."""
 """Most worker processes ``serve`` starts: each holds a connection pool (up to 15 connections, SQLAlchemy's
 default), so 64 workers may open ~1,000, past PostgreSQL's default ``max_connections`` of 100 well before."""
+COUNT_VARIABLES = ("LEDGER_API_WORKERS", "LEDGER_API_REPORT_SLOTS")
+"""The environment variables of ``serve``'s ``--workers`` and ``--report-slots``, in that order."""
 
 
 def _is_loopback(host: str) -> bool:
