@@ -23,6 +23,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from api.deps import ClientGone
 from api.parameters import client_name, literal_strings, required_query_names
@@ -192,13 +193,10 @@ so the 499 of :func:`_client_gone` is written here, as uvicorn writes its lines.
 
 
 def _client_gone(request: Request[Any, Any, Any], _: ClientGone) -> Response[Any]:
-    scope = request.scope
-    client = scope.get("client")
-    target = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
-                                                     if scope["query_string"] else "")
-    # The arguments uvicorn's access formatter reads: client address, method, target, HTTP version, status.
-    _access_log.info('%s - "%s %s HTTP/%s" %d', f"{client[0]}:{client[1]}" if client else "", scope["method"],
-                     target.replace('"', "%22"), scope.get("http_version", "1.1"), CLIENT_CLOSED_REQUEST)
+    scope: Any = request.scope  # an HTTP scope: uvicorn's helpers take its TypedDict, Litestar's differs
+    # The line uvicorn writes, from uvicorn's own helpers: client address, method, target, HTTP version, status.
+    _access_log.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope), scope["method"],
+                     get_path_with_query_string(scope), scope["http_version"], CLIENT_CLOSED_REQUEST)
     return Response(None, status_code=CLIENT_CLOSED_REQUEST)
 
 
