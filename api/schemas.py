@@ -89,8 +89,8 @@ class Occupancy(msgspec.Struct, kw_only=True):
 class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Device-hours of one group and DeviceClass; ``cost`` when a price is configured.
 
-    The group key is one of ``team``, ``namespace``, ``deviceClass``, ``model``, ``node`` (the others are
-    absent); ``start``/``end`` are set for a time series (``step``).
+    The group key is one of ``team``, ``namespace``, ``deviceClass``, ``model``, ``node``, ``cluster`` (the
+    others are absent); ``start``/``end`` are set for a time series (``step``).
     """
 
     deviceHours: float
@@ -100,6 +100,7 @@ class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     namespace: str | None = None
     model: str | None = None
     node: str | None = None
+    cluster: str | None = None
     start: str | None = None
     end: str | None = None
     cost: float | None = None

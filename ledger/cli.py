@@ -976,6 +976,7 @@ class GroupBy(enum.StrEnum):
     deviceClass = "deviceClass"
     model = "model"
     node = "node"
+    cluster = "cluster"
 
 
 @app.command()
@@ -989,7 +990,8 @@ def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3
           url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Device-hours per group over [from, to), always split by DeviceClass (adminAccess not billed);
     with prices in the configuration file (its prices tables), priced rows carry a cost; its team
-    overrides decide the team."""
+    overrides decide the team. Every grouping but cluster adds the device-hours of all clusters
+    unless --cluster is given."""
     t0, t1 = _time(start, "--from"), _time(end, "--to")
     if not t0 < t1:
         raise typer.BadParameter("--from must be before --to", param_hint="--from")

@@ -131,8 +131,9 @@ class UsageController(Controller):
         end: Annotated[str, QueryParameter(name="to", description="Window end (exclusive), RFC 3339.",
                                            schema_extra=TIME_SCHEMA)],
         group_by: Annotated[
-            Literal["team", "namespace", "deviceClass", "model", "node"],
-            QueryParameter(name="groupBy", description="Group rows by this key."),
+            Literal["team", "namespace", "deviceClass", "model", "node", "cluster"],
+            QueryParameter(name="groupBy", description="Group rows by this key. Every key but cluster adds "
+                           "the device-hours of all clusters unless cluster is given."),
         ] = "team",
         step: Annotated[
             str | None,

@@ -30,9 +30,11 @@ from ledger.projections.selectors import DeviceView, expressions_of, selects
 from ledger.recorded import seconds_text
 from ledger.types import JSONObject, JSONValue
 
-GroupBy = Literal["team", "namespace", "deviceClass", "model", "node"]
+GroupBy = Literal["team", "namespace", "deviceClass", "model", "node", "cluster"]
 GROUP_BY: Mapping[str, str] = {"team": "team", "namespace": "namespace", "deviceClass": "device_class",
-                               "model": "model", "node": "node"}
+                               "model": "model", "node": "node", "cluster": "cluster"}
+"""``groupBy`` value -> ``device_allocations`` column. ``cluster`` answers per cluster of a ledger that records
+several; every other grouping adds the clusters' device-hours together unless a ``cluster`` filter is given."""
 IDLE_CATEGORIES = ("unreserved", "inactive-consumers", "unreferenced")
 NO_OVERRIDES: Mapping[str, str] = MappingProxyType({})
 """No ``[teams] overrides`` (namespace -> team): every row keeps the team the ledger recorded."""

@@ -36,6 +36,8 @@ from ledger.types import JSONObject, JSONValue
 HOUR = timedelta(hours=1)
 KEY_COLUMNS = ("team", "namespace", "device_class", "model", "node", "driver")
 """The key of a ``usage_rollups`` row after (cluster, hour)."""
+KEYABLE = (*KEY_COLUMNS, "cluster")
+"""Columns :func:`live_seconds` may key by: the rollup key, and ``cluster`` for ``groupBy=cluster``."""
 Key = tuple[str, ...]
 """Values of the asked key columns, in their order; '' stands for an unknown value."""
 Seconds = dict[tuple[str, datetime | None, Key], float]
@@ -72,7 +74,7 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
 
     Args:
         by_hour: split the seconds by the UTC hour they fall in (else the hour is ``None``).
-        columns: the key, a sequence of :data:`KEY_COLUMNS` (``driver`` and the grouping column of a
+        columns: the key, a sequence of :data:`KEYABLE` (``driver`` and the grouping column of a
             usage question, say); fewer columns mean fewer rows from the database.
         now: nothing counts after this instant (aware); ``None``: the database's ``now()``.
 
@@ -80,10 +82,10 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
         Float seconds > 0 per ``(cluster, hour, key)``; the key holds ``columns``' values in their order.
 
     Raises:
-        ValueError: a column outside :data:`KEY_COLUMNS` (a programming error: columns go into the SQL).
+        ValueError: a column outside :data:`KEYABLE` (a programming error: columns go into the SQL).
     """
-    if not set(columns) <= set(KEY_COLUMNS):
-        raise ValueError(f"key columns must be among {KEY_COLUMNS}, got {columns}")
+    if not set(columns) <= set(KEYABLE):
+        raise ValueError(f"key columns must be among {KEYABLE}, got {columns}")
     keys = ", ".join(f"k{i}" for i in range(len(columns)))
     # Only seconds held by more than one allocation of a device need the equal split, done in Python
     # (queries.split_equally). An interval that overlaps no other interval of its device is billed whole to

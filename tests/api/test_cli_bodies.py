@@ -106,6 +106,8 @@ SAME_QUERIES = [
     pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"]], "/v1/usage", LAB, id="usage"),
     pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--group-by", "node"], "/v1/usage",
                  {**LAB, "groupBy": "node"}, id="usage by node"),
+    pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--group-by", "cluster"], "/v1/usage",
+                 {**LAB, "groupBy": "cluster"}, id="usage by cluster"),
     pytest.param(["usage", "--from", LAB["from"], "--to", LAB["to"], "--step", "PT1H"], "/v1/usage",
                  {**LAB, "step": "PT1H"}, id="usage hourly"),
     pytest.param(["claims", "--state", "pending", "--at", "2026-11-02T09:30:00Z"], "/v1/claims",

@@ -104,7 +104,7 @@ WINDOW = "from=2026-11-02T09:00:00Z&to=2026-11-02T12:00:00Z"
     (f"/v1/devices/{LONG}/p/d/timeline", 404, f"no device {CUT}/p/d was ever recorded"),
     (f"/v1/devices/d/p/{LONG}/timeline", 404, f"no device d/p/{CUT} was ever recorded"),
     (f"/v1/usage?{WINDOW}&groupBy={LONG}", 422,
-     f"groupBy: Invalid enum value '{CUT}' (one of: team, namespace, deviceClass, model, node)"),
+     f"groupBy: Invalid enum value '{CUT}' (one of: team, namespace, deviceClass, model, node, cluster)"),
     (f"/v1/claims?state={LONG}", 422, f"state: Invalid enum value '{CUT}' (one of: pending, allocated, deleted, all)"),
     (f"/v1/claims?origin={LONG}", 422, f"origin: Invalid enum value '{CUT}' (one of: manual, template, extended)"),
     (f"/v1/occupancy?at={LONG}", 422, f"at: not an RFC 3339 time with a zone: {QUOTED}"),

@@ -435,7 +435,7 @@ def test_a_step_near_the_last_datetime_cuts_its_last_bucket_at_to(client: TestCl
 
 @pytest.mark.parametrize(("path", "params", "choices"), [
     ("/v1/usage", {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z", "groupBy": "colour"},
-     "team, namespace, deviceClass, model, node"),
+     "team, namespace, deviceClass, model, node, cluster"),
     ("/v1/claims", {"state": "sleeping"}, "pending, allocated, deleted, all"),
     ("/v1/claims", {"origin": "borrowed"}, "manual, template, extended"),
 ])
@@ -644,6 +644,33 @@ def test_quotas_and_pending_over_two_clusters_answer_per_cluster_and_a_team_toke
         == sorted([("lab-2", "gpu.example.com", 1, 4, 2), (seeded.cluster, "gpu.example.com", 1, 4, 2)])
     assert get("/v1/pending", "admin-token-0123456789")["classes"] == pending["classes"]
     assert get("/v1/pending", "nlp-token-0123456789")["classes"] == []  # nlp waits for nothing
+
+
+def test_usage_grouped_by_cluster_gives_each_cluster_its_own_device_hours(
+        client: TestClient[Litestar], seeded: LedgerHandle) -> None:
+    services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
+    hours = EXPECTED["device_hours"]
+    window = {"from": hours["from"], "to": hours["to"]}
+    one_cluster = sum(hours["by_team"].values())  # vision 9.382 + nlp 5.5: the seed lab's device-hours
+
+    # Both paths: the hourly rollups (no step) and the live intervals (a step of the whole window).
+    for params in (window, {**window, "step": "PT3H"}):
+        rows = ok(client, "/v1/usage", **params, groupBy="cluster")["rows"]
+        per_cluster: dict[str, float] = defaultdict(float)
+        for row in rows:
+            per_cluster[row["cluster"]] += row["deviceHours"]
+        assert sorted(per_cluster) == sorted(["lab-2", seeded.cluster])
+        for total in per_cluster.values():
+            assert total == pytest.approx(one_cluster, abs=hours["tolerance_hours"])
+        # Each cluster's rows are that cluster's usage by DeviceClass, as a cluster filter answers it.
+        mine = ok(client, "/v1/usage", **params, groupBy="deviceClass", cluster="lab-2")["rows"]
+        assert [(r["deviceClass"], r["driver"], r["deviceHours"]) for r in rows if r["cluster"] == "lab-2"] \
+            == [(r["deviceClass"], r["driver"], r["deviceHours"]) for r in mine]
+    # Grouped by team, the two clusters' hours add up (the documented default for chargeback).
+    teams = {r["team"]: r["deviceHours"] for r in ok(client, "/v1/usage", **window)["rows"]}
+    assert teams["vision"] == pytest.approx(2 * hours["by_team"]["vision"], abs=2 * hours["tolerance_hours"])
+    csv_text = client.get("/v1/usage", params={**window, "groupBy": "cluster"}, headers={"Accept": "text/csv"}).text
+    assert sorted({line.split(",")[0] for line in csv_text.splitlines()[1:]}) == sorted(["lab-2", seeded.cluster])
 
 
 def test_calendar_steps_and_mixed_paging_are_refused_with_reasons(client: TestClient[Litestar]) -> None:

@@ -228,3 +228,26 @@ def test_the_occupancy_and_claim_tables_over_every_cluster_name_each_rows_cluste
     assert sorted(_table_rows(every.output)) == sorted(
         [[ledger.cluster, *r] for r in _table_rows(mine.output)]
         + [[other.cluster, *r] for r in _table_rows(theirs.output)])
+
+
+def test_the_usage_table_grouped_by_cluster_has_a_row_per_cluster(ledger: LedgerHandle) -> None:
+    other = _seed_lab_twice(ledger)
+    hours = EXPECTED["device_hours"]
+    args = ["usage", "--from", hours["from"], "--to", hours["to"], "--database-url", ledger.db.url]
+
+    by_cluster = CliRunner().invoke(app, [*args, "--group-by", "cluster", "-o", "json"], env=WIDE)
+    by_team = CliRunner().invoke(app, [*args, "-o", "json"], env=WIDE)
+
+    assert by_cluster.exit_code == 0, by_cluster.output
+    per_cluster: dict[str, float] = {}
+    for row in json.loads(by_cluster.stdout)["rows"]:
+        per_cluster[row["cluster"]] = per_cluster.get(row["cluster"], 0.0) + row["deviceHours"]
+    # Each cluster replayed the seed lab: its device-hours are the fixture's (vision 9.382 + nlp 5.5), once each.
+    assert sorted(per_cluster) == [ledger.cluster, other.cluster]
+    for total in per_cluster.values():
+        assert total == pytest.approx(sum(hours["by_team"].values()), abs=hours["tolerance_hours"])
+    # Grouped by team the clusters add up: nlp's row is both clusters' hours.
+    nlp = [r["deviceHours"] for r in json.loads(by_team.stdout)["rows"] if r["team"] == "nlp"]
+    assert sum(nlp) == pytest.approx(2 * hours["by_team"]["nlp"], abs=2 * hours["tolerance_hours"])
+    table = CliRunner().invoke(app, [*args, "--group-by", "cluster"], env=WIDE)
+    assert {r[0] for r in _table_rows(table.output)} == {ledger.cluster, other.cluster}

@@ -182,7 +182,7 @@ def test_the_views_answer_the_seed_lab(reader: Connection) -> None:
     assert {k: float(v) for k, v in hours.items()} == pytest.approx(expected, abs=0.01)
 
 
-@pytest.mark.parametrize("group_by", ["team", "namespace", "deviceClass", "model", "node"])
+@pytest.mark.parametrize("group_by", ["team", "namespace", "deviceClass", "model", "node", "cluster"])
 def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, group_by: str) -> None:
     start, end = parse_time("2026-11-02T09:20:30Z"), parse_time("2026-11-02T11:45:10Z")
     rolled = services.usage_from_rollups(reported.db, start=start, end=end, group_by=group_by)
