@@ -41,8 +41,9 @@ from ledger import simulate_bounds as bounds
 from ledger.cli_typer import LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
-from ledger.errors import Invalid, LedgerError, printable
+from ledger.errors import CheckpointsLocked, Invalid, LedgerError, printable
 from ledger.projections.queries import rfc3339
+from ledger.projections.runner import WHOLE_HISTORY_FROM
 from ledger.recorded import LATEST_TIME_TEXT, SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
@@ -937,12 +938,35 @@ def _whole_page(body: JSONObject) -> JSONObject:
 
 
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
+    """Open the ledger, bring the read models up to the newest event, and answer ``run``.
+
+    Should another process be applying events to the read models (a ``replay`` of a large file, ``serve``,
+    a watch worker), the query does not wait for it to finish: it answers from the read models as that
+    process last committed them and says on stderr how far behind the newest event they are.
+    """
     if not settings.database_url:
         require_embedded_ledger(settings.data_dir)
     with reported_errors():
         db = services.open_ledger(settings)
-        services.catch_up(db)
+        try:
+            services.catch_up(db, wait=False)
+        except CheckpointsLocked:
+            _say_behind(services.projection_lag(db))
         return run(db)
+
+
+def _say_behind(lag: Mapping[str, int]) -> None:
+    """Say on stderr that another process is applying events, and how many the read models lack (``lag``: events
+    per projection, from :func:`ledger.services.projection_lag`)."""
+    behind = max(lag.values(), default=0)
+    if behind and all(n == behind for n in lag.values()) and behind >= WHOLE_HISTORY_FROM:
+        # Every checkpoint at 0 with a large store: the other process builds them from the whole history in one
+        # transaction, whose emptying of the tables the query's reads wait for.
+        err.print(f"note: another process is building the read models from the whole history ({behind:,} events); "
+                  "this answer waits until that build commits")
+        return
+    err.print(f"note: another process is applying events to the read models; this answer is from them as they "
+              f"stand, {behind:,} events behind the newest")
 
 
 @app.command()

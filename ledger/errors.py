@@ -141,6 +141,19 @@ class Busy(LedgerError):
         self.retry_after_s = retry_after_s
 
 
+class CheckpointsLocked(LedgerError):
+    """Another process holds the projections' checkpoint rows: it is applying events to the read models (a
+    ``replay``, ``serve``'s catch-up job or a watch worker), and the caller asked not to wait for it.
+
+    What this process applied before it found them locked stays committed (``applied`` events); the read models
+    are consistent at their checkpoints, only behind the newest event.
+    """
+
+    def __init__(self, *, applied: int) -> None:
+        super().__init__("another process is applying events to the read models (their checkpoints are locked)")
+        self.applied = applied
+
+
 class SchemaNotReady(LedgerError):
     """The database schema is missing or older than this code; run ``dra-ledger db upgrade``."""
 

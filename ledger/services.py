@@ -22,7 +22,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ledger.config import DEFAULT, LedgerConfig
-from ledger.errors import Conflict, Invalid, LedgerError, StoreUnavailable, StreamConflict, printable
+from ledger.errors import (
+    CheckpointsLocked,
+    Conflict,
+    Invalid,
+    LedgerError,
+    StoreUnavailable,
+    StreamConflict,
+    printable,
+)
 from ledger.events import NewEvent, RecordedEvent
 from ledger.projections import counts, queries, rollups, runner, settled, snapshots
 from ledger.projections import pending as pending_demand
@@ -616,7 +624,8 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 # --- projections ----------------------------------------------------------------------------------
 
 
-def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None) -> int:
+def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None,
+             wait: bool = True) -> int:
     """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Once the catch-ups through ``db`` have applied :data:`ANALYZE_AFTER_EVENTS` or more since it last analyzed
@@ -624,15 +633,24 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
     :func:`refresh_statistics` follows, which ``statistics`` is told about. Every catch-up of the services goes
     through here.
 
+    ``wait=False`` (the CLI's queries) does not wait for another process that is applying events itself (see
+    :func:`ledger.projections.runner.catch_up`).
+
     Raises:
+        CheckpointsLocked: ``wait`` is ``False`` and another process is applying events; the read models are
+            as it last committed them (plus ``applied`` events this call applied first).
         StoreUnavailable: the database cannot be reached (transient: projections resume from their
             checkpoints on the next call).
         ProjectionFailed: a batch of events could not be applied (a statement the database refused, an
             event a projection cannot take); the read models stay at their checkpoint, named in the error,
             and the next call retries from there.
     """
-    with unavailable_as_error():
-        applied = runner.catch_up(db.engine, progress=progress)
+    try:
+        with unavailable_as_error():
+            applied = runner.catch_up(db.engine, progress=progress, wait=wait)
+    except CheckpointsLocked as e:
+        db.unanalyzed_events += e.applied  # the other process analyzes after its own catch-up
+        raise
     # Counted over calls: a watch worker catches up a backlog in many small passes, one a second.
     db.unanalyzed_events += applied
     if db.unanalyzed_events >= ANALYZE_AFTER_EVENTS:

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from ledger.errors import LedgerError, ProjectionFailed
+from ledger.errors import CheckpointsLocked, LedgerError, ProjectionFailed
 from ledger.events import RecordedEvent
 from ledger.projections import counts
 from ledger.projections import whole_history as whole
@@ -45,6 +45,37 @@ def _lock_checkpoints(conn: Connection, names: Sequence[str]) -> dict[str, int]:
     rows = conn.execute(text("SELECT projection, position FROM checkpoints WHERE projection = ANY(:names) "
                              "ORDER BY projection FOR UPDATE"), {"names": list(names)}).all()
     return {str(r.projection): int(r.position) for r in rows}
+
+
+NO_WAIT_LOCK_TIMEOUT = "200ms"
+"""How long ``catch_up(wait=False)`` waits for the checkpoint rows (PostgreSQL ``lock_timeout`` syntax). Long
+enough to pass over the instant between two batches of another runner, when the rows are free; short against a
+whole-history build or a batch of the other runner in progress, which is what it does not wait for."""
+
+
+def _lock_checkpoints_or_stop(conn: Connection, names: Sequence[str], *, applied: int) -> dict[str, int]:
+    """:func:`_lock_checkpoints` waiting at most :data:`NO_WAIT_LOCK_TIMEOUT` for each lock, the rows' own and an
+    uncommitted insert of a missing row alike (another process's first catch-up).
+
+    Raises:
+        CheckpointsLocked: the wait ran out (``applied``: the events this catch-up applied before).
+    """
+    # Only these statements: restored after them, so the batch itself waits as long as the session allows
+    # (a rollup chunk it must wait for is short work, not another runner).
+    before = conn.execute(text("SELECT current_setting('lock_timeout')")).scalar_one()
+    conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": NO_WAIT_LOCK_TIMEOUT})
+    try:
+        positions = _lock_checkpoints(conn, names)
+    except OperationalError as e:
+        if getattr(e.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        raise CheckpointsLocked(applied=applied) from e
+    conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": before})
+    return positions
+
+
+LOCK_NOT_AVAILABLE = "55P03"
+"""SQLSTATE ``lock_not_available``: a statement's wait for a lock outlasted ``lock_timeout``."""
 
 
 def _apply_batch(conn: Connection, projections: Sequence[Projection], positions: dict[str, int],
@@ -85,7 +116,8 @@ statements cost about what a few batches do), and the test histories keep exerci
 
 
 def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 2000,
-             progress: Progress | None = None, whole_history_from: int = WHOLE_HISTORY_FROM) -> int:
+             progress: Progress | None = None, whole_history_from: int = WHOLE_HISTORY_FROM,
+             wait: bool = True) -> int:
     """Apply every event after each projection's checkpoint.
 
     Read models that have applied nothing yet (every checkpoint at 0) while the store already holds
@@ -102,11 +134,16 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         progress: called with the number of events applied after each batch (once for a whole-history build).
         whole_history_from: the store size, in events, from which read models that applied nothing are built
             from the whole history (``0``: never).
+        wait: ``False``: should another process hold the checkpoint rows (it is applying events: a replay's
+            catch-up, a whole-history build, ``serve``'s job) for more than :data:`NO_WAIT_LOCK_TIMEOUT`, stop
+            and raise :class:`~ledger.errors.CheckpointsLocked` instead of waiting until it commits (a
+            whole-history build of a large replay holds them for minutes); what was applied until then stays.
 
     Returns:
         How many events were applied (0 = already caught up).
 
     Raises:
+        CheckpointsLocked: ``wait`` is ``False`` and another process held the checkpoint rows.
         ProjectionFailed: a batch failed (a statement the database refused, or an event a projection could
             not take); it is rolled back with its checkpoints and retried from there on the next call (a
             bad event stops the projections, never is skipped).
@@ -122,7 +159,8 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         span: tuple[int, int] | None = None  # global positions: the checkpoint, the batch's last event
         try:
             with engine.begin() as conn:
-                positions = _lock_checkpoints(conn, names)
+                positions = _lock_checkpoints(conn, names) if wait else _lock_checkpoints_or_stop(conn, names,
+                                                                                                   applied=applied)
                 if may_build and not any(positions.values()):
                     built = _build_from_nothing(conn, projections, positions, from_events=whole_history_from,
                                                 progress=progress)
