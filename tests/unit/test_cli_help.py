@@ -52,7 +52,8 @@ def help_of(app: typer.Typer, words: list[str]) -> str:
 @pytest.mark.parametrize(("args", "said"), [
     (["occupancy", "-o", "csv"], "Invalid value for '--output' / '-o': 'csv' is not one of 'table', 'json'."),
     (["usage", "--from", "2026-11-02T09:00:00Z", "--to", "2026-11-02T10:00:00Z", "--group-by", "pool"],
-     "Invalid value for '--group-by': 'pool' is not one of 'team', 'namespace', 'deviceClass', 'model', 'node', 'cluster'."),
+     "Invalid value for '--group-by': 'pool' is not one of 'team', 'namespace', 'deviceClass', 'model', 'node', "
+     "'cluster'."),
     (["claims", "--state", "gone"],
      "Invalid value for '--state': 'gone' is not one of 'pending', 'allocated', 'deleted', 'all'."),
     (["report", "idle-claims", "-f", "xml"],
