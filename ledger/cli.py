@@ -41,9 +41,8 @@ from ledger import simulate_bounds as bounds
 from ledger.cli_typer import LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
-from ledger.errors import CheckpointsLocked, Invalid, LedgerError, printable
+from ledger.errors import Invalid, LedgerError, printable
 from ledger.projections.queries import rfc3339
-from ledger.projections.runner import WHOLE_HISTORY_FROM
 from ledger.recorded import LATEST_TIME_TEXT, SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
@@ -585,23 +584,26 @@ def replay(
     with reported_errors():
         translator = services.translator_settings(settings, load_config(config), config_path=config)
         db = services.open_ledger(settings)
-        try:
-            with _progress(_count_lines(files), "replay lines") as progress:
-                report = services.replay_files(
-                    db, files, cluster=cluster or settings.cluster, at=when,
-                    settings=translator, batch_size=settings.batch_size,
-                    progress=progress, catch_up=False)
-        except KeyboardInterrupt:
-            # Every committed batch stays; the run that follows skips it by digest.
-            err.print("interrupted: the batches committed so far are kept; run the same command again to record "
-                      "the rest (lines already recorded are skipped)")
-            raise typer.Exit(130) from None
-        try:
-            _catch_up_read_models(db)
-        except KeyboardInterrupt:
-            err.print("interrupted after every line was recorded: the read models catch up on the next command "
-                      "that reads them, and tables not analyzed yet are left to autovacuum")
-            raise typer.Exit(130) from None
+        # Held from the first line to the end of the catch-up: a query meanwhile answers from the read models as
+        # they stand (and says so) rather than applying this replay's events beside it.
+        with services.applying(db):
+            try:
+                with _progress(_count_lines(files), "replay lines") as progress:
+                    report = services.replay_files(
+                        db, files, cluster=cluster or settings.cluster, at=when,
+                        settings=translator, batch_size=settings.batch_size,
+                        progress=progress, catch_up=False)
+            except KeyboardInterrupt:
+                # Every committed batch stays; the run that follows skips it by digest.
+                err.print("interrupted: the batches committed so far are kept; run the same command again to "
+                          "record the rest (lines already recorded are skipped)")
+                raise typer.Exit(130) from None
+            try:
+                _catch_up_read_models(db)
+            except KeyboardInterrupt:
+                err.print("interrupted after every line was recorded: the read models catch up on the next command "
+                          "that reads them, and tables not analyzed yet are left to autovacuum")
+                raise typer.Exit(130) from None
     _print_report(report)
     if report.rejected:
         raise typer.Exit(1)
@@ -940,33 +942,38 @@ def _whole_page(body: JSONObject) -> JSONObject:
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
     """Open the ledger, bring the read models up to the newest event, and answer ``run``.
 
-    Should another process be applying events to the read models (a ``replay`` of a large file, ``serve``,
-    a watch worker), the query does not wait for it to finish: it answers from the read models as that
-    process last committed them and says on stderr how far behind the newest event they are.
+    Should another process be applying events to the read models (a ``replay``, ``serve``, a watch worker), the
+    query does not wait for it to finish, nor apply them beside it: it answers from the read models as they stand
+    and says on stderr how far behind the newest event they are (:func:`ledger.services.catch_up_for_query`).
+    A query that applies many events itself says so first.
     """
     if not settings.database_url:
         require_embedded_ledger(settings.data_dir)
     with reported_errors():
         db = services.open_ledger(settings)
-        try:
-            services.catch_up(db, wait=False)
-        except CheckpointsLocked:
-            _say_behind(services.projection_lag(db))
+        analyzed: list[tuple[Analyzed, float]] = []
+
+        def applying_from(missing: int) -> None:
+            if missing >= PROGRESS_MIN_LINES:
+                err.print(f"read models: applying {missing:,} events before answering ...")
+
+        behind = services.catch_up_for_query(db, applying_from=applying_from,
+                                             statistics=lambda done, seconds: analyzed.append((done, seconds)))
+        for done, seconds in analyzed:
+            _say_statistics(done, seconds)
+        if behind is not None:
+            _say_behind(behind)
         return run(db)
 
 
-def _say_behind(lag: Mapping[str, int]) -> None:
-    """Say on stderr that another process is applying events, and how many the read models lack (``lag``: events
-    per projection, from :func:`ledger.services.projection_lag`)."""
-    behind = max(lag.values(), default=0)
-    if behind and all(n == behind for n in lag.values()) and behind >= WHOLE_HISTORY_FROM:
-        # Every checkpoint at 0 with a large store: the other process builds them from the whole history in one
-        # transaction, whose emptying of the tables the query's reads wait for.
-        err.print(f"note: another process is building the read models from the whole history ({behind:,} events); "
-                  "this answer waits until that build commits")
+def _say_behind(behind: services.ReadModelsBehind) -> None:
+    """Say on stderr that another process is applying events, and how many the read models lack."""
+    if behind.rebuilding:
+        err.print("note: another process is rebuilding the read models (dra-ledger rebuild, or a first replay "
+                  "building them from the whole history); this answer waits until it commits")
         return
     err.print(f"note: another process is applying events to the read models; this answer is from them as they "
-              f"stand, {behind:,} events behind the newest")
+              f"stand, {behind.events:,} events behind the newest")
 
 
 @app.command()

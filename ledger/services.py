@@ -40,9 +40,9 @@ from ledger.projections.base import clusters as recorded_clusters
 from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
-from ledger.store import schema
+from ledger.store import locks, schema
 from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
-from ledger.store.locks import lock_rolled_hours
+from ledger.store.locks import lock_rolled_hours, others_applying
 from ledger.store.postgres import (
     EVICTED_PREFIXES,
     Analyzed,
@@ -625,7 +625,7 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None,
-             wait: bool = True) -> int:
+             wait: bool = True, until: int | None = None) -> int:
     """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Once the catch-ups through ``db`` have applied :data:`ANALYZE_AFTER_EVENTS` or more since it last analyzed
@@ -633,7 +633,8 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
     :func:`refresh_statistics` follows, which ``statistics`` is told about. Every catch-up of the services goes
     through here.
 
-    ``wait=False`` (the CLI's queries) does not wait for another process that is applying events itself (see
+    ``wait=False`` (the CLI's queries) does not wait for another process that is applying events itself, and
+    ``until`` (a global position) stops there rather than follow events appended meanwhile (see
     :func:`ledger.projections.runner.catch_up`).
 
     Raises:
@@ -647,7 +648,7 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
     """
     try:
         with unavailable_as_error():
-            applied = runner.catch_up(db.engine, progress=progress, wait=wait)
+            applied = runner.catch_up(db.engine, progress=progress, wait=wait, until=until)
     except CheckpointsLocked as e:
         db.unanalyzed_events += e.applied  # the other process analyzes after its own catch-up
         raise
@@ -661,6 +662,83 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
 
 _catch_up = catch_up
 """:func:`catch_up` under a second name, for :func:`replay_files`, whose ``catch_up`` flag hides the function."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadModelsBehind:
+    """Why a query answers from read models that lack events: another process is applying them (or recording
+    events it will apply, as a ``replay`` does), and the query did not wait for it.
+
+    ``events``: how many events the read models lack (the newest global position minus the lowest checkpoint).
+    ``rebuilding``: that process holds the read models' tables for a rebuild or a first whole-history build, so
+    reading them waits until it commits.
+    """
+
+    events: int
+    rebuilding: bool
+
+
+def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], None] | None = None,
+                       statistics: Statistics | None = None) -> ReadModelsBehind | None:
+    """Bring the read models up to the newest event as of this call before a query reads them, unless another
+    process is applying events: then leave them as they stand and say how far behind they are.
+
+    The CLI's queries call it. Another process applying events (a ``replay`` from its first line to its last, a
+    catch-up of ``serve``, ``watch`` or ``jobs``, a ``rebuild``) holds the applying marker
+    (:func:`ledger.store.locks.applying`); with the marker free, this call applies what is missing itself, up to
+    the newest global position it read first (never the events appended after), holding the marker so that a
+    second query does not join in. Should another runner take the checkpoint rows meanwhile, it stops there too.
+
+    Args:
+        applying_from: called with the number of events missing before this call applies them (a progress note).
+        statistics: as :func:`catch_up`.
+
+    Returns:
+        ``None``: the read models are at the newest event as of the call. Else what they lack and why.
+
+    Raises:
+        StoreUnavailable, ProjectionFailed: as :func:`catch_up`.
+    """
+    with unavailable_as_error(), db.reading() as conn:
+        head, lags = runner.head_and_lag_on(conn)
+    missing = max(lags.values(), default=0)
+    if not missing:
+        return None
+    if not others_applying_events(db):
+        if applying_from is not None:
+            applying_from(missing)
+        try:
+            catch_up(db, statistics=statistics, wait=False, until=head)
+            return None
+        except CheckpointsLocked:
+            pass
+    with unavailable_as_error(), db.reading() as conn:
+        _, lags = runner.head_and_lag_on(conn)
+        rebuilding = runner.tables_locked(conn)
+    return ReadModelsBehind(events=max(lags.values(), default=0), rebuilding=rebuilding)
+
+
+def others_applying_events(db: LedgerDatabase) -> bool:
+    """Whether another process holds the applying marker now (:func:`ledger.store.locks.others_applying`).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error():
+        return others_applying(db.engine)
+
+
+@contextmanager
+def applying(db: LedgerDatabase) -> Iterator[None]:
+    """Hold the applying marker while the block runs (:func:`ledger.store.locks.applying`): a ``replay`` holds it
+    from its first line to the end of its catch-up, so that CLI queries meanwhile answer at once from the read
+    models as they stand (:func:`catch_up_for_query`) instead of applying its events beside it.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), locks.applying(db.engine):
+        yield
 
 
 ANALYZE_AFTER_EVENTS = 20_000

@@ -26,6 +26,7 @@ from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
 from ledger.store.database import connection_lost
+from ledger.store.locks import applying
 from ledger.store.postgres import first_line, read_all
 from ledger.types import GlobalPosition
 
@@ -117,7 +118,7 @@ statements cost about what a few batches do), and the test histories keep exerci
 
 def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 2000,
              progress: Progress | None = None, whole_history_from: int = WHOLE_HISTORY_FROM,
-             wait: bool = True) -> int:
+             wait: bool = True, until: int | None = None) -> int:
     """Apply every event after each projection's checkpoint.
 
     Read models that have applied nothing yet (every checkpoint at 0) while the store already holds
@@ -138,6 +139,11 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
             catch-up, a whole-history build, ``serve``'s job) for more than :data:`NO_WAIT_LOCK_TIMEOUT`, stop
             and raise :class:`~ledger.errors.CheckpointsLocked` instead of waiting until it commits (a
             whole-history build of a large replay holds them for minutes); what was applied until then stays.
+        until: stop once every checkpoint is at or past this global position (a query's head when it started),
+            rather than follow the events another process keeps appending; ``None``: the newest event.
+
+    While it runs it holds the applying marker (``ledger.store.locks.applying``), so that a CLI query that finds
+    the marker held does not start applying the same events too.
 
     Returns:
         How many events were applied (0 = already caught up).
@@ -150,6 +156,14 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         sqlalchemy.exc.SQLAlchemyError: the database could not be reached (``connection_lost``), or reading
             the checkpoints or the events failed.
     """
+    with applying(engine):
+        return _catch_up(engine, projections=projections, batch_size=batch_size, progress=progress,
+                         whole_history_from=whole_history_from, wait=wait, until=until)
+
+
+def _catch_up(engine: Engine, *, projections: Sequence[Projection], batch_size: int, progress: Progress | None,
+              whole_history_from: int, wait: bool, until: int | None) -> int:
+    """:func:`catch_up`'s loop, run while the caller holds the applying marker."""
     names = [p.name for p in projections]
     applied = 0
     # Asked once, in the first transaction, and only when every checkpoint is 0: read models already built pay
@@ -169,7 +183,11 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
                         continue  # committed; the batches apply what was appended since
                 may_build = False
                 after = min(positions.values())
+                if until is not None and after >= until:
+                    return applied
                 batch = read_all(conn, after=GlobalPosition(after), limit=batch_size, with_source=False)
+                if until is not None:
+                    batch = [e for e in batch if e.global_position <= until]
                 if not batch:
                     return applied
                 span = (after, batch[-1].global_position)
@@ -245,7 +263,9 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
             models and checkpoints stay (a bad event stops the rebuild, never is skipped).
     """
     applied = 0
-    with engine.begin() as conn:
+    # The applying marker too, as catch_up holds it: a CLI query then answers at once, saying the read models are
+    # being rebuilt, instead of trying to catch them up.
+    with applying(engine), engine.begin() as conn:
         names = [p.name for p in projections]
         positions = _lock_checkpoints(conn, names)
         _reset(conn, projections, positions)
@@ -303,9 +323,34 @@ def lag(engine: Engine) -> dict[str, int]:
         return lag_on(conn)
 
 
+def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> bool:
+    """Whether another transaction holds a lock that keeps reads off a table of ``projections`` now (the ACCESS
+    EXCLUSIVE lock of a ``TRUNCATE``: a rebuild, or a first catch-up building the read models from the whole
+    history, until it commits); never waits.
+
+    Asked with ``LOCK TABLE ... IN ACCESS SHARE MODE NOWAIT``, the lock a read takes, in the caller's transaction
+    (a savepoint, so a refusal leaves the transaction usable; the caller ends the transaction, which releases it).
+    """
+    tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
+    try:
+        with conn.begin_nested():
+            conn.execute(text(f"LOCK TABLE {tables} IN ACCESS SHARE MODE NOWAIT"))
+    except OperationalError as e:
+        if getattr(e.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        return True
+    return False
+
+
 def lag_on(conn: Connection) -> dict[str, int]:
     """:func:`lag` on an open connection."""
+    return head_and_lag_on(conn)[1]
+
+
+def head_and_lag_on(conn: Connection) -> tuple[int, dict[str, int]]:
+    """The newest global position (0 for no events) and :func:`lag` per projection, read in one snapshot when
+    ``conn``'s transaction is REPEATABLE READ."""
     head = int(conn.execute(text("SELECT coalesce(max(global_position), 0) FROM events")).scalar_one())
     rows = conn.execute(text("SELECT projection, position FROM checkpoints")).all()
     known = {str(r.projection): int(r.position) for r in rows}
-    return {p.name: head - known.get(p.name, 0) for p in ALL}
+    return head, {p.name: head - known.get(p.name, 0) for p in ALL}

@@ -10,15 +10,20 @@ takes a transaction-level advisory lock before its first read: a second run wait
 reads what it committed and replaces it with the same rows.
 
 Keys are "LEDGER" (0x4C4544474552) followed by a 16-bit number, one number per lock of the ledger:
-1 ``ledger.store.schema.MIGRATION_LOCK_KEY``, 2 ``ledger.store.postgres.APPEND_LOCK_KEY``, 3 and 4 below. Every
-lock is ``pg_advisory_xact_lock``: released at commit or rollback, never left behind by a crashed process, and
-taken again harmlessly by a transaction that already holds it. No privilege is needed (the runtime role of
-SECURITY.md takes them).
+1 ``ledger.store.schema.MIGRATION_LOCK_KEY``, 2 ``ledger.store.postgres.APPEND_LOCK_KEY``, 3 to 5 below. Every
+lock but 5 is ``pg_advisory_xact_lock``: released at commit or rollback, never left behind by a crashed process, and
+taken again harmlessly by a transaction that already holds it. Lock 5, the applying marker, is a session lock held
+across transactions (:func:`applying`); it too ends with the session of a crashed process. No privilege is needed
+(the runtime role of SECURITY.md takes them).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 ROLLUP_LOCK_KEY = 0x4C45444745520003
 """Advisory lock key of the rolled hours ("LEDGER" + 3): tables ``usage_rollups`` and ``usage_rollups_by_team``."""
@@ -53,3 +58,51 @@ def lock_report_snapshots(conn: Connection) -> None:
     ``reporting.quota_usage`` and ``reporting.pending_demand``); in turn, the second replaces the first.
     """
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SNAPSHOT_LOCK_KEY})
+
+
+APPLYING_LOCK_KEY = 0x4C45444745520005
+"""Advisory lock key of the applying marker ("LEDGER" + 5), held shared by every process while it applies events to
+the read models, or records events it will apply once recorded (a ``replay``)."""
+
+
+@contextmanager
+def applying(engine: Engine) -> Iterator[None]:
+    """Hold the applying marker (:data:`APPLYING_LOCK_KEY`, shared) while the block runs, on a pooled connection of
+    its own; waits only while :func:`others_applying` of another process probes it (an instant).
+
+    Invariant protected: a CLI query that finds the marker free knows no other process is applying events at that
+    moment, so it may apply the missing ones itself; one that finds it held answers from the read models as they
+    stand rather than waiting for a catch-up of unknown length (or joining it, batch by batch). Shared, so appliers
+    never wait for each other here (their batches still take turns on the checkpoint rows).
+
+    The lock is session-level: taken and committed at once, so no transaction stays open for the block's length,
+    and released at the end (the connection is discarded instead if that fails, which ends its session and so the
+    lock). Nested use in one process takes it again on another connection: shared locks do not conflict.
+    """
+    conn = engine.connect()
+    try:
+        conn.execute(text("SELECT pg_advisory_lock_shared(:key)"), {"key": APPLYING_LOCK_KEY})
+        conn.commit()
+        yield
+    finally:
+        try:
+            conn.execute(text("SELECT pg_advisory_unlock_shared(:key)"), {"key": APPLYING_LOCK_KEY})
+            conn.commit()
+        except DBAPIError:
+            conn.invalidate()  # its session ends, and the lock with it: never back to the pool holding it
+        conn.close()
+
+
+def others_applying(engine: Engine) -> bool:
+    """Whether another session holds the applying marker (:func:`applying`) now; never waits.
+
+    Probed by taking the marker exclusively with ``pg_try_advisory_lock`` and, when that succeeds (nobody holds
+    it), letting it go at once. Call it only while this process does not hold the marker itself (it would see
+    its own).
+    """
+    with engine.connect() as conn:
+        free = bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": APPLYING_LOCK_KEY}).scalar_one())
+        if free:
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": APPLYING_LOCK_KEY})
+        conn.commit()
+    return not free
