@@ -1013,7 +1013,9 @@ class GroupBy(enum.StrEnum):
 @app.command()
 def usage(start: Annotated[str, typer.Option("--from", help="Window start (RFC 3339).")],
           end: Annotated[str, typer.Option("--to", help="Window end, exclusive (RFC 3339).")],
-          group_by: Annotated[GroupBy, choice_option(GroupBy, "--group-by")] = GroupBy.team,
+          group_by: Annotated[GroupBy, choice_option(
+              GroupBy, "--group-by", help="Group rows by this key; every key but cluster adds the clusters' "
+              "device-hours together (give --cluster for one cluster).")] = GroupBy.team,
           step: Annotated[str | None, typer.Option(
               "--step", help="Split the window into buckets this long (ISO 8601 duration such as PT1H, or "
               "seconds); the last bucket ends at --to.")] = None,

@@ -145,3 +145,10 @@ def test_no_usage_line_marks_an_argument_with_braces() -> None:
 
     assert len(usages) > 15
     assert [usage for usage in usages if "{" in usage or "}" in usage] == []
+
+
+def test_the_group_by_option_says_which_groupings_add_clusters_together() -> None:
+    text = " ".join(rows(help_of(cli.app, ["usage"])))
+
+    assert "Group rows by this key; every key but cluster adds the clusters' device-hours together (give --cluster " \
+        "for one cluster)." in text
