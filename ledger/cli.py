@@ -963,6 +963,8 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
             _say_statistics(done, seconds)
         if behind is not None:
             _say_behind(behind)
+            if behind.rebuilding:
+                services.wait_for_rebuild(db)  # then the query's snapshot holds the rebuilt rows
         return run(db)
 
 

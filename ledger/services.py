@@ -702,9 +702,11 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     with unavailable_as_error(), db.reading() as conn:
         head, lags = runner.head_and_lag_on(conn)
     missing = max(lags.values(), default=0)
-    if not missing:
-        return None
+    # The marker is asked even with nothing missing: a rebuild of read models that were up to date shows no lag
+    # (its checkpoints' reset is not committed), yet its tables are held until it commits.
     if not others_applying_events(db):
+        if not missing:
+            return None
         if applying_from is not None:
             applying_from(missing)
         try:
@@ -715,7 +717,24 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     with unavailable_as_error(), db.reading() as conn:
         _, lags = runner.head_and_lag_on(conn)
         rebuilding = runner.tables_locked(conn)
-    return ReadModelsBehind(events=max(lags.values(), default=0), rebuilding=rebuilding)
+    behind = max(lags.values(), default=0)
+    if not behind and not rebuilding:
+        return None
+    return ReadModelsBehind(events=behind, rebuilding=rebuilding)
+
+
+def wait_for_rebuild(db: LedgerDatabase) -> None:
+    """Return once no rebuild holds the read models' tables (:attr:`ReadModelsBehind.rebuilding`): a query started
+    after that reads the rebuilt rows.
+
+    Why: ``TRUNCATE`` is not MVCC-safe. A query whose snapshot was taken before a rebuild committed (occupancy
+    reads its counts first) and that then waited for the tables saw them empty after the commit: 0 devices.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), db.reading() as conn:
+        runner.wait_for_tables(conn)
 
 
 def others_applying_events(db: LedgerDatabase) -> bool:

@@ -342,6 +342,13 @@ def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> 
     return False
 
 
+def wait_for_tables(conn: Connection, projections: Sequence[Projection] = ALL) -> None:
+    """Wait until no other transaction holds a lock that keeps reads off a table of ``projections`` (see
+    :func:`tables_locked`), by taking the lock a read takes in the caller's transaction; the caller ends it."""
+    tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
+    conn.execute(text(f"LOCK TABLE {tables} IN ACCESS SHARE MODE"))
+
+
 def lag_on(conn: Connection) -> dict[str, int]:
     """:func:`lag` on an open connection."""
     return head_and_lag_on(conn)[1]

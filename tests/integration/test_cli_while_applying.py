@@ -200,3 +200,29 @@ def test_a_replay_holds_the_applying_marker_from_its_first_line_and_a_query_mean
     assert query.stderr == _behind_note(recorded)
     assert not services.others_applying_events(ledger.db)  # released at the end of the replay
     assert max(services.projection_lag(ledger.db).values()) == 0
+
+
+def test_a_query_during_a_rebuild_of_current_read_models_says_it_waits_and_answers_the_rebuilt_rows(
+        ledger: LedgerHandle) -> None:
+    ledger.replay(HISTORIES / "seed-lab.jsonl")  # nothing missing: a rebuild's reset of the checkpoints is uncommitted
+    # What a rebuild does in its transaction: the marker, then the tables emptied and filled again, committed later.
+    with ledger.engine.connect() as rebuild:
+        rebuild.execute(text(f"SELECT pg_advisory_lock_shared({APPLYING_LOCK_KEY})"))
+        rebuild.execute(text("CREATE TEMPORARY TABLE kept ON COMMIT DROP AS SELECT * FROM device_inventory"))
+        rebuild.execute(text("TRUNCATE device_inventory"))
+        rebuild.execute(text("INSERT INTO device_inventory OVERRIDING SYSTEM VALUE SELECT * FROM kept"))
+        thread, done = _invoke_aside(_occupancy_args(ledger))
+        thread.join(3.0)
+        waiting = thread.is_alive()
+        rebuild.commit()
+        rebuild.execute(text("SELECT pg_advisory_unlock_all()"))
+        rebuild.commit()
+    thread.join(WAIT_S)
+
+    assert waiting
+    [result] = done
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("note: another process is rebuilding the read models")
+    # A snapshot taken before the commit saw the truncated table empty after it (0 devices).
+    body: Any = json.loads(result.stdout)
+    assert (body["totals"]["devices"], body["totals"]["allocated"], len(body["devices"])) == (8, 6, 8)
