@@ -61,22 +61,28 @@ def _lock_checkpoints_or_stop(conn: Connection, names: Sequence[str], *, applied
     Raises:
         CheckpointsLocked: the wait ran out (``applied``: the events this catch-up applied before).
     """
-    # Only these statements: restored after them, so the batch itself waits as long as the session allows
-    # (a rollup chunk it must wait for is short work, not another runner).
-    before = conn.execute(text("SELECT current_setting('lock_timeout')")).scalar_one()
-    conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": NO_WAIT_LOCK_TIMEOUT})
+    # Only these statements: back to the session's default after them, so the batch itself waits as long as the
+    # session allows (a rollup chunk it must wait for is short work, not another runner).
+    conn.execute(text(f"SET LOCAL lock_timeout = '{NO_WAIT_LOCK_TIMEOUT}'"))
     try:
         positions = _lock_checkpoints(conn, names)
     except OperationalError as e:
-        if getattr(e.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+        if not _lock_not_available(e):
             raise
         raise CheckpointsLocked(applied=applied) from e
-    conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": before})
+    conn.execute(text("SET LOCAL lock_timeout TO DEFAULT"))
     return positions
 
 
-LOCK_NOT_AVAILABLE = "55P03"
-"""SQLSTATE ``lock_not_available``: a statement's wait for a lock outlasted ``lock_timeout``."""
+def _lock_not_available(error: OperationalError) -> bool:
+    """Whether ``error`` is PostgreSQL's ``lock_not_available`` (SQLSTATE 55P03): a lock not granted within
+    ``lock_timeout``, or at once under ``NOWAIT``."""
+    return getattr(error.orig, "sqlstate", None) == "55P03"
+
+
+def _table_names(projections: Sequence[Projection]) -> str:
+    """The tables of ``projections``, comma-separated for a ``TRUNCATE`` or ``LOCK TABLE`` statement."""
+    return ", ".join(tbl.name for p in projections for tbl in p.tables)
 
 
 def _apply_batch(conn: Connection, projections: Sequence[Projection], positions: dict[str, int],
@@ -285,7 +291,7 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
     """Empty the read models ``projections`` and what is derived from them, and set their checkpoints to 0 (the
     caller holds the checkpoint rows)."""
     names = [p.name for p in projections]
-    tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
+    tables = _table_names(projections)
     if COUNTED & set(names):
         # Before the TRUNCATE: a refresh holds the coverage rows and then reads these tables, so taking the
         # rows first keeps one lock order (the hourly job then computes the counts again).
@@ -331,12 +337,11 @@ def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> 
     Asked with ``LOCK TABLE ... IN ACCESS SHARE MODE NOWAIT``, the lock a read takes, in the caller's transaction
     (a savepoint, so a refusal leaves the transaction usable; the caller ends the transaction, which releases it).
     """
-    tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
     try:
         with conn.begin_nested():
-            conn.execute(text(f"LOCK TABLE {tables} IN ACCESS SHARE MODE NOWAIT"))
+            conn.execute(text(f"LOCK TABLE {_table_names(projections)} IN ACCESS SHARE MODE NOWAIT"))
     except OperationalError as e:
-        if getattr(e.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+        if not _lock_not_available(e):
             raise
         return True
     return False
@@ -345,8 +350,7 @@ def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> 
 def wait_for_tables(conn: Connection, projections: Sequence[Projection] = ALL) -> None:
     """Wait until no other transaction holds a lock that keeps reads off a table of ``projections`` (see
     :func:`tables_locked`), by taking the lock a read takes in the caller's transaction; the caller ends it."""
-    tables = ", ".join(tbl.name for p in projections for tbl in p.tables)
-    conn.execute(text(f"LOCK TABLE {tables} IN ACCESS SHARE MODE"))
+    conn.execute(text(f"LOCK TABLE {_table_names(projections)} IN ACCESS SHARE MODE"))
 
 
 def lag_on(conn: Connection) -> dict[str, int]:
