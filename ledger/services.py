@@ -704,7 +704,8 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     missing = max(lags.values(), default=0)
     # The marker is asked even with nothing missing: a rebuild of read models that were up to date shows no lag
     # (its checkpoints' reset is not committed), yet its tables are held until it commits.
-    if not others_applying_events(db):
+    busy = others_applying_events(db)
+    if not busy:
         if not missing:
             return None
         if applying_from is not None:
@@ -715,12 +716,12 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
         except CheckpointsLocked:
             pass
     with unavailable_as_error(), db.reading() as conn:
-        _, lags = runner.head_and_lag_on(conn)
+        if not busy:
+            missing = max(runner.head_and_lag_on(conn)[1].values(), default=0)  # this call applied some first
         rebuilding = runner.tables_locked(conn)
-    behind = max(lags.values(), default=0)
-    if not behind and not rebuilding:
+    if not missing and not rebuilding:
         return None
-    return ReadModelsBehind(events=behind, rebuilding=rebuilding)
+    return ReadModelsBehind(events=missing, rebuilding=rebuilding)
 
 
 def wait_for_rebuild(db: LedgerDatabase) -> None:
