@@ -962,9 +962,7 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
         for done, seconds in analyzed:
             _say_statistics(done, seconds)
         if behind is not None:
-            _say_behind(behind)
-            if behind.rebuilding:
-                services.wait_for_rebuild(db)  # then the query's snapshot holds the rebuilt rows
+            _say_behind(behind)  # a rebuild's tables: the query's statements wait for its commit
         return run(db)
 
 

@@ -724,20 +724,6 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     return ReadModelsBehind(events=missing, rebuilding=rebuilding)
 
 
-def wait_for_rebuild(db: LedgerDatabase) -> None:
-    """Return once no rebuild holds the read models' tables (:attr:`ReadModelsBehind.rebuilding`): a query started
-    after that reads the rebuilt rows.
-
-    Why: ``TRUNCATE`` is not MVCC-safe. A query whose snapshot was taken before a rebuild committed (occupancy
-    reads its counts first) and that then waited for the tables saw them empty after the commit: 0 devices.
-
-    Raises:
-        StoreUnavailable: the database cannot be reached.
-    """
-    with unavailable_as_error(), db.reading() as conn:
-        runner.wait_for_tables(conn)
-
-
 def others_applying_events(db: LedgerDatabase) -> bool:
     """Whether another process holds the applying marker now (:func:`ledger.store.locks.others_applying`).
 
@@ -906,6 +892,10 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 
 # --- queries (read models only; the bodies the CLI prints and the API returns) --------------------
 
+_READ_MODEL_TABLES = runner.table_names()
+"""What a REPEATABLE READ query locks before its snapshot, so that it never reads a rebuild's truncated tables
+empty (:meth:`ledger.store.database.LedgerDatabase.snapshot`)."""
+
 
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
                   driver: str | None = None, pool: str | None = None, device_class: str | None = None,
@@ -921,7 +911,7 @@ def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = Non
         UnknownDeviceClass: ``device_class`` is not defined at ``at``.
         StoreUnavailable: the database cannot be reached.
     """
-    with db.snapshot() as conn:
+    with db.snapshot(tables=_READ_MODEL_TABLES) as conn:
         return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
                                      device_class=device_class, overrides=config.teams.overrides)
 
@@ -983,7 +973,7 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
     hit = _OCCUPANCY_CACHE.get(key)
     if hit is not None and hit.checkpoints == checkpoints and (hit.settled_at is None or at >= hit.settled_at):
         return queries.OccupancyPage(body={**hit.page.body, "at": rfc3339(at)}, next_after=hit.page.next_after)
-    with _OCCUPANCY_LOCK, db.snapshot() as conn:
+    with _OCCUPANCY_LOCK, db.snapshot(tables=_READ_MODEL_TABLES) as conn:
         # One snapshot for the version and the page, so the page is exactly the one of those checkpoints.
         version = settled.read_version(conn)
         members: frozenset[DeviceSortKey] | None = None

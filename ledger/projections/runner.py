@@ -80,9 +80,15 @@ def _lock_not_available(error: OperationalError) -> bool:
     return getattr(error.orig, "sqlstate", None) == "55P03"
 
 
+def table_names(projections: Sequence[Projection] = ALL) -> list[str]:
+    """The tables of ``projections`` (default: every read model's), in projection order: what :func:`rebuild`
+    empties with ``TRUNCATE`` (see :meth:`ledger.store.database.LedgerDatabase.snapshot`)."""
+    return [tbl.name for p in projections for tbl in p.tables]
+
+
 def _table_names(projections: Sequence[Projection]) -> str:
     """The tables of ``projections``, comma-separated for a ``TRUNCATE`` or ``LOCK TABLE`` statement."""
-    return ", ".join(tbl.name for p in projections for tbl in p.tables)
+    return ", ".join(table_names(projections))
 
 
 def _apply_batch(conn: Connection, projections: Sequence[Projection], positions: dict[str, int],
@@ -241,8 +247,9 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
             progress: Progress | None = None, set_based: bool = True, whole_history: bool = True) -> int:
     """Rebuild read models from global position 0 in one transaction and swap them in at commit.
 
-    Readers keep seeing the old rows until the commit (PostgreSQL MVCC; TRUNCATE takes an ACCESS
-    EXCLUSIVE lock, so readers wait for the commit rather than see a half-built model).
+    Readers never see a half-built model: the TRUNCATE's ACCESS EXCLUSIVE lock makes them wait for the commit,
+    then they read the rebuilt rows. A REPEATABLE READ reader must take its table locks before its snapshot
+    (:meth:`ledger.store.database.LedgerDatabase.snapshot` does), as TRUNCATE is not MVCC-safe.
 
     Three ways, one result (tests compare them row for row, and with live catch-up):
 
@@ -345,12 +352,6 @@ def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> 
             raise
         return True
     return False
-
-
-def wait_for_tables(conn: Connection, projections: Sequence[Projection] = ALL) -> None:
-    """Wait until no other transaction holds a lock that keeps reads off a table of ``projections`` (see
-    :func:`tables_locked`), by taking the lock a read takes in the caller's transaction; the caller ends it."""
-    conn.execute(text(f"LOCK TABLE {_table_names(projections)} IN ACCESS SHARE MODE"))
 
 
 def lag_on(conn: Connection) -> dict[str, int]:

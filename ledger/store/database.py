@@ -274,9 +274,17 @@ class LedgerDatabase:
             raise Invalid(f"a parameter cannot be used: {first_line(e)}") from e
 
     @contextmanager
-    def snapshot(self) -> Iterator[Connection]:
+    def snapshot(self, *, tables: Sequence[str]) -> Iterator[Connection]:
         """A connection inside one REPEATABLE READ transaction: every statement sees the same snapshot
         (a page and its totals, or a cached body and the version it was computed at, agree).
+
+        Args:
+            tables: every table the block reads that a rebuild empties with ``TRUNCATE`` (the read models').
+                Their ACCESS SHARE locks are taken first, waiting for a rebuild to commit: ``LOCK TABLE`` takes
+                no snapshot, and the snapshot is fixed by the next statement, so it holds the rebuilt rows.
+                Why: ``TRUNCATE`` is not MVCC-safe. A snapshot taken before a rebuild commits, by a block
+                whose first statement reads a table the rebuild left alone (the checkpoints), sees the
+                truncated tables empty after the commit: occupancy answered 0 devices.
 
         Raises:
             StoreUnavailable: the database cannot be reached.
@@ -285,6 +293,9 @@ class LedgerDatabase:
         with self.reading() as conn:
             conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
+                if tables:
+                    # Names from ledger.store.tables, never from input.
+                    conn.execute(text(f"LOCK TABLE {', '.join(tables)} IN ACCESS SHARE MODE"))
                 yield conn
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
