@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import importlib.metadata
 import importlib.resources
+import logging
 import os
 import shutil
 import signal
@@ -33,7 +34,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy import QueuePool
+from sqlalchemy.exc import OperationalError, ProgrammingError, SQLAlchemyError
 
 import ledger
 from ledger import services
@@ -305,6 +307,56 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
     return base.model_copy(update=updates)
 
 
+def caused_by_ctrl_c(error: BaseException) -> bool:
+    """Whether Ctrl-C is behind ``error``: a ``KeyboardInterrupt`` is ``error`` or in its chain (``__cause__``, else
+    ``__context__``).
+
+    Why: Ctrl-C that stops psycopg while it reads a result or a ``COPY`` can leave the connection unable to run the
+    rollback that follows. SQLAlchemy's rollback then raises ``OperationalError`` ("another command is already in
+    progress"), which the services report as ``StoreUnavailable``, and the ``KeyboardInterrupt`` is left only as
+    that error's context: the command would say the database is unavailable instead of interrupted.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
+
+
+@contextmanager
+def interrupt_said(message: str) -> Iterator[None]:
+    """Ctrl-C inside the block: ``message`` on stderr and exit code 130 (Typer alone exits 130 without a word), also
+    when the interrupt surfaced as a database error (:func:`caused_by_ctrl_c`).
+
+    Raises:
+        typer.Exit: code 130, after the message.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(message, soft_wrap=True)
+        raise typer.Exit(130) from None
+    except (LedgerError, SQLAlchemyError) as e:
+        if not caused_by_ctrl_c(e):
+            raise
+        err.print(message, soft_wrap=True)
+        raise typer.Exit(130) from None
+
+
+class CtrlCResetFilter(logging.Filter):
+    """Drops the connection pool's "Exception during reset or similar" record when Ctrl-C caused the failed reset
+    (:func:`caused_by_ctrl_c`): its traceback would bury the command's own "interrupted" line. Installed on the
+    pool's logger by :func:`main`; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` for a record whose exception Ctrl-C caused, else ``True``."""
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or not caused_by_ctrl_c(error)
+
+
 @contextmanager
 def reported_errors() -> Iterator[None]:
     """Turn the errors a command may meet into one line on stderr and exit code 2, never a traceback.
@@ -313,25 +365,33 @@ def reported_errors() -> Iterator[None]:
     ``cannot use the database: <first line>``; ``ProgrammingError`` (refused SQL): ``the database refused: ...``,
     with a hint when rights are missing.
 
+    An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt``: the command's
+    own handler, or Typer's exit code 130, deals with it as with any Ctrl-C.
+
     Raises:
         typer.Exit: code 2, after the line is written.
+        KeyboardInterrupt: see above.
     """
     try:
         yield
-    except LedgerError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
-    except OperationalError as e:
-        # Unreachable server, bad credentials, database missing: say so without a traceback.
-        first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-        typer.echo(f"error: cannot use the database: {first}", err=True)
-        raise typer.Exit(2) from e
-    except ProgrammingError as e:
-        # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
-        first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
-        hint = " (run `dra-ledger db upgrade` as the database owner)" if "permission denied" in first else ""
-        typer.echo(f"error: the database refused: {first}{hint}", err=True)
-        raise typer.Exit(2) from e
+    except (LedgerError, SQLAlchemyError) as e:
+        if caused_by_ctrl_c(e):
+            raise KeyboardInterrupt from e
+        if isinstance(e, LedgerError):
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e
+        if isinstance(e, OperationalError):
+            # Unreachable server, bad credentials, database missing: say so without a traceback.
+            first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+            typer.echo(f"error: cannot use the database: {first}", err=True)
+            raise typer.Exit(2) from e
+        if isinstance(e, ProgrammingError):
+            # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
+            first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
+            hint = " (run `dra-ledger db upgrade` as the database owner)" if "permission denied" in first else ""
+            typer.echo(f"error: the database refused: {first}{hint}", err=True)
+            raise typer.Exit(2) from e
+        raise
 
 
 @contextmanager
@@ -386,10 +446,15 @@ def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None] |
         def advance(n: int) -> None:
             nonlocal done
             done += n
-            update(done, total)
+            update(min(done, total), total)  # a catch-up also applies events appended after it began
 
         update(0, total)
         yield advance
+
+
+CATCH_UP_LABEL = "events applied"
+"""Label of the progress bar (or, off a terminal, of the lines) of a catch-up of :data:`PROGRESS_MIN_LINES` events
+or more."""
 
 
 def _catch_up_read_models(db: LedgerDatabase) -> None:
@@ -401,7 +466,9 @@ def _catch_up_read_models(db: LedgerDatabase) -> None:
         err.print(f"read models: applying {lag:,} events ...")
     started = time.monotonic()
     analyzed: list[tuple[Analyzed, float]] = []  # said after the read models' line, which it follows
-    applied = services.catch_up(db, statistics=lambda done, seconds: analyzed.append((done, seconds)))
+    with _progress(lag, CATCH_UP_LABEL) as progress:
+        applied = services.catch_up(db, progress=progress,
+                                    statistics=lambda done, seconds: analyzed.append((done, seconds)))
     if lag >= PROGRESS_MIN_LINES:
         applying = time.monotonic() - started - sum(seconds for _, seconds in analyzed)
         err.print(f"read models: {applied:,} events applied in {applying:.1f} s")
@@ -587,23 +654,17 @@ def replay(
         # Held from the first line to the end of the catch-up: a query meanwhile answers from the read models as
         # they stand (and says so) rather than applying this replay's events beside it.
         with services.applying(db):
-            try:
-                with _progress(_count_lines(files), "replay lines") as progress:
-                    report = services.replay_files(
-                        db, files, cluster=cluster or settings.cluster, at=when,
-                        settings=translator, batch_size=settings.batch_size,
-                        progress=progress, catch_up=False)
-            except KeyboardInterrupt:
-                # Every committed batch stays; the run that follows skips it by digest.
-                err.print("interrupted: the batches committed so far are kept; run the same command again to "
-                          "record the rest (lines already recorded are skipped)")
-                raise typer.Exit(130) from None
-            try:
+            # Every committed batch stays; the run that follows skips it by digest.
+            with interrupt_said("interrupted: the batches committed so far are kept; run the same command again to "
+                                "record the rest (lines already recorded are skipped)"), \
+                    _progress(_count_lines(files), "replay lines") as progress:
+                report = services.replay_files(
+                    db, files, cluster=cluster or settings.cluster, at=when,
+                    settings=translator, batch_size=settings.batch_size,
+                    progress=progress, catch_up=False)
+            with interrupt_said("interrupted after every line was recorded: the read models catch up on the next "
+                                "command that reads them, and tables not analyzed yet are left to autovacuum"):
                 _catch_up_read_models(db)
-            except KeyboardInterrupt:
-                err.print("interrupted after every line was recorded: the read models catch up on the next command "
-                          "that reads them, and tables not analyzed yet are left to autovacuum")
-                raise typer.Exit(130) from None
     _print_report(report)
     if report.rejected:
         raise typer.Exit(1)
@@ -939,6 +1000,11 @@ def _whole_page(body: JSONObject) -> JSONObject:
     return {**body, "nextPageToken": None}
 
 
+INTERRUPTED_APPLYING = ("interrupted while applying events to the read models: the batches applied so far are kept "
+                        "with their checkpoints; the next command applies the rest")
+"""What a query says when Ctrl-C stops it while it brings the read models up to date (exit code 130)."""
+
+
 def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> JSONObject:
     """Open the ledger, bring the read models up to the newest event, and answer ``run``.
 
@@ -953,17 +1019,29 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
         db = services.open_ledger(settings)
         analyzed: list[tuple[Analyzed, float]] = []
 
-        def applying_from(missing: int) -> None:
+        missing = applied = 0
+
+        def applying_from(events: int) -> None:
+            nonlocal missing
+            missing = events
             if missing >= PROGRESS_MIN_LINES:
                 err.print(f"read models: applying {missing:,} events before answering ...")
 
-        behind = services.catch_up_for_query(db, applying_from=applying_from,
-                                             statistics=lambda done, seconds: analyzed.append((done, seconds)))
+        with interrupt_said(INTERRUPTED_APPLYING), progress_bar(CATCH_UP_LABEL, min_total=PROGRESS_MIN_LINES) as bar:
+
+            def advance(events: int) -> None:
+                nonlocal applied
+                applied += events
+                bar(min(applied, missing), missing)
+
+            behind = services.catch_up_for_query(db, applying_from=applying_from, progress=advance,
+                                                 statistics=lambda done, seconds: analyzed.append((done, seconds)))
         for done, seconds in analyzed:
             _say_statistics(done, seconds)
         if behind is not None:
             _say_behind(behind)  # a rebuild's tables: the query's statements wait for its commit
-        return run(db)
+        with interrupt_said("interrupted"):
+            return run(db)
 
 
 def _say_behind(behind: services.ReadModelsBehind) -> None:
@@ -1484,6 +1562,9 @@ def main() -> None:
     their signatures, ends the process with exit code 130 and one line, as Ctrl-C inside a command does, instead
     of a traceback of whatever was running. (Inside a command, Click or the command itself handles it first.)
     """
+    # The pool logs the failed reset of a connection that Ctrl-C left mid-COPY with a traceback; the command says
+    # "interrupted" itself. (A filter applies to the records of its own logger: the pool class's.)
+    logging.getLogger(f"{QueuePool.__module__}.{QueuePool.__name__}").addFilter(CtrlCResetFilter())
     try:
         _load_plugins()
         app()

@@ -679,6 +679,7 @@ class ReadModelsBehind:
 
 
 def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], None] | None = None,
+                       progress: Progress | None = None,
                        statistics: Statistics | None = None) -> ReadModelsBehind | None:
     """Bring the read models up to the newest event as of this call before a query reads them, unless another
     process is applying events: then leave them as they stand and say how far behind they are.
@@ -691,6 +692,9 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
 
     Args:
         applying_from: called with the number of events missing before this call applies them (a progress note).
+        progress: called with the number of events applied after each batch this call applies (as
+            :func:`catch_up`); they add up to the number ``applying_from`` was told, or more when a whole-history
+            build takes in events appended since.
         statistics: as :func:`catch_up`.
 
     Returns:
@@ -711,7 +715,7 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
         if applying_from is not None:
             applying_from(missing)
         try:
-            catch_up(db, statistics=statistics, wait=False, until=head)
+            catch_up(db, progress=progress, statistics=statistics, wait=False, until=head)
             return None
         except CheckpointsLocked:
             pass

@@ -231,8 +231,9 @@ def test_a_long_replay_without_a_terminal_reports_its_lines_and_the_read_models_
     assert lines[:4] == ["replay lines: 10 of 39", "replay lines: 20 of 39", "replay lines: 30 of 39",
                          "replay lines: 39 of 39"]
     assert lines[4] == "read models: applying 51 events ..."
-    assert lines[5].startswith("read models: 51 events applied in ")
-    assert lines[6] == "39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended"
+    assert lines[5] == "events applied: 51 of 51"  # one batch of the catch-up (2,000 events a batch)
+    assert lines[6].startswith("read models: 51 events applied in ")
+    assert lines[7] == "39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended"
     again = CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--database-url",
                                      _url(ledger_engine)])
     assert "read models" not in again.output  # nothing to apply: nothing said

@@ -1,0 +1,178 @@
+"""Ctrl-C during a command's database work ends it with exit code 130 and a line saying what was kept, also when
+the interrupt surfaces as a database error (psycopg stopped mid-COPY cannot roll back), and never with a
+traceback or a "database unavailable" error."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import NoReturn
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, QueuePool, text
+from sqlalchemy.exc import OperationalError
+from typer.testing import CliRunner
+
+from ledger import cli, services
+from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, app, caused_by_ctrl_c
+from ledger.errors import StoreUnavailable
+from tests.paths import HISTORIES
+
+SEED = HISTORIES / "seed-lab.jsonl"
+SEED_EVENTS = 51  # events the seed lab's 39 lines append (README, "What the demo shows")
+IN_PROGRESS = "sending query failed: another command is already in progress"
+
+
+def _url(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+def _failed_rollback_after_ctrl_c() -> OperationalError:
+    """What SQLAlchemy raises when Ctrl-C stopped psycopg mid-COPY and the rollback that follows fails: its
+    ``OperationalError`` caused by psycopg's, whose context is the ``KeyboardInterrupt`` (the chain a real
+    interrupted ``COPY ... TO STDOUT`` left, one run in four)."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            try:
+                raise psycopg.OperationalError(IN_PROGRESS)
+            except psycopg.OperationalError as e:
+                raise OperationalError("ROLLBACK", None, e) from e
+    except OperationalError as e:
+        return e
+
+
+def _store_unavailable_after_ctrl_c() -> StoreUnavailable:
+    """The same failure as the services report it (``unavailable_as_error``)."""
+    try:
+        raise StoreUnavailable(f"database unavailable: {IN_PROGRESS}") from _failed_rollback_after_ctrl_c()
+    except StoreUnavailable as e:
+        return e
+
+
+def test_an_error_is_caused_by_ctrl_c_when_a_keyboard_interrupt_is_in_its_chain() -> None:
+    error = _failed_rollback_after_ctrl_c()
+    assert isinstance(error.__cause__, psycopg.OperationalError)
+    assert isinstance(error.__cause__.__context__, KeyboardInterrupt)
+    assert caused_by_ctrl_c(error) and caused_by_ctrl_c(_store_unavailable_after_ctrl_c())
+    assert not caused_by_ctrl_c(OperationalError("SELECT 1", None, Exception(IN_PROGRESS)))
+
+
+@pytest.mark.parametrize("failure", [_failed_rollback_after_ctrl_c, _store_unavailable_after_ctrl_c],
+                         ids=["OperationalError", "StoreUnavailable"])
+def test_ctrl_c_that_breaks_the_connection_during_a_replays_catch_up_says_interrupted_not_unavailable(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch, failure: object) -> None:
+    assert callable(failure)
+
+    def catch_up(*args: object, **kwargs: object) -> NoReturn:
+        raise failure()
+
+    monkeypatch.setattr(services, "catch_up", catch_up)
+    result = CliRunner().invoke(app, ["replay", str(SEED), "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 130, result.output
+    assert result.output.startswith("interrupted after every line was recorded: the read models catch up on the "
+                                    "next command that reads them")
+    assert "error" not in result.output and "Traceback" not in result.output
+    with ledger_engine.connect() as conn:  # the lines stay recorded; nothing was applied
+        assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39
+
+
+def test_ctrl_c_that_breaks_the_connection_while_recording_says_run_again(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def replay_files(*args: object, **kwargs: object) -> NoReturn:
+        raise _store_unavailable_after_ctrl_c()
+
+    monkeypatch.setattr(services, "replay_files", replay_files)
+    result = CliRunner().invoke(app, ["replay", str(SEED), "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 130, result.output
+    assert result.output.startswith("interrupted: the batches committed so far are kept; run the same command again")
+
+
+def _recorded_not_applied(engine: Engine) -> None:
+    report = services.replay_files(services.open_ledger(cli.settings_from(_url(engine), None)), [SEED],
+                                   cluster="default", catch_up=False)
+    assert report.events == SEED_EVENTS
+
+
+def test_a_query_interrupted_while_it_applies_events_says_what_is_kept(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    _recorded_not_applied(ledger_engine)
+
+    def catch_up(*args: object, **kwargs: object) -> NoReturn:
+        raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
+
+    monkeypatch.setattr(services, "catch_up", catch_up)
+    result = CliRunner().invoke(app, ["occupancy", "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 130
+    assert result.output == INTERRUPTED_APPLYING + "\n"
+
+
+def test_a_query_interrupted_while_it_answers_says_interrupted(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def occupancy_all(*args: object, **kwargs: object) -> NoReturn:
+        raise _failed_rollback_after_ctrl_c()
+
+    monkeypatch.setattr(services, "occupancy_all", occupancy_all)
+    result = CliRunner().invoke(app, ["occupancy", "--database-url", _url(ledger_engine)])
+
+    assert (result.exit_code, result.output) == (130, "interrupted\n")
+
+
+def test_a_database_error_without_ctrl_c_is_still_reported_as_one(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def occupancy_all(*args: object, **kwargs: object) -> NoReturn:
+        raise OperationalError("SELECT 1", None, Exception(IN_PROGRESS))
+
+    monkeypatch.setattr(services, "occupancy_all", occupancy_all)
+    result = CliRunner().invoke(app, ["occupancy", "--database-url", _url(ledger_engine)])
+
+    assert (result.exit_code, result.output) == (2, f"error: cannot use the database: {IN_PROGRESS}\n")
+
+
+def test_a_query_that_applies_many_events_shows_their_progress(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    _recorded_not_applied(ledger_engine)
+    # The seed lab's 51 events stand for a large backlog: progress from 10 events on, a line each tenth off a
+    # terminal.
+    monkeypatch.setattr(cli, "PROGRESS_MIN_LINES", 10)
+    monkeypatch.setattr(cli, "PLAIN_PROGRESS_FACTOR", 1)
+    result = CliRunner().invoke(app, ["occupancy", "--database-url", _url(ledger_engine), "-o", "json"])
+
+    assert result.exit_code == 0, result.output
+    # One batch (the catch-up's batches hold 2,000 events): one line, all of them.
+    assert result.stderr.splitlines() == [f"read models: applying {SEED_EVENTS} events before answering ...",
+                                          f"events applied: {SEED_EVENTS} of {SEED_EVENTS}"]
+
+
+def _record(error: BaseException | None) -> logging.LogRecord:
+    exc_info = (type(error), error, error.__traceback__) if error is not None else None
+    return logging.LogRecord("sqlalchemy.pool.impl.QueuePool", logging.ERROR, __file__, 1,
+                             "Exception during reset or similar", None, exc_info)
+
+
+def test_the_pools_failed_reset_after_ctrl_c_is_not_logged_and_every_other_record_is() -> None:
+    keep = CtrlCResetFilter().filter
+    assert not keep(_record(_failed_rollback_after_ctrl_c()))
+    assert keep(_record(OperationalError("ROLLBACK", None, Exception(IN_PROGRESS))))
+    assert keep(_record(None))
+
+
+def test_the_cli_filters_the_logger_its_engines_pool_logs_to(ledger_engine: Engine,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "app", lambda: None)
+    monkeypatch.setattr(cli, "_load_plugins", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["dra-ledger"])
+    logger = logging.getLogger(f"{QueuePool.__module__}.{QueuePool.__name__}")
+    monkeypatch.setattr(logger, "filters", [])
+    cli.main()
+
+    db = services.open_ledger(cli.settings_from(_url(ledger_engine), None))
+    assert isinstance(db.engine.pool, QueuePool)
+    pool_logger = getattr(db.engine.pool.logger, "logger", db.engine.pool.logger)  # SQLAlchemy may wrap it
+    assert pool_logger is logger
+    assert [type(f) for f in logger.filters] == [CtrlCResetFilter]
