@@ -683,11 +683,18 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     with reported_errors():
         db = services.open_ledger(settings)
         err.print("rebuilding the read models from the events ...")
-        applied = services.rebuild(db, occupancy_counts=False)
+        # One transaction: Ctrl-C rolls all of it back.
+        with interrupt_said("interrupted: the rebuild rolled back; the read models are as they were"):
+            applied = services.rebuild(db, occupancy_counts=False)
         err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
-        written = services.refresh_occupancy_counts(db)
+        with interrupt_said("interrupted after the rebuild committed: the occupancy counts not computed yet are "
+                            "computed by the jobs (`dra-ledger jobs`, or `watch` without --no-jobs); occupancy "
+                            "totals meanwhile come from the intervals"):
+            written = services.refresh_occupancy_counts(db)
         err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)")
-        services.refresh_statistics(db, told=_say_statistics)
+        with interrupt_said("interrupted after the rebuild and the occupancy counts committed: tables not analyzed "
+                            "yet are left to autovacuum"):
+            services.refresh_statistics(db, told=_say_statistics)
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM

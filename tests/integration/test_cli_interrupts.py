@@ -176,3 +176,30 @@ def test_the_cli_filters_the_logger_its_engines_pool_logs_to(ledger_engine: Engi
     pool_logger = getattr(db.engine.pool.logger, "logger", db.engine.pool.logger)  # SQLAlchemy may wrap it
     assert pool_logger is logger
     assert [type(f) for f in logger.filters] == [CtrlCResetFilter]
+
+
+def test_a_rebuild_interrupted_says_it_rolled_back_and_one_interrupted_after_its_commit_says_what_is_left(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = _url(ledger_engine)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+
+    def interrupted(*args: object, **kwargs: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(services, "rebuild", interrupted)
+        during = CliRunner().invoke(app, ["rebuild", "--database-url", url])
+    with monkeypatch.context() as patch:
+        patch.setattr(services, "refresh_occupancy_counts", interrupted)
+        after = CliRunner().invoke(app, ["rebuild", "--database-url", url])
+    with monkeypatch.context() as patch:
+        patch.setattr(services, "refresh_statistics", interrupted)
+        last = CliRunner().invoke(app, ["rebuild", "--database-url", url])
+
+    assert during.exit_code == after.exit_code == last.exit_code == 130
+    assert last.output.splitlines()[-1] == ("interrupted after the rebuild and the occupancy counts committed: tables "
+                                            "not analyzed yet are left to autovacuum")
+    assert during.output.splitlines() == ["rebuilding the read models from the events ...",
+                                          "interrupted: the rebuild rolled back; the read models are as they were"]
+    assert after.output.splitlines()[-1].startswith("interrupted after the rebuild committed: the occupancy counts "
+                                                    "not computed yet are computed by the jobs")
