@@ -41,7 +41,14 @@ from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import locks, schema
-from ledger.store.database import AppendBatch, LedgerDatabase, PreparedAppend, WriteCancel, unavailable_as_error
+from ledger.store.database import (
+    AppendBatch,
+    LedgerDatabase,
+    PreparedAppend,
+    WriteCancel,
+    lock_for_reading,
+    unavailable_as_error,
+)
 from ledger.store.locks import lock_rolled_hours, others_applying
 from ledger.store.postgres import (
     EVICTED_PREFIXES,
@@ -897,8 +904,9 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 # --- queries (read models only; the bodies the CLI prints and the API returns) --------------------
 
 _READ_MODEL_TABLES = runner.table_names()
-"""What a REPEATABLE READ query locks before its snapshot, so that it never reads a rebuild's truncated tables
-empty (:meth:`ledger.store.database.LedgerDatabase.snapshot`)."""
+"""What a query locks before anything else, in the order a rebuild's ``TRUNCATE`` locks them: a REPEATABLE READ
+query so never reads a rebuild's truncated tables empty (:meth:`ledger.store.database.LedgerDatabase.snapshot`),
+and no query deadlocks with a rebuild (:meth:`ledger.store.database.LedgerDatabase.reading`)."""
 
 
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
@@ -1030,7 +1038,7 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
             by_class={p.device_class: p.per_device_hour for p in config.prices if p.device_class},
             by_model={p.model: p.per_device_hour for p in config.prices if p.model},
             currency=config.prices[0].currency)
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         if step is None and teams is None and prices is None:
             # Whole hours from the hourly rollups, the rest from the live intervals: the same body (tested),
             # in time that grows with the hours in the window instead of the allocations in it.
@@ -1048,7 +1056,7 @@ def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str
     Raises:
         Invalid: unknown ``state``.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return queries.claims(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
                               overrides=config.teams.overrides)
 
@@ -1065,7 +1073,7 @@ def claims_page(db: LedgerDatabase, *, at: datetime, limit: int, after: queries.
     Raises:
         Invalid: unknown ``state``.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return queries.claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
                                    origin=origin, team=team, visible_teams=visible_teams,
                                    overrides=config.teams.overrides, after=after,
@@ -1115,7 +1123,7 @@ def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str
     Raises:
         UnknownClaim: no claim of that name was recorded.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         found = queries.claim_uids(conn, namespace=namespace, name=name, cluster=cluster)
     history: list[JSONValue] = []
     for claim_cluster, uid in found:
@@ -1137,7 +1145,7 @@ def device_timeline(db: LedgerDatabase, *, driver: str, pool: str, device: str, 
     """
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return queries.device_timeline(conn, driver=driver, pool=pool, device=device, start=start, end=end,
                                        cluster=cluster, overrides=config.teams.overrides)
 
@@ -1403,7 +1411,7 @@ def quotas(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, cluster: s
     "nominalQuota", "overQuota", "reasons", "claims"}]}``; see :func:`ledger.projections.quotas.quotas`
     for the counting rules and units. Reads read models only (call :func:`catch_up` first for fresh data).
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return quota_counting.quotas(conn, at=at, config=config, cluster=cluster)
 
 
@@ -1417,7 +1425,7 @@ def quota_history(db: LedgerDatabase, *, start: datetime, end: datetime, config:
     Raises:
         Invalid: ``start`` is not before ``end``.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return quota_counting.quota_history(conn, start=start, end=end, config=config, cluster=cluster)
 
 
@@ -1430,7 +1438,7 @@ def shared(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
     :func:`ledger.projections.shared.shared` for every field and the chargeback split. Every ``team``
     follows ``config.teams.overrides``.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return sharing.shared(conn, at=at, cluster=cluster, overrides=config.teams.overrides)
 
 
@@ -1446,7 +1454,7 @@ def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster:
     Raises:
         Invalid: ``start`` is not before ``end``.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return sharing.shared_usage(conn, start=start, end=end, cluster=cluster, overrides=config.teams.overrides)
 
 
@@ -1459,7 +1467,7 @@ def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
     [{"request", "deviceClass", "allocationMode", "count", "free"}]}]}``; see
     :func:`ledger.projections.pending.pending`. ``team`` follows ``config.teams.overrides``.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return pending_demand.pending(conn, at=at, cluster=cluster, overrides=config.teams.overrides)
 
 
@@ -1478,7 +1486,7 @@ def idle_report(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, min_i
     "category", "idleSince", "devices", "wastedDeviceHours"}]}`` (see :func:`ledger.projections.queries.idle_claims`);
     ``min_idle`` overrides every category's threshold.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=idle_thresholds(config),
                                    cluster=cluster, overrides=config.teams.overrides)
 
@@ -1643,7 +1651,7 @@ def usage_from_rollups(db: LedgerDatabase, *, start: datetime, end: datetime, gr
     Raises:
         Invalid: unknown ``group_by`` or an empty window.
     """
-    with db.reading() as conn:
+    with db.reading(tables=_READ_MODEL_TABLES) as conn:
         return rollups.usage_from_rollups(conn, start=start, end=end, group_by=group_by, cluster=cluster)
 
 
@@ -1662,5 +1670,6 @@ def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerCon
     """
     catch_up(db)
     with db.engine.begin() as conn:
+        lock_for_reading(conn, _READ_MODEL_TABLES)  # first: no deadlock with a rebuild (LedgerDatabase.reading)
         counts = snapshots.take_snapshots(conn, at=at, config=config, cluster=cluster)
     return {"idleClaims": counts.idle_claims, "quotaRows": counts.quota_rows, "pendingClasses": counts.pending_classes}

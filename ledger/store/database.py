@@ -251,13 +251,19 @@ class LedgerDatabase:
                     conn.invalidate()
 
     @contextmanager
-    def reading(self, *, autocommit: bool = False) -> Iterator[Connection]:
+    def reading(self, *, autocommit: bool = False, tables: Sequence[str] = ()) -> Iterator[Connection]:
         """A connection for read-model queries (one snapshot per statement).
 
         ``autocommit``: no transaction at all, each statement on its own. That saves the ``BEGIN`` and the
         ``ROLLBACK`` (two of a one-statement read's four round trips, with the pool's ping): for the API's
         per-request checkpoint read. Not for reads that use transaction-local settings (``SET LOCAL``,
         ``set_config(..., true)``), which autocommit would drop.
+
+        ``tables`` (not with ``autocommit``): their ACCESS SHARE locks are taken first, in one statement, in the
+        order given, which must be the order in which a rebuild's ``TRUNCATE`` takes its locks. Why: a read that
+        took one table's lock and then waited for another that a rebuild had truncated, while the rebuild waited for
+        the first, deadlocked, and PostgreSQL aborted one of them (a ``rebuild`` beside dashboards polling
+        ``/v1/shared`` failed 6 times in 6). Taken in the same order, the read waits holding nothing.
 
         Raises:
             StoreUnavailable: the database cannot be reached (see :func:`unavailable_as_error`).
@@ -268,6 +274,8 @@ class LedgerDatabase:
                 if autocommit:
                     # Reset to the engine's level when the pool takes the connection back (SQLAlchemy does).
                     conn.execution_options(isolation_level="AUTOCOMMIT")
+                elif tables:
+                    lock_for_reading(conn, tables)
                 yield conn
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
@@ -293,9 +301,7 @@ class LedgerDatabase:
         with self.reading() as conn:
             conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
-                if tables:
-                    # Names from ledger.store.tables, never from input.
-                    conn.execute(text(f"LOCK TABLE {', '.join(tables)} IN ACCESS SHARE MODE"))
+                lock_for_reading(conn, tables)
                 yield conn
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
@@ -334,6 +340,15 @@ class LedgerDatabase:
         """
         with self.reading() as conn:
             conn.execute(text("SELECT 1"))
+
+
+def lock_for_reading(conn: Connection, tables: Sequence[str]) -> None:
+    """ACCESS SHARE locks on ``tables`` in ``conn``'s transaction, in the order given (see
+    :meth:`LedgerDatabase.reading`); waits for a rebuild holding any of them to commit. For a transaction that
+    reads the read models and writes too (the snapshot job), which :meth:`LedgerDatabase.reading` does not commit."""
+    if tables:
+        # Names from ledger.store.tables, never from input.
+        conn.execute(text(f"LOCK TABLE {', '.join(tables)} IN ACCESS SHARE MODE"))
 
 
 @contextmanager
