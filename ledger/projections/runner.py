@@ -342,17 +342,15 @@ def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> 
     EXCLUSIVE lock of a ``TRUNCATE``: a rebuild, or a first catch-up building the read models from the whole
     history, until it commits); never waits.
 
-    Asked with ``LOCK TABLE ... IN ACCESS SHARE MODE NOWAIT``, the lock a read takes, in the caller's transaction
-    (a savepoint, so a refusal leaves the transaction usable; the caller ends the transaction, which releases it).
+    Read from ``pg_locks`` (granted ACCESS EXCLUSIVE locks of other sessions on those tables) rather than by trying
+    ``LOCK TABLE ... NOWAIT``, whose refusal the server writes to its log as an ERROR, once per CLI query during
+    a rebuild.
     """
-    try:
-        with conn.begin_nested():
-            conn.execute(text(f"LOCK TABLE {_table_names(projections)} IN ACCESS SHARE MODE NOWAIT"))
-    except OperationalError as e:
-        if not _lock_not_available(e):
-            raise
-        return True
-    return False
+    return bool(conn.execute(text(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND mode = 'AccessExclusiveLock' "
+        "AND granted AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database()) AND relation = ANY(CAST(:tables AS regclass[])))"),
+        {"tables": table_names(projections)}).scalar_one())
 
 
 def lag_on(conn: Connection) -> dict[str, int]:
