@@ -461,7 +461,7 @@ def _catch_up_read_models(db: LedgerDatabase) -> None:
     """Catch the read models up after a replay, saying so on stderr when there are many events to apply (after a
     large replay this takes seconds, with nothing else to show), and what the statistics refresh that follows a
     bulk catch-up did (:func:`ledger.services.catch_up`)."""
-    lag = max(services.projection_lag(db).values(), default=0)
+    lag = services.events_to_apply(db)
     if lag >= PROGRESS_MIN_LINES:
         err.print(f"read models: applying {lag:,} events ...")
     started = time.monotonic()

@@ -698,7 +698,8 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     second query does not join in. Should another runner take the checkpoint rows meanwhile, it stops there too.
 
     Args:
-        applying_from: called with the number of events missing before this call applies them (a progress note).
+        applying_from: called with the number of events missing before this call applies them (a progress note):
+            counted, not the lag, which gaps in the global positions overstate.
         progress: called with the number of events applied after each batch this call applies (as
             :func:`catch_up`); they add up to the number ``applying_from`` was told, or more when a whole-history
             build takes in events appended since.
@@ -720,7 +721,8 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
         if not missing:
             return None
         if applying_from is not None:
-            applying_from(missing)
+            with unavailable_as_error(), db.reading() as conn:
+                applying_from(runner.events_between(conn, after=head - missing, through=head))
         try:
             catch_up(db, progress=progress, statistics=statistics, wait=False, until=head)
             return None
@@ -889,6 +891,19 @@ def count_observations(db: LedgerDatabase, cluster: str) -> int:
     """
     with unavailable_as_error(), db.reading(autocommit=True) as conn:
         return count_cluster_observations(conn, cluster)
+
+
+def events_to_apply(db: LedgerDatabase) -> int:
+    """How many events the read model furthest behind lacks, counted (table ``events`` after its checkpoint): the
+    :func:`projection_lag` of that read model less the gaps in the global positions (an append rolled back has used
+    its positions up). For a progress bar that should reach its total.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), db.reading() as conn:
+        head, lags = runner.head_and_lag_on(conn)
+        return runner.events_between(conn, after=head - max(lags.values(), default=0), through=head)
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:

@@ -358,6 +358,14 @@ def lag_on(conn: Connection) -> dict[str, int]:
     return head_and_lag_on(conn)[1]
 
 
+def events_between(conn: Connection, *, after: int, through: int) -> int:
+    """How many events table ``events`` holds with ``after < global_position <= through``: what a catch-up from
+    ``after`` to ``through`` applies. Fewer than ``through - after`` where positions have gaps (an append rolled
+    back, by Ctrl-C say, has used its positions up)."""
+    return int(conn.execute(text("SELECT count(*) FROM events WHERE global_position > :after "
+                                 "AND global_position <= :through"), {"after": after, "through": through}).scalar_one())
+
+
 def head_and_lag_on(conn: Connection) -> tuple[int, dict[str, int]]:
     """The newest global position (0 for no events) and :func:`lag` per projection, read in one snapshot when
     ``conn``'s transaction is REPEATABLE READ."""

@@ -203,3 +203,24 @@ def test_a_rebuild_interrupted_says_it_rolled_back_and_one_interrupted_after_its
                                           "interrupted: the rebuild rolled back; the read models are as they were"]
     assert after.output.splitlines()[-1].startswith("interrupted after the rebuild committed: the occupancy counts "
                                                     "not computed yet are computed by the jobs")
+
+
+def test_the_events_to_apply_are_counted_not_read_off_positions_with_gaps(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = _url(ledger_engine)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    with ledger_engine.begin() as conn:  # what an append rolled back leaves: positions used up, no events
+        conn.execute(text("SELECT nextval(pg_get_serial_sequence('events', 'global_position')) "
+                          "FROM generate_series(1, 7)"))
+    db = services.open_ledger(cli.settings_from(url, None))
+    assert services.replay_files(db, [SEED], cluster="second", catch_up=False).events == SEED_EVENTS
+    assert max(services.projection_lag(db).values()) == SEED_EVENTS + 7
+    assert services.events_to_apply(db) == SEED_EVENTS
+    monkeypatch.setattr(cli, "PROGRESS_MIN_LINES", 10)
+    monkeypatch.setattr(cli, "PLAIN_PROGRESS_FACTOR", 1)
+
+    result = CliRunner().invoke(app, ["occupancy", "--database-url", url, "-o", "json"])
+
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [f"read models: applying {SEED_EVENTS} events before answering ...",
+                                          f"events applied: {SEED_EVENTS} of {SEED_EVENTS}"]
