@@ -86,11 +86,6 @@ def table_names(projections: Sequence[Projection] = ALL) -> list[str]:
     return [tbl.name for p in projections for tbl in p.tables]
 
 
-def _table_names(projections: Sequence[Projection]) -> str:
-    """The tables of ``projections``, comma-separated for a ``TRUNCATE`` or ``LOCK TABLE`` statement."""
-    return ", ".join(table_names(projections))
-
-
 def _apply_batch(conn: Connection, projections: Sequence[Projection], positions: dict[str, int],
                  batch: Sequence[RecordedEvent], *, set_based: bool = True) -> None:
     if COUNTED & positions.keys():
@@ -298,7 +293,7 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
     """Empty the read models ``projections`` and what is derived from them, and set their checkpoints to 0 (the
     caller holds the checkpoint rows)."""
     names = [p.name for p in projections]
-    tables = _table_names(projections)
+    tables = ", ".join(table_names(projections))
     if COUNTED & set(names):
         # Before the TRUNCATE: a refresh holds the coverage rows and then reads these tables, so taking the
         # rows first keeps one lock order (the hourly job then computes the counts again).
