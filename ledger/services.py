@@ -713,7 +713,9 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     """
     with unavailable_as_error(), db.reading() as conn:
         head, lags = runner.head_and_lag_on(conn)
-    missing = max(lags.values(), default=0)
+        missing = max(lags.values(), default=0)
+        # Counted only for a caller that says it; unused should another process turn out to be applying them.
+        counted = runner.unapplied_events(conn, head=head, lags=lags) if missing and applying_from else 0
     # The marker is asked even with nothing missing: a rebuild of read models that were up to date shows no lag
     # (its checkpoints' reset is not committed), yet its tables are held until it commits.
     busy = others_applying_events(db)
@@ -721,8 +723,7 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
         if not missing:
             return None
         if applying_from is not None:
-            with unavailable_as_error(), db.reading() as conn:
-                applying_from(runner.events_between(conn, after=head - missing, through=head))
+            applying_from(counted)
         try:
             catch_up(db, progress=progress, statistics=statistics, wait=False, until=head)
             return None
@@ -903,7 +904,7 @@ def events_to_apply(db: LedgerDatabase) -> int:
     """
     with unavailable_as_error(), db.reading() as conn:
         head, lags = runner.head_and_lag_on(conn)
-        return runner.events_between(conn, after=head - max(lags.values(), default=0), through=head)
+        return runner.unapplied_events(conn, head=head, lags=lags)
 
 
 def projection_lag(db: LedgerDatabase) -> dict[str, int]:

@@ -11,7 +11,7 @@ global positions become visible in order and reading ``global_position > checkpo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, text
@@ -353,12 +353,13 @@ def lag_on(conn: Connection) -> dict[str, int]:
     return head_and_lag_on(conn)[1]
 
 
-def events_between(conn: Connection, *, after: int, through: int) -> int:
-    """How many events table ``events`` holds with ``after < global_position <= through``: what a catch-up from
-    ``after`` to ``through`` applies. Fewer than ``through - after`` where positions have gaps (an append rolled
-    back, by Ctrl-C say, has used its positions up)."""
+def unapplied_events(conn: Connection, *, head: int, lags: Mapping[str, int]) -> int:
+    """How many events the read model furthest behind lacks, counted in table ``events`` (after its checkpoint, up
+    to ``head``), from what :func:`head_and_lag_on` read: its lag less the gaps in the global positions (an append
+    rolled back, by Ctrl-C say, has used its positions up)."""
     return int(conn.execute(text("SELECT count(*) FROM events WHERE global_position > :after "
-                                 "AND global_position <= :through"), {"after": after, "through": through}).scalar_one())
+                                 "AND global_position <= :head"),
+                            {"after": head - max(lags.values(), default=0), "head": head}).scalar_one())
 
 
 def head_and_lag_on(conn: Connection) -> tuple[int, dict[str, int]]:
