@@ -711,7 +711,7 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
     Raises:
         StoreUnavailable, ProjectionFailed: as :func:`catch_up`.
     """
-    with unavailable_as_error(), db.reading() as conn:
+    with unavailable_as_error(), db.reading(read_models=False) as conn:
         head, lags = runner.head_and_lag_on(conn)
         missing = max(lags.values(), default=0)
         # Counted only for a caller that says it; unused should another process turn out to be applying them.
@@ -729,7 +729,7 @@ def catch_up_for_query(db: LedgerDatabase, *, applying_from: Callable[[int], Non
             return None
         except CheckpointsLocked:
             pass
-    with unavailable_as_error(), db.reading() as conn:
+    with unavailable_as_error(), db.reading(read_models=False) as conn:
         if not busy:
             missing = max(runner.head_and_lag_on(conn)[1].values(), default=0)  # this call applied some first
         rebuilding = runner.tables_locked(conn)
@@ -902,7 +902,7 @@ def events_to_apply(db: LedgerDatabase) -> int:
     Raises:
         StoreUnavailable: the database cannot be reached.
     """
-    with unavailable_as_error(), db.reading() as conn:
+    with unavailable_as_error(), db.reading(read_models=False) as conn:
         head, lags = runner.head_and_lag_on(conn)
         return runner.unapplied_events(conn, head=head, lags=lags)
 
@@ -913,17 +913,11 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
     Raises:
         Unavailable: the database cannot be reached.
     """
-    with db.reading() as conn:
+    with db.reading(read_models=False) as conn:
         return runner.lag_on(conn)
 
 
 # --- queries (read models only; the bodies the CLI prints and the API returns) --------------------
-
-_READ_MODEL_TABLES = runner.table_names()
-"""What a query locks before anything else, in the order a rebuild's ``TRUNCATE`` locks them: a REPEATABLE READ
-query so never reads a rebuild's truncated tables empty (:meth:`ledger.store.database.LedgerDatabase.snapshot`),
-and no query deadlocks with a rebuild (:meth:`ledger.store.database.LedgerDatabase.reading`)."""
-
 
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
                   driver: str | None = None, pool: str | None = None, device_class: str | None = None,
@@ -939,7 +933,7 @@ def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = Non
         UnknownDeviceClass: ``device_class`` is not defined at ``at``.
         StoreUnavailable: the database cannot be reached.
     """
-    with db.snapshot(tables=_READ_MODEL_TABLES) as conn:
+    with db.snapshot() as conn:
         return queries.occupancy_all(conn, at=at, cluster=cluster, node=node, driver=driver, pool=pool,
                                      device_class=device_class, overrides=config.teams.overrides)
 
@@ -1001,7 +995,7 @@ def occupancy_settled(db: LedgerDatabase, *, at: datetime, cluster: str | None =
     hit = _OCCUPANCY_CACHE.get(key)
     if hit is not None and hit.checkpoints == checkpoints and (hit.settled_at is None or at >= hit.settled_at):
         return queries.OccupancyPage(body={**hit.page.body, "at": rfc3339(at)}, next_after=hit.page.next_after)
-    with _OCCUPANCY_LOCK, db.snapshot(tables=_READ_MODEL_TABLES) as conn:
+    with _OCCUPANCY_LOCK, db.snapshot() as conn:
         # One snapshot for the version and the page, so the page is exactly the one of those checkpoints.
         version = settled.read_version(conn)
         members: frozenset[DeviceSortKey] | None = None
@@ -1054,7 +1048,7 @@ def usage(db: LedgerDatabase, *, start: datetime, end: datetime, group_by: str, 
             by_class={p.device_class: p.per_device_hour for p in config.prices if p.device_class},
             by_model={p.model: p.per_device_hour for p in config.prices if p.model},
             currency=config.prices[0].currency)
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         if step is None and teams is None and prices is None:
             # Whole hours from the hourly rollups, the rest from the live intervals: the same body (tested),
             # in time that grows with the hours in the window instead of the allocations in it.
@@ -1072,7 +1066,7 @@ def claims(db: LedgerDatabase, *, at: datetime, state: str = "all", cluster: str
     Raises:
         Invalid: unknown ``state``.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return queries.claims(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
                               overrides=config.teams.overrides)
 
@@ -1089,7 +1083,7 @@ def claims_page(db: LedgerDatabase, *, at: datetime, limit: int, after: queries.
     Raises:
         Invalid: unknown ``state``.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return queries.claims_page(conn, at=at, state=state, cluster=cluster, namespace=namespace, name=name,
                                    origin=origin, team=team, visible_teams=visible_teams,
                                    overrides=config.teams.overrides, after=after,
@@ -1139,7 +1133,7 @@ def claim_history(db: LedgerDatabase, *, namespace: str, name: str, cluster: str
     Raises:
         UnknownClaim: no claim of that name was recorded.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         found = queries.claim_uids(conn, namespace=namespace, name=name, cluster=cluster)
     history: list[JSONValue] = []
     for claim_cluster, uid in found:
@@ -1161,7 +1155,7 @@ def device_timeline(db: LedgerDatabase, *, driver: str, pool: str, device: str, 
     """
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return queries.device_timeline(conn, driver=driver, pool=pool, device=device, start=start, end=end,
                                        cluster=cluster, overrides=config.teams.overrides)
 
@@ -1427,7 +1421,7 @@ def quotas(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, cluster: s
     "nominalQuota", "overQuota", "reasons", "claims"}]}``; see :func:`ledger.projections.quotas.quotas`
     for the counting rules and units. Reads read models only (call :func:`catch_up` first for fresh data).
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return quota_counting.quotas(conn, at=at, config=config, cluster=cluster)
 
 
@@ -1441,7 +1435,7 @@ def quota_history(db: LedgerDatabase, *, start: datetime, end: datetime, config:
     Raises:
         Invalid: ``start`` is not before ``end``.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return quota_counting.quota_history(conn, start=start, end=end, config=config, cluster=cluster)
 
 
@@ -1454,7 +1448,7 @@ def shared(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
     :func:`ledger.projections.shared.shared` for every field and the chargeback split. Every ``team``
     follows ``config.teams.overrides``.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return sharing.shared(conn, at=at, cluster=cluster, overrides=config.teams.overrides)
 
 
@@ -1470,7 +1464,7 @@ def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster:
     Raises:
         Invalid: ``start`` is not before ``end``.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return sharing.shared_usage(conn, start=start, end=end, cluster=cluster, overrides=config.teams.overrides)
 
 
@@ -1483,7 +1477,7 @@ def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
     [{"request", "deviceClass", "allocationMode", "count", "free"}]}]}``; see
     :func:`ledger.projections.pending.pending`. ``team`` follows ``config.teams.overrides``.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return pending_demand.pending(conn, at=at, cluster=cluster, overrides=config.teams.overrides)
 
 
@@ -1502,7 +1496,7 @@ def idle_report(db: LedgerDatabase, *, at: datetime, config: LedgerConfig, min_i
     "category", "idleSince", "devices", "wastedDeviceHours"}]}`` (see :func:`ledger.projections.queries.idle_claims`);
     ``min_idle`` overrides every category's threshold.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return queries.idle_claims(conn, at=at, min_idle=min_idle, thresholds=idle_thresholds(config),
                                    cluster=cluster, overrides=config.teams.overrides)
 
@@ -1667,7 +1661,7 @@ def usage_from_rollups(db: LedgerDatabase, *, start: datetime, end: datetime, gr
     Raises:
         Invalid: unknown ``group_by`` or an empty window.
     """
-    with db.reading(tables=_READ_MODEL_TABLES) as conn:
+    with db.reading() as conn:
         return rollups.usage_from_rollups(conn, start=start, end=end, group_by=group_by, cluster=cluster)
 
 
@@ -1686,6 +1680,6 @@ def take_report_snapshots(db: LedgerDatabase, *, at: datetime, config: LedgerCon
     """
     catch_up(db)
     with db.engine.begin() as conn:
-        lock_for_reading(conn, _READ_MODEL_TABLES)  # first: no deadlock with a rebuild (LedgerDatabase.reading)
+        lock_for_reading(conn)  # first: no deadlock with a rebuild (LedgerDatabase.reading)
         counts = snapshots.take_snapshots(conn, at=at, config=config, cluster=cluster)
     return {"idleClaims": counts.idle_claims, "quotaRows": counts.quota_rows, "pendingClasses": counts.pending_classes}

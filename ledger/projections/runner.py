@@ -28,6 +28,7 @@ from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_ho
 from ledger.store.database import connection_lost
 from ledger.store.locks import applying
 from ledger.store.postgres import first_line, read_all
+from ledger.store.tables import READ_MODELS
 from ledger.types import GlobalPosition
 
 Progress = Callable[[int], None]
@@ -81,9 +82,18 @@ def _lock_not_available(error: OperationalError) -> bool:
 
 
 def table_names(projections: Sequence[Projection] = ALL) -> list[str]:
-    """The tables of ``projections`` (default: every read model's), in projection order: what :func:`rebuild`
-    empties with ``TRUNCATE`` (see :meth:`ledger.store.database.LedgerDatabase.snapshot`)."""
-    return [tbl.name for p in projections for tbl in p.tables]
+    """The tables of ``projections`` (default: every read model's) in :data:`ledger.store.tables.READ_MODELS`
+    order, the order reads lock them in: what :func:`rebuild` empties with ``TRUNCATE``.
+
+    Raises:
+        LedgerError: a projection has a table that ``READ_MODELS`` does not list (reads would not lock it, and
+            their lock order would not cover it).
+    """
+    wanted = {tbl.name for p in projections for tbl in p.tables}
+    ordered = [tbl.name for tbl in READ_MODELS if tbl.name in wanted]
+    if unlisted := wanted - set(ordered):
+        raise LedgerError(f"read-model tables missing from ledger.store.tables.READ_MODELS: {sorted(unlisted)}")
+    return ordered
 
 
 def _apply_batch(conn: Connection, projections: Sequence[Projection], positions: dict[str, int],
@@ -305,7 +315,8 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
         forget_all_rolled_hours(conn)
     # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
     # DDL rights (SECURITY.md); row ids carry no meaning.
-    # The locks in table_names order, the order queries take theirs in (LedgerDatabase.reading): no deadlock.
+    # The locks in READ_MODELS order (table_names), the order reads take theirs in (LedgerDatabase.reading):
+    # no deadlock.
     conn.execute(text(f"TRUNCATE {tables}"))
     for name in names:
         positions[name] = 0

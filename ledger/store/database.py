@@ -204,7 +204,7 @@ class LedgerDatabase:
         Raises:
             StoreUnavailable: the database cannot be reached.
         """
-        with self.reading() as conn:
+        with self.reading(read_models=False) as conn:
             return pg.known_digests(conn, cluster, keys)
 
     def load_entries(self, cluster: str, keys: Sequence[str]) -> dict[str, str]:
@@ -213,7 +213,7 @@ class LedgerDatabase:
         Raises:
             StoreUnavailable: the database cannot be reached.
         """
-        with self.reading() as conn:
+        with self.reading(read_models=False) as conn:
             return pg.load_entries(conn, cluster, keys)
 
     def write(self, cluster: str, rows: PreparedAppend, cancel: WriteCancel | None = None) -> None:
@@ -251,19 +251,24 @@ class LedgerDatabase:
                     conn.invalidate()
 
     @contextmanager
-    def reading(self, *, autocommit: bool = False, tables: Sequence[str] = ()) -> Iterator[Connection]:
-        """A connection for read-model queries (one snapshot per statement).
+    def reading(self, *, autocommit: bool = False, read_models: bool = True) -> Iterator[Connection]:
+        """A connection for queries (one snapshot per statement); by default it first waits for, and holds, the read
+        models' ACCESS SHARE locks (:func:`lock_for_reading`).
 
-        ``autocommit``: no transaction at all, each statement on its own. That saves the ``BEGIN`` and the
-        ``ROLLBACK`` (two of a one-statement read's four round trips, with the pool's ping): for the API's
-        per-request checkpoint read. Not for reads that use transaction-local settings (``SET LOCAL``,
-        ``set_config(..., true)``), which autocommit would drop.
+        Why the locks, first and all of them: a read that took one read model's lock and then waited for another
+        that a rebuild had truncated, while the rebuild waited for the first, deadlocked, and PostgreSQL aborted one
+        of them (a ``rebuild`` beside dashboards polling ``/v1/shared`` failed 6 times in 6). Taken in one statement
+        in :data:`ledger.store.tables.READ_MODELS` order, the order of the rebuild's ``TRUNCATE``, the read waits
+        holding nothing. By default, so that a new query cannot forget them.
 
-        ``tables`` (not with ``autocommit``): their ACCESS SHARE locks are taken first, in one statement, in the
-        order given, which must be the order in which a rebuild's ``TRUNCATE`` takes its locks. Why: a read that
-        took one table's lock and then waited for another that a rebuild had truncated, while the rebuild waited for
-        the first, deadlocked, and PostgreSQL aborted one of them (a ``rebuild`` beside dashboards polling
-        ``/v1/shared`` failed 6 times in 6). Taken in the same order, the read waits holding nothing.
+        Args:
+            autocommit: no transaction at all, each statement on its own, and no read-model locks (``LOCK TABLE``
+                needs a transaction): for one-statement reads of tables a rebuild does not empty (the API's
+                per-request checkpoint read, the clusters in ``events``). It saves the ``BEGIN`` and the
+                ``ROLLBACK`` (two of such a read's four round trips, with the pool's ping). Not for reads that use
+                transaction-local settings (``SET LOCAL``, ``set_config(..., true)``), which autocommit would drop.
+            read_models: ``False`` for reads of the event store and the checkpoints only (tables a rebuild leaves
+                alone), which must not wait for a rebuild: ingest, lag, the rebuild's own progress note.
 
         Raises:
             StoreUnavailable: the database cannot be reached (see :func:`unavailable_as_error`).
@@ -274,34 +279,32 @@ class LedgerDatabase:
                 if autocommit:
                     # Reset to the engine's level when the pool takes the connection back (SQLAlchemy does).
                     conn.execution_options(isolation_level="AUTOCOMMIT")
-                elif tables:
-                    lock_for_reading(conn, tables)
+                elif read_models:
+                    lock_for_reading(conn)
                 yield conn
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
             raise Invalid(f"a parameter cannot be used: {first_line(e)}") from e
 
     @contextmanager
-    def snapshot(self, *, tables: Sequence[str]) -> Iterator[Connection]:
+    def snapshot(self) -> Iterator[Connection]:
         """A connection inside one REPEATABLE READ transaction: every statement sees the same snapshot
         (a page and its totals, or a cached body and the version it was computed at, agree).
 
-        Args:
-            tables: every table the block reads that a rebuild empties with ``TRUNCATE`` (the read models').
-                Their ACCESS SHARE locks are taken first, waiting for a rebuild to commit: ``LOCK TABLE`` takes
-                no snapshot, and the snapshot is fixed by the next statement, so it holds the rebuilt rows.
-                Why: ``TRUNCATE`` is not MVCC-safe. A snapshot taken before a rebuild commits, by a block
-                whose first statement reads a table the rebuild left alone (the checkpoints), sees the
-                truncated tables empty after the commit: occupancy answered 0 devices.
+        The read models' ACCESS SHARE locks are taken first, waiting for a rebuild to commit (as :meth:`reading`):
+        ``LOCK TABLE`` takes no snapshot, and the snapshot is fixed by the next statement, so it holds the rebuilt
+        rows. Why: ``TRUNCATE`` is not MVCC-safe. A snapshot taken before a rebuild commits, by a block whose first
+        statement reads a table the rebuild left alone (the checkpoints), sees the truncated tables empty after the
+        commit: occupancy answered 0 devices.
 
         Raises:
             StoreUnavailable: the database cannot be reached.
             Invalid: a query parameter PostgreSQL refuses.
         """
-        with self.reading() as conn:
+        with self.reading(read_models=False) as conn:
             conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
-                lock_for_reading(conn, tables)
+                lock_for_reading(conn)
                 yield conn
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
@@ -311,7 +314,7 @@ class LedgerDatabase:
         Raises:
             Unavailable: the database cannot be reached.
         """
-        with self.reading() as conn:
+        with self.reading(read_models=False) as conn:
             return pg.read_all(conn, after=after, limit=limit, types=types, stream=stream, cluster=cluster)
 
     def read_stream(self, *, cluster: str, stream: str) -> list[RecordedEvent]:
@@ -320,7 +323,7 @@ class LedgerDatabase:
         Raises:
             Unavailable: the database cannot be reached.
         """
-        with self.reading() as conn:
+        with self.reading(read_models=False) as conn:
             return pg.read_stream(conn, cluster=cluster, stream=stream)
 
     def dispose(self) -> None:
@@ -338,17 +341,20 @@ class LedgerDatabase:
         Raises:
             StoreUnavailable: the database cannot be reached.
         """
-        with self.reading() as conn:
+        with self.reading(read_models=False) as conn:
             conn.execute(text("SELECT 1"))
 
 
-def lock_for_reading(conn: Connection, tables: Sequence[str]) -> None:
-    """ACCESS SHARE locks on ``tables`` in ``conn``'s transaction, in the order given (see
-    :meth:`LedgerDatabase.reading`); waits for a rebuild holding any of them to commit. For a transaction that
-    reads the read models and writes too (the snapshot job), which :meth:`LedgerDatabase.reading` does not commit."""
-    if tables:
-        # Names from ledger.store.tables, never from input.
-        conn.execute(text(f"LOCK TABLE {', '.join(tables)} IN ACCESS SHARE MODE"))
+def lock_for_reading(conn: Connection) -> None:
+    """ACCESS SHARE locks on every read model (:data:`ledger.store.tables.READ_MODELS`) in ``conn``'s transaction,
+    in one statement, in that order (see :meth:`LedgerDatabase.reading`); waits for a rebuild holding any of them to
+    commit. Also for a transaction that reads the read models and writes too (the snapshot job), which
+    :meth:`LedgerDatabase.reading` does not commit."""
+    # Names from ledger.store.tables, never from input.
+    conn.execute(text(_LOCK_READ_MODELS))
+
+
+_LOCK_READ_MODELS = f"LOCK TABLE {', '.join(t.name for t in tables.READ_MODELS)} IN ACCESS SHARE MODE"
 
 
 @contextmanager

@@ -246,9 +246,13 @@ device_taint_rules = Table(
     *_interval_indexes("device_taint_rules", "cluster", "name"),
 )
 
-READ_MODELS = (device_inventory, device_allocations, claim_consumers, claims, claim_states, pod_phases,
-               namespace_teams, device_classes, device_taint_rules)
-"""Tables derived from ``events``; ``rebuild`` empties and refills them."""
+READ_MODELS = (namespace_teams, device_inventory, device_classes, device_taint_rules, pod_phases, claims, claim_states,
+               claim_consumers, device_allocations)
+"""Tables derived from ``events``, which a rebuild empties with ``TRUNCATE`` and refills, in the one order every
+lock on them is taken in. The ``TRUNCATE`` (``ledger.projections.runner.table_names``) and every read of them
+(``ledger.store.database.LedgerDatabase.reading``) lock them in this order, so a read waits for a rebuild holding
+nothing, and neither deadlocks with the other. Every projection's tables are listed here (the runner refuses a
+projection table missing from it)."""
 
 
 # --- reports (migrations 0003, 0005): written by the jobs in workers/jobs.py through ledger.services ------

@@ -19,6 +19,7 @@ from ledger.config import DEFAULT
 from ledger.projections import runner
 from ledger.recorded import parse_time
 from ledger.testing.handle import LedgerHandle
+from ledger.types import GlobalPosition
 
 AT = "2026-11-02T09:30:00Z"  # the seed lab: 8 GPUs, 6 allocated (seed-lab.expected.json)
 T = TypeVar("T")
@@ -118,3 +119,38 @@ def test_the_report_snapshot_job_during_a_rebuild_waits_and_never_deadlocks_with
     during = _beside_a_rebuild(seeded, lambda: services.take_report_snapshots(seeded.db, at=at, config=DEFAULT))
 
     assert during == before  # idempotent per instant: the same rows again
+
+
+def test_a_query_that_takes_a_plain_reading_connection_waits_for_a_rebuild_and_never_deadlocks_with_it(
+        seeded: LedgerHandle) -> None:
+    def read_last_table_then_first() -> tuple[int, int]:
+        # The order that deadlocked: a table the rebuild truncates last, then the one it holds first.
+        last, first = runner.table_names()[-1], runner.table_names()[0]
+        with seeded.db.reading() as conn:
+            return (conn.execute(text(f"SELECT count(*) FROM {last}")).scalar_one(),
+                    conn.execute(text(f"SELECT count(*) FROM {first}")).scalar_one())
+
+    before = read_last_table_then_first()
+    assert before[0] > 0 and before[1] > 0
+
+    assert _beside_a_rebuild(seeded, read_last_table_then_first) == before
+
+
+def test_reads_of_the_event_store_and_the_checkpoints_do_not_wait_for_a_rebuild(seeded: LedgerHandle) -> None:
+    head = len(seeded.rows("events"))
+    lags: list[dict[str, int]] = []
+    counts: list[int] = []
+
+    def read() -> None:
+        lags.append(services.projection_lag(seeded.db))
+        counts.append(services.events_to_apply(seeded.db))
+        counts.append(len(seeded.db.read_all(after=GlobalPosition(0), limit=head + 1)))
+
+    with seeded.engine.connect() as rebuild:
+        rebuild.execute(text(f"TRUNCATE {', '.join(runner.table_names())}"))
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        thread.join(WAIT_S)  # answered while the rebuild still holds every read model
+        rebuild.rollback()
+    assert [set(lag.values()) for lag in lags] == [{0}]
+    assert counts == [0, head]
