@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -41,7 +42,7 @@ from api.controllers.reports import ReportsController
 from api.controllers.usage import UsageController
 from api.deps import AppState, ReportSlots, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
-from api.limits import DEFAULT_REPORT_SLOTS
+from api.limits import DEFAULT_REPORT_SLOTS, REBUILD_WAIT_S
 from api.methods import JsonRenderPluginWithHead
 from api.parameters import known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
@@ -126,7 +127,8 @@ def freeze_startup_objects() -> None:
 
 
 def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None,
-               clock: Callable[[], datetime] = wall_clock, reports: ReportSlots | None = None) -> Litestar:
+               clock: Callable[[], datetime] = wall_clock, reports: ReportSlots | None = None,
+               rebuild_wait_s: float = REBUILD_WAIT_S) -> Litestar:
     """Build the Litestar application.
 
     Args:
@@ -137,6 +139,9 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
             wall clock unless a test moves time.
         reports: how many whole-fleet reports the process computes at once (:class:`api.deps.ReportSlots`);
             ``None``: :data:`api.limits.DEFAULT_REPORT_SLOTS`, waiting up to :data:`api.limits.REPORT_WAIT_S`.
+        rebuild_wait_s: seconds a request waits for read models a rebuild holds before it answers 503 with
+            ``Retry-After`` (:data:`api.limits.REBUILD_WAIT_S`). Set on a copy of ``db`` sharing its engine: the
+            caller's ``db`` keeps waiting as it did.
 
     Raises:
         Invalid: a token's ``tokenEnv`` variable is unset or too short, two tokens have the same value, or
@@ -187,7 +192,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         on_startup=[freeze_startup_objects],
         on_shutdown=[gc.unfreeze],
     )
-    app.state.ledger = AppState(db=db, config=config, cluster=cluster, clock=clock,
-                                reports=reports if reports is not None else ReportSlots())
+    app.state.ledger = AppState(db=replace(db, read_models_wait_s=rebuild_wait_s), config=config, cluster=cluster,
+                                clock=clock, reports=reports if reports is not None else ReportSlots())
     app.state.tokens = tokens
     return app

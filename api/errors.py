@@ -1,7 +1,8 @@
 """The single error-to-HTTP mapping: every failure leaves as RFC 9457 problem details.
 
 ``NotFound`` → 404, ``Conflict`` → 409, ``Invalid`` → 422, ``Unavailable`` (database unreachable, or no pooled
-connection free: ``NoFreeConnection``) and ``Busy`` (every report slot taken) → 503 with ``Retry-After``,
+connection free: ``NoFreeConnection``) and ``RetryLater`` (``Busy``: every report slot taken;
+``ReadModelsRebuilding``: a rebuild held the read models past ``api.limits.REBUILD_WAIT_S``) → 503 with ``Retry-After``,
 ``ClientGone`` (the client left while its report waited) → 499 that nobody reads, anything else → 500 with no
 internals in the body (the traceback goes to the log).
 
@@ -29,12 +30,12 @@ from api.deps import ClientGone
 from api.parameters import client_name, literal_strings, required_query_names
 from ledger.errors import (
     MAX_ECHO_CHARS,
-    Busy,
     Conflict,
     Invalid,
     LedgerError,
     NoFreeConnection,
     NotFound,
+    RetryLater,
     Unavailable,
     printable,
     shorten,
@@ -72,7 +73,7 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)
         return _problem(503, "the ledger database is not reachable; retry later", headers={"Retry-After": "5"})
-    if isinstance(exc, Busy):
+    if isinstance(exc, RetryLater):  # Busy (report slots), ReadModelsRebuilding
         _log.warning("%s", exc)
         return _problem(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     _log.error("unmapped ledger error: %s", exc)
@@ -230,8 +231,9 @@ def problem_responses(*codes: int) -> dict[int, ResponseSpec]:
         404: "The named object was never recorded.",
         422: "A parameter's value is not one it can take (not a number, out of range, not one of the listed "
         "values, a bad time or duration, an empty window or cluster, a foreign pageToken, a NUL character).",
-        503: "The ledger database is not reachable, every database connection of this API process is in use, or "
-        "(whole-fleet reports) it is computing as many reports at once as it may; retry after Retry-After seconds.",
+        503: "The ledger database is not reachable, every database connection of this API process is in use, a "
+        "rebuild of the read models has held them for 5 s, or (whole-fleet reports) the process is computing as "
+        "many reports at once as it may; retry after Retry-After seconds.",
     }
     return {
         code: ResponseSpec(

@@ -18,3 +18,10 @@ holds one while it runs, so more slots would only move the wait from the slot to
 that blames the connections, and leave none for the other endpoints."""
 REPORT_WAIT_S: Final = 30.0
 """Seconds a request waits for a report slot before it is answered 503 with ``Retry-After``."""
+REBUILD_WAIT_S: Final = 5.0
+"""Seconds a request waits for the read models while a rebuild holds them (``dra-ledger rebuild``, or a first build
+of a large history, until it commits) before it is answered 503 with ``Retry-After`` (the same seconds). Short
+rebuilds stay invisible: a seed-lab-sized rebuild holds the read models for well under a second, a 57,845-event
+one for about 2 s. A long one (a fleet's year: minutes) would otherwise keep every request waiting, each holding
+one of the process's 15 pooled connections, until later requests found none and got 503 only after the pool's
+30 s timeout."""

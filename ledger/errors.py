@@ -132,13 +132,25 @@ class Unavailable(LedgerError):
     """The ledger database cannot be reached now (connection refused, server restarting); retry later."""
 
 
-class Busy(LedgerError):
-    """This process already runs as much of one kind of work at once as it may, and none finished within the
-    wait; retry after ``retry_after_s`` seconds. Nothing was read or changed."""
+class RetryLater(LedgerError):
+    """The answer cannot be given now, for a reason that passes: ask again after ``retry_after_s`` seconds (an API
+    answers 503 with ``Retry-After``). Nothing was read or changed."""
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Busy(RetryLater):
+    """This process already runs as much of one kind of work at once as it may, and none finished within the
+    wait; retry after ``retry_after_s`` seconds. Nothing was read or changed."""
+
+
+class ReadModelsRebuilding(RetryLater):
+    """A read waited as long as it may (``LedgerDatabase.read_models_wait_s``) for the read models, and another
+    transaction still held them: a rebuild, or a first build of the read models from a whole history, until it
+    commits (its ``TRUNCATE`` keeps every read off them), or a schema migration. Retry after ``retry_after_s``
+    seconds; the read models are whole again once it commits."""
 
 
 class CheckpointsLocked(LedgerError):

@@ -918,6 +918,9 @@ def projection_lag(db: LedgerDatabase) -> dict[str, int]:
 
 
 # --- queries (read models only; the bodies the CLI prints and the API returns) --------------------
+# Each reads through LedgerDatabase.reading() or .snapshot(), which first take the read models' locks in the order a
+# rebuild's TRUNCATE takes them (no deadlock with it) and wait for a rebuild to commit. Besides what its docstring
+# names, each may raise ReadModelsRebuilding when ``db`` bounds that wait (``read_models_wait_s``: the API's copy).
 
 def occupancy_all(db: LedgerDatabase, *, at: datetime, cluster: str | None = None, node: str | None = None,
                   driver: str | None = None, pool: str | None = None, device_class: str | None = None,

@@ -25,7 +25,7 @@ from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
-from ledger.store.database import connection_lost
+from ledger.store.database import connection_lost, lock_not_available
 from ledger.store.locks import applying
 from ledger.store.postgres import first_line, read_all
 from ledger.store.tables import READ_MODELS
@@ -68,17 +68,11 @@ def _lock_checkpoints_or_stop(conn: Connection, names: Sequence[str], *, applied
     try:
         positions = _lock_checkpoints(conn, names)
     except OperationalError as e:
-        if not _lock_not_available(e):
+        if not lock_not_available(e):
             raise
         raise CheckpointsLocked(applied=applied) from e
     conn.execute(text("SET LOCAL lock_timeout TO DEFAULT"))
     return positions
-
-
-def _lock_not_available(error: OperationalError) -> bool:
-    """Whether ``error`` is PostgreSQL's ``lock_not_available`` (SQLSTATE 55P03): a lock not granted within
-    ``lock_timeout``, or at once under ``NOWAIT``."""
-    return getattr(error.orig, "sqlstate", None) == "55P03"
 
 
 def table_names(projections: Sequence[Projection] = ALL) -> list[str]:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -17,7 +18,14 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ledger.errors import Invalid, LedgerError, NoFreeConnection, ObservationConflict, StoreUnavailable
+from ledger.errors import (
+    Invalid,
+    LedgerError,
+    NoFreeConnection,
+    ObservationConflict,
+    ReadModelsRebuilding,
+    StoreUnavailable,
+)
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema, tables
@@ -32,6 +40,12 @@ def connection_lost(error: DBAPIError) -> bool:
     ``OperationalError``: refused, reset, server shutting down), or any error whose connection was
     invalidated under it."""
     return isinstance(error, OperationalError | InterfaceError) or error.connection_invalidated
+
+
+def lock_not_available(error: OperationalError) -> bool:
+    """Whether ``error`` is PostgreSQL's ``lock_not_available`` (SQLSTATE 55P03): a lock not granted within
+    ``lock_timeout``, or at once under ``NOWAIT``."""
+    return getattr(error.orig, "sqlstate", None) == "55P03"
 
 
 @dataclass(slots=True)
@@ -127,6 +141,12 @@ class LedgerDatabase:
     engine: Engine
     unanalyzed_events: int = 0
     """Events this object's catch-ups applied since it last analyzed the tables (``ledger.services.catch_up``)."""
+    read_models_wait_s: float | None = None
+    """Seconds a read waits for the read models while a rebuild holds them (:func:`lock_for_reading`) before it
+    raises :class:`~ledger.errors.ReadModelsRebuilding`; ``None``: until the rebuild commits. The CLI and the jobs
+    wait (a rebuild ends, and their answer is wanted then); the API sets a bound (``api.limits.REBUILD_WAIT_S``), so
+    that its requests answer 503 with ``Retry-After`` rather than hold its pooled connections for the rebuild's
+    minutes."""
 
     @classmethod
     def from_url(cls, url: str) -> LedgerDatabase:
@@ -272,6 +292,7 @@ class LedgerDatabase:
 
         Raises:
             StoreUnavailable: the database cannot be reached (see :func:`unavailable_as_error`).
+            ReadModelsRebuilding: a rebuild held the read models for :attr:`read_models_wait_s` (when set).
             Invalid: a query parameter PostgreSQL refuses (e.g. a NUL character in a name).
         """
         try:
@@ -280,7 +301,7 @@ class LedgerDatabase:
                     # Reset to the engine's level when the pool takes the connection back (SQLAlchemy does).
                     conn.execution_options(isolation_level="AUTOCOMMIT")
                 elif read_models:
-                    lock_for_reading(conn)
+                    lock_for_reading(conn, wait_s=self.read_models_wait_s)
                 yield conn
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
@@ -299,12 +320,13 @@ class LedgerDatabase:
 
         Raises:
             StoreUnavailable: the database cannot be reached.
+            ReadModelsRebuilding: a rebuild held the read models for :attr:`read_models_wait_s` (when set).
             Invalid: a query parameter PostgreSQL refuses.
         """
         with self.reading(read_models=False) as conn:
             conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
-                lock_for_reading(conn)
+                lock_for_reading(conn, wait_s=self.read_models_wait_s)
                 yield conn
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
@@ -345,15 +367,34 @@ class LedgerDatabase:
             conn.execute(text("SELECT 1"))
 
 
-def lock_for_reading(conn: Connection) -> None:
+def lock_for_reading(conn: Connection, *, wait_s: float | None = None) -> None:
     """ACCESS SHARE locks on every read model (:data:`ledger.store.tables.READ_MODELS`) in ``conn``'s transaction,
     in one statement, in that order (see :meth:`LedgerDatabase.reading`); waits for a rebuild holding any of them to
-    commit. Also for a transaction that reads the read models and writes too (the snapshot job), which
-    :meth:`LedgerDatabase.reading` does not commit."""
-    # Names from ledger.store.tables, never from input.
-    conn.execute(text(_LOCK_READ_MODELS))
+    commit, for ``wait_s`` seconds at most (``None``: without end). Also for a transaction that reads the read
+    models and writes too (the snapshot job), which :meth:`LedgerDatabase.reading` does not commit.
+
+    Raises:
+        ReadModelsRebuilding: ``wait_s`` passed with a read model still held (``lock_timeout``, SQLSTATE 55P03);
+            ``conn``'s transaction is aborted, roll it back.
+    """
+    if wait_s is None:
+        conn.execute(text(_LOCK_READ_MODELS))
+        return
+    # lock_timeout for the LOCK only, set and reset in the same round trip (several statements with no parameters
+    # go as one simple query): the read's own statements then wait as the session says.
+    try:
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; {_LOCK_READ_MODELS}; "
+                             "SET LOCAL lock_timeout TO DEFAULT")
+    except OperationalError as e:
+        if not lock_not_available(e):
+            raise
+        raise ReadModelsRebuilding(
+            f"the read models are being rebuilt (a `dra-ledger rebuild`, a first build from a whole history, or a "
+            f"schema migration holds them until it commits); this read waited {wait_s:g} s for them; retry later",
+            retry_after_s=max(1, math.ceil(wait_s))) from e
 
 
+# Names from ledger.store.tables, never from input.
 _LOCK_READ_MODELS = f"LOCK TABLE {', '.join(t.name for t in tables.READ_MODELS)} IN ACCESS SHARE MODE"
 
 

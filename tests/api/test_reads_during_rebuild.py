@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -14,10 +15,14 @@ from litestar import Litestar
 from litestar.testing import TestClient
 from sqlalchemy import Connection, text
 
+from api.app import create_app
+from api.limits import REBUILD_WAIT_S
 from ledger import services
 from ledger.config import DEFAULT
+from ledger.errors import ReadModelsRebuilding
 from ledger.projections import runner
 from ledger.recorded import parse_time
+from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
 from ledger.types import GlobalPosition
 
@@ -154,3 +159,61 @@ def test_reads_of_the_event_store_and_the_checkpoints_do_not_wait_for_a_rebuild(
         rebuild.rollback()
     assert [set(lag.values()) for lag in lags] == [{0}]
     assert counts == [0, head]
+
+
+WINDOW = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
+READ_MODEL_REQUESTS = [*[(path, WINDOW if path == "/v1/usage" else {"at": AT}) for path in ENDPOINTS],
+                       ("/v1/claims/ml-serve/shared-gpu/history", {}),
+                       ("/v1/devices/gpu.example.com/lab-node/gpu-1/timeline", WINDOW)]
+
+
+@pytest.mark.parametrize(("path", "params"), READ_MODEL_REQUESTS)
+def test_a_request_that_waits_longer_for_a_rebuild_than_the_api_allows_answers_503_with_retry_after(
+        seeded: LedgerHandle, path: str, params: dict[str, str]) -> None:
+    with TestClient(create_app(db=seeded.db, config=DEFAULT, rebuild_wait_s=0.2)) as client:
+        with seeded.engine.connect() as rebuild:
+            rebuild.execute(text(f"TRUNCATE {', '.join(runner.table_names())}"))
+            during = client.get(path, params=params)
+            # These read the event store and the checkpoints only: they answer at once.
+            ready, audit_log = client.get("/readyz"), client.get("/v1/events", params={"limit": 5})
+            rebuild.rollback()
+        after = client.get(path, params=params)
+
+    assert during.status_code == 503, during.text
+    assert during.headers["retry-after"] == "1"  # 0.2 s, in whole seconds, at least 1
+    assert during.headers["content-type"].startswith("application/problem+json")
+    problem = during.json()
+    assert problem["status"] == 503
+    assert problem["detail"].startswith("the read models are being rebuilt")
+    assert "waited 0.2 s" in problem["detail"]
+    assert ready.status_code == 200, ready.text
+    assert audit_log.status_code == 200 and len(audit_log.json()["events"]) == 5, audit_log.text
+    assert after.status_code == 200, after.text
+
+
+def test_the_api_waits_for_the_read_models_only_on_its_own_copy_of_the_database(seeded: LedgerHandle) -> None:
+    app = create_app(db=seeded.db, config=DEFAULT, rebuild_wait_s=3)
+    served: LedgerDatabase = app.state.ledger.db
+    assert (served.read_models_wait_s, served.engine) == (3, seeded.db.engine)
+    assert seeded.db.read_models_wait_s is None  # the CLI's and the jobs' reads wait for a rebuild to end
+    assert create_app(db=seeded.db, config=DEFAULT).state.ledger.db.read_models_wait_s == REBUILD_WAIT_S
+
+
+def test_a_bounded_wait_for_the_read_models_leaves_the_read_itself_under_the_sessions_lock_timeout(
+        seeded: LedgerHandle) -> None:
+    bounded = replace(seeded.db, read_models_wait_s=0.2)
+    with bounded.reading() as conn:
+        in_read = conn.execute(text("SHOW lock_timeout")).scalar_one()
+    with seeded.db.reading() as conn:
+        session = conn.execute(text("SHOW lock_timeout")).scalar_one()
+    assert in_read == session
+
+
+def test_a_bounded_wait_for_the_read_models_raises_once_it_passes(seeded: LedgerHandle) -> None:
+    bounded = replace(seeded.db, read_models_wait_s=0.3)
+    with seeded.engine.connect() as rebuild:
+        rebuild.execute(text(f"TRUNCATE {runner.table_names()[-1]}"))
+        with pytest.raises(ReadModelsRebuilding, match=r"waited 0\.3 s for them") as raised, bounded.snapshot():
+            pass
+        rebuild.rollback()
+    assert raised.value.retry_after_s == 1
