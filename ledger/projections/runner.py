@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from ledger.errors import CheckpointsLocked, LedgerError, ProjectionFailed
 from ledger.events import RecordedEvent
@@ -307,14 +308,60 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
         # again; until then usage reads the live intervals). Before the TRUNCATE for the same reason: a rollup
         # chunk holds the rolled-hours lock and then reads device_allocations, so this takes that lock first.
         forget_all_rolled_hours(conn)
+    _lock_for_truncate(conn, tables)
     # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
     # DDL rights (SECURITY.md); row ids carry no meaning.
-    # The locks in READ_MODELS order (table_names), the order reads take theirs in (LedgerDatabase.reading):
-    # no deadlock.
     conn.execute(text(f"TRUNCATE {tables}"))
     for name in names:
         positions[name] = 0
     conn.execute(text("UPDATE checkpoints SET position = 0 WHERE projection = ANY(:names)"), {"names": names})
+
+
+TRUNCATE_LOCK_TRY_S = 0.2
+"""Seconds one attempt of a rebuild waits for the read models' ACCESS EXCLUSIVE locks (:func:`_lock_for_truncate`):
+below PostgreSQL's default ``deadlock_timeout`` (1 s), so that a reader that waits for a table the attempt holds
+gets it before the server would look for, and break, a deadlock."""
+TRUNCATE_LOCK_PATIENCE_S = 60.0
+"""Seconds a rebuild keeps making such attempts before it waits for the locks without bound, as a plain ``TRUNCATE``
+would: readers that hold the read models without pause (dashboards polling long queries) must not keep it out."""
+
+
+def _lock_for_truncate(conn: Connection, tables: str) -> None:
+    """ACCESS EXCLUSIVE locks on ``tables`` (comma-separated, :func:`table_names` order) for the ``TRUNCATE`` that
+    follows, all or none at each attempt.
+
+    Why attempts: the ledger's own reads lock every read model first, in this order (``LedgerDatabase.reading``),
+    so they wait for a rebuild holding nothing. A client's single statement cannot: a Grafana query on
+    ``reporting.claim_consumers`` locks ``claim_consumers`` and then ``claims``. When the rebuild waited for a
+    table a long reader held, having taken ``claims`` already, such a query took ``claim_consumers``, waited for
+    ``claims``, and PostgreSQL aborted one of the two as a deadlock once the long reader let go. Here an attempt
+    waits :data:`TRUNCATE_LOCK_TRY_S` at most, and a failed one gives back what it took (its savepoint rolls back),
+    so the waiting query passes; the next attempt follows after a growing pause (tenacity). After
+    :data:`TRUNCATE_LOCK_PATIENCE_S` the locks are taken with a plain wait.
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the last, unbounded wait failed (a deadlock it was part of).
+    """
+    statement = (f"SET LOCAL lock_timeout = '{round(TRUNCATE_LOCK_TRY_S * 1000)}ms'; "
+                 f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE; SET LOCAL lock_timeout TO DEFAULT")
+    try:
+        for attempt in Retrying(retry=retry_if_exception(_lock_refused), reraise=True,
+                                wait=wait_exponential(multiplier=0.05, max=1.0),
+                                stop=stop_after_delay(TRUNCATE_LOCK_PATIENCE_S)):
+            with attempt, conn.begin_nested():  # a failed attempt rolls back to here: its locks are given back
+                conn.exec_driver_sql(statement)
+    except OperationalError as e:
+        if not _lock_refused(e):
+            raise
+        conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+
+
+def _lock_refused(error: BaseException) -> bool:
+    """Whether ``error`` ended an attempt of :func:`_lock_for_truncate` that may be made again: ``lock_timeout``
+    passed (55P03), or PostgreSQL chose the attempt as a deadlock's victim (40P01: a ``deadlock_timeout`` set below
+    :data:`TRUNCATE_LOCK_TRY_S`)."""
+    return isinstance(error, OperationalError) and (lock_not_available(error)
+                                                   or getattr(error.orig, "sqlstate", None) == "40P01")
 
 
 def _build_whole(conn: Connection, names: Sequence[str], *, progress: Progress | None) -> int:

@@ -14,6 +14,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
 from api.limits import REBUILD_WAIT_S
@@ -217,3 +218,68 @@ def test_a_bounded_wait_for_the_read_models_raises_once_it_passes(seeded: Ledger
             pass
         rebuild.rollback()
     assert raised.value.retry_after_s == 1
+
+
+def test_a_rebuild_lets_a_view_query_that_locks_out_of_order_pass_instead_of_deadlocking_with_it(
+        seeded: LedgerHandle) -> None:
+    # reporting.claim_consumers locks claim_consumers, then claims: the reverse of the rebuild's order. A rebuild
+    # that took claims and then waited for claim_states (held by a long reader) met such a query holding
+    # claim_consumers, and PostgreSQL aborted the query as a deadlock once the long reader let go.
+    def grafana() -> int:
+        with seeded.engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM reporting.claim_consumers")).scalar_one())
+
+    before, rows = grafana(), seeded.snapshot()
+    assert before > 0
+    results: dict[str, object] = {}
+
+    def run(name: str, work: Callable[[], object]) -> Callable[[], None]:
+        def target() -> None:
+            try:
+                results[name] = work()
+            except OperationalError as e:  # a deadlock's victim
+                results[name] = e
+        return target
+
+    with seeded.engine.connect() as long_reader, seeded.engine.connect() as watcher:
+        long_reader.execute(text("LOCK TABLE claim_states IN ACCESS SHARE MODE"))
+        rebuild = threading.Thread(target=run("rebuild", lambda: services.rebuild(seeded.db, occupancy_counts=False)),
+                                   daemon=True)
+        rebuild.start()
+        assert _wait_until_blocked_on_a_lock(watcher)
+        query = threading.Thread(target=run("grafana", grafana), daemon=True)
+        query.start()
+        query.join(WAIT_S)  # answered while the long reader still keeps the rebuild out
+        answered_first = "grafana" in results and "rebuild" not in results
+        long_reader.rollback()
+        rebuild.join(WAIT_S)
+
+    assert answered_first, results
+    assert results == {"grafana": before, "rebuild": len(seeded.rows("events"))}
+    assert seeded.snapshot() == rows
+
+
+def test_a_rebuild_kept_out_past_its_patience_waits_for_the_locks_and_completes(
+        seeded: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "TRUNCATE_LOCK_PATIENCE_S", 0.3)
+    rows = seeded.snapshot()
+    applied: list[int] = []
+    with seeded.engine.connect() as long_reader, seeded.engine.connect() as watcher:
+        long_reader.execute(text("LOCK TABLE claim_states IN ACCESS SHARE MODE"))
+        rebuild = threading.Thread(target=lambda: applied.append(services.rebuild(seeded.db, occupancy_counts=False)),
+                                   daemon=True)
+        rebuild.start()
+        # Bounded attempts send "SET LOCAL lock_timeout ...; LOCK TABLE ...": the unbounded wait is a LOCK alone.
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not watcher.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE'")).scalar_one():
+            watcher.rollback()  # pg_stat_activity is read once per transaction
+            time.sleep(0.05)
+        waits_without_bound = time.monotonic() < deadline
+        long_reader.rollback()
+        rebuild.join(WAIT_S)
+
+    assert waits_without_bound
+    assert applied == [len(seeded.rows("events"))]
+    assert seeded.snapshot() == rows
