@@ -467,13 +467,25 @@ def _catch_up_read_models(db: LedgerDatabase) -> None:
     started = time.monotonic()
     analyzed: list[tuple[Analyzed, float]] = []  # said after the read models' line, which it follows
     with _progress(lag, CATCH_UP_LABEL) as progress:
-        applied = services.catch_up(db, progress=progress,
+        applied = services.catch_up(db, progress=progress, built=_table_built() if lag >= PROGRESS_MIN_LINES else None,
                                     statistics=lambda done, seconds: analyzed.append((done, seconds)))
     if lag >= PROGRESS_MIN_LINES:
         applying = time.monotonic() - started - sum(seconds for _, seconds in analyzed)
         err.print(f"read models: {applied:,} events applied in {applying:.1f} s")
     for done, seconds in analyzed:
         _say_statistics(done, seconds)
+
+
+def _table_built() -> Callable[[str], None]:
+    """A ``built`` callback (:func:`ledger.services.rebuild`) that says on stderr each read-model table a build from
+    the whole history has written, with the seconds since this call: a long build's steps (the tables are filled
+    by single statements and a fold, so its events cannot be counted as it goes)."""
+    started = time.monotonic()
+
+    def say(table: str) -> None:
+        err.print(f"read models: {table} built ({time.monotonic() - started:.1f} s)", soft_wrap=True)
+
+    return say
 
 
 def _say_statistics(done: Analyzed, seconds: float) -> None:
@@ -682,10 +694,10 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         require_embedded_ledger(settings.data_dir)
     with reported_errors():
         db = services.open_ledger(settings)
-        err.print("rebuilding the read models from the events ...")
+        err.print(f"rebuilding the read models from the events ({services.count_events(db):,}) ...")
         # One transaction: Ctrl-C rolls all of it back.
         with interrupt_said("interrupted: the rebuild rolled back; the read models are as they were"):
-            applied = services.rebuild(db, occupancy_counts=False)
+            applied = services.rebuild(db, built=_table_built(), occupancy_counts=False)
         err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
         with interrupt_said("interrupted after the rebuild committed: the occupancy counts not computed yet are "
                             "computed by the jobs (`dra-ledger jobs`, or `watch` without --no-jobs); occupancy "

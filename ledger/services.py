@@ -632,7 +632,7 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None,
-             wait: bool = True, until: int | None = None) -> int:
+             wait: bool = True, until: int | None = None, built: Callable[[str], None] | None = None) -> int:
     """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Once the catch-ups through ``db`` have applied :data:`ANALYZE_AFTER_EVENTS` or more since it last analyzed
@@ -642,7 +642,8 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
 
     ``wait=False`` (the CLI's queries) does not wait for another process that is applying events itself, and
     ``until`` (a global position) stops there rather than follow events appended meanwhile (see
-    :func:`ledger.projections.runner.catch_up`).
+    :func:`ledger.projections.runner.catch_up`). ``built`` is told each read-model table's name as a build from
+    the whole history (read models that applied nothing yet, a large first replay) writes it.
 
     Raises:
         CheckpointsLocked: ``wait`` is ``False`` and another process is applying events; the read models are
@@ -655,7 +656,7 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
     """
     try:
         with unavailable_as_error():
-            applied = runner.catch_up(db.engine, progress=progress, wait=wait, until=until)
+            applied = runner.catch_up(db.engine, progress=progress, built=built, wait=wait, until=until)
     except CheckpointsLocked as e:
         db.unanalyzed_events += e.applied  # the other process analyzes after its own catch-up
         raise
@@ -804,15 +805,19 @@ def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) ->
     return done
 
 
-def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, occupancy_counts: bool = True) -> int:
+def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, built: Callable[[str], None] | None = None,
+            occupancy_counts: bool = True) -> int:
     """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
+
+    ``progress`` hears of the events applied (all at once at the end of the usual whole-history build), ``built``
+    of each read-model table's name as that build writes it (its steps, for a long rebuild).
 
     Then, unless ``occupancy_counts`` is false (the caller does both, e.g. to report progress between),
     computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per cluster; until
     that commits, occupancy totals are aggregated from the intervals) and refreshes the tables' statistics
     (:func:`refresh_statistics`).
     """
-    applied = runner.rebuild(db.engine, progress=progress)
+    applied = runner.rebuild(db.engine, progress=progress, built=built)
     if occupancy_counts:
         refresh_occupancy_counts(db)
         refresh_statistics(db)  # they described the tables before the rebuild; last, so the counts' are current
@@ -892,6 +897,17 @@ def count_observations(db: LedgerDatabase, cluster: str) -> int:
     """
     with unavailable_as_error(), db.reading(autocommit=True) as conn:
         return count_cluster_observations(conn, cluster)
+
+
+def count_events(db: LedgerDatabase) -> int:
+    """How many events the ledger holds, every cluster's (table ``events``): what a :func:`rebuild` applies, for its
+    progress bar. Does not wait for a rebuild (reads no read model).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), db.reading(read_models=False) as conn:
+        return runner.count_events(conn)
 
 
 def events_to_apply(db: LedgerDatabase) -> int:

@@ -33,6 +33,9 @@ from ledger.store.tables import READ_MODELS
 from ledger.types import GlobalPosition
 
 Progress = Callable[[int], None]
+Built = Callable[[str], None]
+"""Told a read-model table's name once a whole-history build has written its rows (see
+:func:`ledger.projections.whole_history.build`)."""
 _log = logging.getLogger(__name__)
 ALLOCATIONS = "device_allocations"
 """The projection whose rows the hourly usage rollups sum."""
@@ -129,7 +132,8 @@ statements cost about what a few batches do), and the test histories keep exerci
 
 
 def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 2000,
-             progress: Progress | None = None, whole_history_from: int = WHOLE_HISTORY_FROM,
+             progress: Progress | None = None, built: Built | None = None,
+             whole_history_from: int = WHOLE_HISTORY_FROM,
              wait: bool = True, until: int | None = None) -> int:
     """Apply every event after each projection's checkpoint.
 
@@ -145,6 +149,7 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
         projections: which read models (default: all, in their dependency order).
         batch_size: events per transaction.
         progress: called with the number of events applied after each batch (once for a whole-history build).
+        built: told each table's name as a whole-history build writes it (the build's steps; not called otherwise).
         whole_history_from: the store size, in events, from which read models that applied nothing are built
             from the whole history (``0``: never).
         wait: ``False``: should another process hold the checkpoint rows (it is applying events: a replay's
@@ -169,12 +174,12 @@ def catch_up(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_s
             the checkpoints or the events failed.
     """
     with applying(engine):
-        return _catch_up(engine, projections=projections, batch_size=batch_size, progress=progress,
+        return _catch_up(engine, projections=projections, batch_size=batch_size, progress=progress, built=built,
                          whole_history_from=whole_history_from, wait=wait, until=until)
 
 
 def _catch_up(engine: Engine, *, projections: Sequence[Projection], batch_size: int, progress: Progress | None,
-              whole_history_from: int, wait: bool, until: int | None) -> int:
+              built: Built | None, whole_history_from: int, wait: bool, until: int | None) -> int:
     """:func:`catch_up`'s loop, run while the caller holds the applying marker."""
     names = [p.name for p in projections]
     applied = 0
@@ -188,10 +193,10 @@ def _catch_up(engine: Engine, *, projections: Sequence[Projection], batch_size: 
                 positions = _lock_checkpoints(conn, names) if wait else _lock_checkpoints_or_stop(conn, names,
                                                                                                    applied=applied)
                 if may_build and not any(positions.values()):
-                    built = _build_from_nothing(conn, projections, positions, from_events=whole_history_from,
-                                                progress=progress)
-                    if built:
-                        applied += built
+                    from_nothing = _build_from_nothing(conn, projections, positions, from_events=whole_history_from,
+                                                       progress=progress, built=built)
+                    if from_nothing:
+                        applied += from_nothing
                         continue  # committed; the batches apply what was appended since
                 may_build = False
                 after = min(positions.values())
@@ -215,7 +220,7 @@ def _catch_up(engine: Engine, *, projections: Sequence[Projection], batch_size: 
 
 
 def _build_from_nothing(conn: Connection, projections: Sequence[Projection], positions: dict[str, int], *,
-                        from_events: int, progress: Progress | None) -> int:
+                        from_events: int, progress: Progress | None, built: Built | None) -> int:
     """In the caller's transaction (checkpoints locked, all at 0): build ``projections`` from the whole history if
     the store holds at least ``from_events`` events; returns the events applied (0: not built, the batches apply
     them). A build that fails is rolled back to a savepoint, logged, and left to the batches."""
@@ -225,7 +230,7 @@ def _build_from_nothing(conn: Connection, projections: Sequence[Projection], pos
     try:
         with conn.begin_nested():
             _reset(conn, projections, positions)
-            return _build_whole(conn, [p.name for p in projections], progress=progress)
+            return _build_whole(conn, [p.name for p in projections], progress=progress, built=built)
     except BATCH_FAILURES as e:
         if isinstance(e, DBAPIError) and connection_lost(e):
             raise
@@ -244,7 +249,8 @@ worker keeps recording and retries later."""
 
 
 def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 5000,
-            progress: Progress | None = None, set_based: bool = True, whole_history: bool = True) -> int:
+            progress: Progress | None = None, built: Built | None = None, set_based: bool = True,
+            whole_history: bool = True) -> int:
     """Rebuild read models from global position 0 in one transaction and swap them in at commit.
 
     Readers never see a half-built model: the TRUNCATE's ACCESS EXCLUSIVE lock makes them wait for the commit,
@@ -265,6 +271,7 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         projections: which read models (default: all).
         batch_size: events per batch of the batch paths (> 0; unused by the whole-history path).
         progress: called with the number of events applied, after each batch (once for the whole history).
+        built: told each table's name as the whole-history path writes it (its steps; the batch paths do not call it).
         set_based: ``False`` selects the reference path.
         whole_history: ``False`` selects the batch path.
 
@@ -283,7 +290,7 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         positions = _lock_checkpoints(conn, names)
         _reset(conn, projections, positions)
         if set_based and whole_history and whole.supports(names):
-            return _build_whole(conn, names, progress=progress)
+            return _build_whole(conn, names, progress=progress, built=built)
         after = GlobalPosition(0)
         while batch := read_all(conn, after=after, limit=batch_size, with_source=False):
             _apply_batch(conn, projections, positions, batch, set_based=set_based)
@@ -364,13 +371,13 @@ def _lock_refused(error: BaseException) -> bool:
                                                    or getattr(error.orig, "sqlstate", None) == "40P01")
 
 
-def _build_whole(conn: Connection, names: Sequence[str], *, progress: Progress | None) -> int:
+def _build_whole(conn: Connection, names: Sequence[str], *, progress: Progress | None, built: Built | None) -> int:
     """Build the (emptied) read models ``names`` from every event up to the head, with their checkpoints at the
     head; returns how many events that was."""
     # One snapshot of the head for every statement of the build (see whole_history's docstring).
     count, head = conn.execute(text("SELECT count(*), coalesce(max(global_position), 0) FROM events")).one()
     if count:
-        whole.build(conn, names=list(names), head=GlobalPosition(int(head)))
+        whole.build(conn, names=list(names), head=GlobalPosition(int(head)), built=built)
         conn.execute(text("UPDATE checkpoints SET position = :pos, updated_at = :now WHERE projection = ANY(:names)"),
                      {"pos": int(head), "now": datetime.now(UTC), "names": list(names)})
         if progress is not None:
@@ -403,6 +410,11 @@ def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> 
 def lag_on(conn: Connection) -> dict[str, int]:
     """:func:`lag` on an open connection."""
     return head_and_lag_on(conn)[1]
+
+
+def count_events(conn: Connection) -> int:
+    """How many events table ``events`` holds (every cluster's; gaps in the global positions are not counted)."""
+    return int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
 
 
 def unapplied_events(conn: Connection, *, head: int, lags: Mapping[str, int]) -> int:

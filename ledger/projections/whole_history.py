@@ -47,7 +47,7 @@ from __future__ import annotations
 import pickle
 import tempfile
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -541,21 +541,27 @@ def _spooled(spool: IO[bytes], chunks: int) -> Iterator[list[list[object]]]:
         yield rows
 
 
-def _write_folded(conn: Connection, names: Collection[str], folded: _Folded, spool: IO[bytes]) -> None:
-    """COPY the folded tables in ``names`` in the build's transaction."""
+def _write_folded(conn: Connection, names: Collection[str], folded: _Folded, spool: IO[bytes],
+                  built: Callable[[str], None]) -> None:
+    """COPY the folded tables in ``names`` in the build's transaction, telling ``built`` each table's name."""
     if "namespace_teams" in names:
         copy_rows(conn, "namespace_teams", ["cluster", "namespace", "team", "valid"], folded.teams)
+        built("namespace_teams")
     if "device_inventory" in names:
         copy_rows(conn, "device_inventory", [*_INVENTORY_COLUMNS, "valid"], folded.inventory)
+        built("device_inventory")
     if "device_classes" in names:
         copy_rows(conn, "device_classes", ["cluster", "name", "spec", "valid"], folded.classes)
+        built("device_classes")
     if "device_taint_rules" in names:
         copy_rows(conn, "device_taint_rules", ["cluster", "name", *_TAINT_RULE_COLUMNS, "valid"], folded.taint_rules)
+        built("device_taint_rules")
     if "device_allocations" in names:
         columns = [*_ALLOCATION_COLUMNS, "valid"]
         for chunk in _spooled(spool, folded.allocation_chunks):
             copy_rows(conn, "device_allocations", columns, chunk)
         copy_rows(conn, "device_allocations", columns, folded.allocations)
+        built("device_allocations")
 
 
 def _by_device(rows: list[list[object]]) -> list[list[object]]:
@@ -564,7 +570,8 @@ def _by_device(rows: list[list[object]]) -> list[list[object]]:
     return rows
 
 
-def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> None:
+def build(conn: Connection, *, names: Collection[str], head: GlobalPosition,
+          built: Callable[[str], None] | None = None) -> None:
     """Fill the (empty) tables of the projections ``names`` from the events up to ``head``.
 
     The caller has emptied those tables and holds their checkpoints in the same transaction; this
@@ -574,6 +581,9 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
         conn: the rebuild's transaction.
         names: projection names; :func:`supports` must accept them.
         head: the last global position to apply (1-based; events above it are left for catch-up).
+        built: told each table's name once its rows are written (in this transaction, from the caller's thread),
+            so that a long build shows its steps: the tables are filled by single statements and a fold whose
+            share of the work depends on the history, so no count of events could say how far it is.
 
     Raises:
         ValueError: :func:`supports` refuses ``names``.
@@ -588,14 +598,14 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
     # Sorts of the window statements stay in memory at this size (the default 4 MB spills them to disk);
     # SET LOCAL ends with the transaction.
     conn.execute(text("SET LOCAL work_mem = '64MB'"))
-    built = [b for name, group in SQL_BUILT.items() if name in names for b in group]
+    by_sql = [b for name, group in SQL_BUILT.items() if name in names for b in group]
     folded = bool(FOLDED & set(names))
     # Work spread over both cores: this transaction's connection runs the first table's INSERT ... SELECT;
     # meanwhile two threads with connections of their own run the fold (Python) and the queries of the
     # other SQL-built tables, whose rows they spool to temporary files as COPY text; this connection then
     # copies the spools in, as raw bytes (one connection runs one statement at a time, and only this
     # one writes, so the swap stays atomic). psycopg releases the GIL while it waits on the server.
-    direct, piped = built[:1], built[1:]
+    direct, piped = by_sql[:1], by_sql[1:]
     stop = threading.Event()
     with ExitStack() as stack:
         spool = stack.enter_context(tempfile.TemporaryFile(prefix="ledger-rebuild-"))
@@ -608,19 +618,26 @@ def build(conn: Connection, *, names: Collection[str], head: GlobalPosition) -> 
         copying = [executor.submit(_copy_out, conn.engine, b, head, out, stop)
                    for b, out in zip(piped, outs, strict=True)]
         work: list[Future[_Folded] | Future[None]] = [*copying, *([folding] if folding is not None else [])]
+        told = built if built is not None else _quiet
         try:
             for b in direct:
                 _raise_failed(work)  # a failed thread stops the build now rather than at the end
                 conn.execute(text(b.insert()), {"head": head})
+                told(b.table)
             for b, out, copied in zip(piped, outs, copying, strict=True):
                 copied.result()
                 out.seek(0)
                 copy_in(conn, b.table, b.columns, out)
+                told(b.table)
             if folding is not None:
-                _write_folded(conn, names, folding.result(), spool)
+                _write_folded(conn, names, folding.result(), spool, told)
         except BaseException:
             stop.set()  # the executor's exit then waits at most one read for the threads to give up
             raise
+
+
+def _quiet(table: str) -> None:
+    """The ``built`` callback of a build nobody watches."""
 
 
 def _raise_failed(work: Sequence[Future[_Folded] | Future[None]]) -> None:

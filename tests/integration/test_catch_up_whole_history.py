@@ -84,3 +84,18 @@ def test_a_whole_history_build_that_fails_falls_back_to_the_batches(
     assert "building the read models from the whole history failed (ValueError: an event the build cannot take)" \
            in caplog.text
     assert fallen_back.snapshot() == reference.snapshot()
+
+
+def test_a_whole_history_build_tells_each_table_as_it_is_written_and_the_batch_paths_tell_none(
+        ledger: LedgerHandle) -> None:
+    ledger.replay(SEED)
+    told: list[str] = []
+    runner.rebuild(ledger.engine, built=told.append)
+    # The SQL-built tables as their statements finish, then the fold's; device_allocations after the tables it reads.
+    assert told == ["pod_phases", "claims", "claim_states", "claim_consumers", "namespace_teams", "device_inventory",
+                    "device_classes", "device_taint_rules", "device_allocations"]
+    assert sorted(told) == sorted(runner.table_names())
+
+    batches: list[str] = []
+    runner.rebuild(ledger.engine, built=batches.append, whole_history=False)
+    assert batches == []

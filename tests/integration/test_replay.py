@@ -122,7 +122,13 @@ def test_rebuild_through_the_cli_reports_the_events_applied(ledger: LedgerHandle
     url = ledger.engine.url.render_as_string(hide_password=False)
     result = CliRunner().invoke(app, ["rebuild", "--database-url", url])
     assert result.exit_code == 0, result.output
-    assert f"rebuilt read models from {_count(ledger, 'events')} events" in result.output
+    events = _count(ledger, "events")
+    assert result.output.startswith(f"rebuilding the read models from the events ({events:,}) ...\n")
+    assert f"rebuilt read models from {events} events" in result.output
+    # Each table of the whole-history build is said once it is written, in the build's order.
+    steps = [line.split()[2] for line in result.output.splitlines() if line.startswith("read models: ")]
+    assert sorted(steps) == sorted(runner.table_names())
+    assert steps[-1] == "device_allocations"  # the fold's tables last, allocations after the tables they read
     # ... and computed the occupancy counts again: the rows it reports are the rows stored.
     assert f"occupancy counts: {_count(ledger, 'occupancy_counts')} rows over 1 cluster(s)" in result.output
     assert _count(ledger, "occupancy_counts") > 1
