@@ -552,12 +552,15 @@ def bind_error(host: str, port: int) -> OSError | None:
     return None
 
 
-def require_port(host: str, port: int, *, doing: str = "listen") -> None:
-    """Fail early, saying what to do, when a server of ours (the API) cannot listen on ``host:port``.
+def require_port(host: str, port: int, *, doing: str = "listen", port_option: str = "--port",
+                 host_option: str = "--host") -> None:
+    """Fail early, saying what to do, when a server of ours (the API, a watch worker's health checks) cannot listen
+    on ``host:port``.
 
-    ``doing`` names what needed the port in the message ("cannot {doing} on host:port"). Only a port in use
-    (``EADDRINUSE``) gets the hint about another process and ``--port``; a host that does not resolve, or an
-    address that is not this machine's, is named as the problem instead.
+    ``doing`` names what needed the port in the message ("cannot {doing} on host:port"), ``port_option`` and
+    ``host_option`` the settings that change them. Only a port in use (``EADDRINUSE``) gets the hint about another
+    process and ``port_option``; a host that does not resolve, or an address that is not this machine's, is named
+    as the problem instead.
 
     Raises:
         LedgerError: the address is taken or cannot be bound (the OS's reason, and what to change).
@@ -569,13 +572,13 @@ def require_port(host: str, port: int, *, doing: str = "listen") -> None:
     # An IPv6 address in brackets, as in a URL, so that its colons stay apart from the port's ([::1]:8472).
     where = f"cannot {doing} on {f'[{host}]' if ':' in host else host}:{port}"
     if isinstance(error, socket.gaierror):
-        raise LedgerError(f"{where}: the host {host} cannot be resolved ({reason}); give --host an address or name "
-                          "of this machine")
+        raise LedgerError(f"{where}: the host {host} cannot be resolved ({reason}); give {host_option} an address or "
+                          "name of this machine")
     if error.errno == errno.EADDRNOTAVAIL:
-        raise LedgerError(f"{where}: {host} is not an address of this machine ({reason}); give --host one of its "
-                          "addresses")
+        raise LedgerError(f"{where}: {host} is not an address of this machine ({reason}); give {host_option} one of "
+                          "its addresses")
     if error.errno == errno.EADDRINUSE:
-        raise LedgerError(f"{where}: {reason}; another process may hold the port: stop it or pass --port")
+        raise LedgerError(f"{where}: {reason}; another process may hold the port: stop it or pass {port_option}")
     raise LedgerError(f"{where}: {reason}")
 
 

@@ -21,6 +21,7 @@ from pydantic_settings import SettingsError
 
 from ledger import cli, services
 from ledger.config import load_config
+from ledger.embedded import require_port
 from ledger.errors import LedgerError
 from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.settings import Settings
@@ -276,6 +277,9 @@ def register(app: typer.Typer) -> None:
         # One line and exit code 2 for a bad file, a refused schema or a database that cannot be reached, as the
         # other commands say it (cli.reported_errors), never a traceback.
         with cli.reported_errors():
+            if watch_settings.health_port > 0:  # said before the database and the cluster are contacted
+                require_port(watch_settings.health_host, watch_settings.health_port, doing="serve the health checks",
+                             port_option="--health-port (-1: none)", host_option="LEDGER_WATCH_HEALTH_HOST")
             ledger_config = load_config(config or settings.config)
             translator = services.translator_settings(settings, ledger_config, config_path=config or settings.config)
             db = services.open_ledger(settings)
@@ -301,9 +305,9 @@ def register(app: typer.Typer) -> None:
                     scheduler.shutdown(wait=False)
 
             health = HealthServer(metrics, ready)
-            if watch_settings.health_port >= 0:
-                await health.start(watch_settings.health_host, watch_settings.health_port)
-            try:
+            try:  # the client is closed also when the health port cannot be listened on
+                if watch_settings.health_port >= 0:
+                    await health.start(watch_settings.health_host, watch_settings.health_port)
                 async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
                     await run_worker(api_client=api_client, sink=sink, settings=watch_settings, stop=stop,
                                      clock=clock, identity=identity, elect=leader_election,

@@ -212,9 +212,12 @@ class Workers:
         return worker
 
     async def close(self) -> None:
-        """Stop every worker still running."""
+        """Stop every worker still running, and close the client of every worker started (one whose run ended on its
+        own too: its aiohttp session was left open, and reported unclosed when the interpreter exited)."""
         for worker in self.started:
-            if not worker.task.done():
+            if worker.task.done():
+                await worker.client.close()
+            else:
                 await worker.close()
 
 

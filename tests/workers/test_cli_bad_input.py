@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import config as k8s_config
 from typer.testing import CliRunner, Result
 
-from tests.factories import plugin_commands
+from tests.factories import plugin_commands, taken_port
 from tests.workers.harness import SEED_LAB, kubeconfig
 from workers.cli import api_client_for
 from workers.testing import ThreadedFakeApiServer
@@ -163,3 +163,18 @@ def test_a_worker_names_a_database_it_cannot_reach_in_one_line_and_exits_2(tmp_p
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_watch_names_a_health_port_in_use_before_it_contacts_the_database_or_the_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEDGER_WATCH_HEALTH_HOST", "127.0.0.1")
+    config = kubeconfig(tmp_path / "kubeconfig.yaml", "http://127.0.0.1:1")  # never reached
+    with taken_port() as port:
+        result = _invoke(["watch", "--kubeconfig", str(config), "--health-port", str(port),
+                          "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+
+    # It said "OSError: [Errno 98] error while attempting to bind ..." once connected, then "Unclosed client session".
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: cannot serve the health checks on 127.0.0.1:{port}: Address already in use; another process may hold "
+        "the port: stop it or pass --health-port (-1: none)"]
