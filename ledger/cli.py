@@ -1059,8 +1059,7 @@ def _query(settings: Settings, run: Callable[[LedgerDatabase], JSONObject]) -> J
             _say_statistics(done, seconds)
         if behind is not None:
             _say_behind(behind)  # a rebuild's tables: the query's statements wait for its commit
-        with interrupt_said("interrupted"):
-            return run(db)
+        return run(db)  # Ctrl-C here: "interrupted", said by the command class (ledger.cli_typer.LedgerCommand)
 
 
 def _say_behind(behind: services.ReadModelsBehind) -> None:

@@ -135,6 +135,20 @@ class LedgerCommand(TyperCommand):
         show_flags_without_a_type(self.get_params(ctx))  # --help itself is made only when first asked for
         super().format_help(ctx, formatter)
 
+    def invoke(self, ctx: Context) -> Any:
+        """Run the command; a Ctrl-C that reaches here (the command had no message of its own for that moment:
+        while it connects, or prints its answer) ends with one line, ``interrupted``, and exit code 130, where Typer
+        alone exited 130 without a word. Commands that say more catch it first (``ledger.cli.interrupt_said``).
+
+        Raises:
+            typer.Exit: code 130, after the line.
+        """
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):

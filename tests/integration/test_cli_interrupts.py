@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from ledger import cli, services
 from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, app, caused_by_ctrl_c
 from ledger.errors import StoreUnavailable
+from ledger.store.database import LedgerDatabase
 from tests.paths import HISTORIES
 
 SEED = HISTORIES / "seed-lab.jsonl"
@@ -226,3 +227,18 @@ def test_the_events_to_apply_are_counted_not_read_off_positions_with_gaps(
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [f"read models: applying {SEED_EVENTS} events before answering ...",
                                           f"events applied: {SEED_EVENTS} of {SEED_EVENTS}"]
+
+
+@pytest.mark.parametrize("command", [["occupancy"], ["claims"], ["db", "current"]])
+def test_ctrl_c_where_a_command_has_no_message_of_its_own_ends_with_one_line(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    def interrupted(*args: object, **kwargs: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    # While it connects: the queries' own messages cover applying events and answering, not opening the ledger.
+    monkeypatch.setattr(services, "open_ledger", interrupted)
+    monkeypatch.setattr(LedgerDatabase, "from_url", interrupted)
+    result = CliRunner().invoke(app, [*command, "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 130  # Typer alone: 130 and no word
+    assert result.output.splitlines() == ["interrupted"]
