@@ -239,6 +239,9 @@ class Health(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: str
     database: str | None = None
     projectionLag: dict[str, int] | None = None
+    rebuilding: bool | None = None
+    """``/readyz`` with the database reachable: whether a rebuild holds the read models now (reads of them wait, and
+    answer 503 with ``Retry-After`` after 5 s, until it commits)."""
 
 
 class QuotaClaim(msgspec.Struct, kw_only=True):

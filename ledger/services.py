@@ -1224,6 +1224,18 @@ def load_watch_checkpoints(db: LedgerDatabase, cluster: str) -> dict[str, WatchC
             for r in rows}
 
 
+def read_models_rebuilding(db: LedgerDatabase) -> bool:
+    """Whether another transaction holds the read models now, as a rebuild (or a first build from a whole history,
+    or a migration) does until it commits: reads of them wait meanwhile, and the API's answer 503 after 5 s. Read
+    from ``pg_locks`` (:func:`ledger.projections.runner.tables_locked`); never waits.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), db.reading(read_models=False) as conn:
+        return runner.tables_locked(conn)
+
+
 def database_ready(db: LedgerDatabase) -> bool:
     """True when the database answers ``SELECT 1`` (for readiness probes); never raises for an outage."""
     try:

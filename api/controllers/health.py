@@ -49,15 +49,20 @@ class HealthController(Controller):
     def readyz(self, ctx: NamedDependency[AppState]) -> Response[Health]:
         """``ready`` when the database answers and every projection trails the newest event by at most
         10,000 events; otherwise 503 with the reason (``database: unreachable`` or the lag per projection).
+
+        ``rebuilding`` says whether a rebuild holds the read models now (``pg_locks``): the process stays ready
+        (its 503 answers with ``Retry-After`` tell clients more than a pod taken out of its Service would), and the
+        field explains them.
         """
         try:
             services.ping(ctx.db)
             lag = services.projection_lag(ctx.db)
+            rebuilding = services.read_models_rebuilding(ctx.db)
         except Unavailable:
             return Response(Health(status="unavailable", database="unreachable"), status_code=503)
         ready = max(lag.values(), default=0) <= MAX_READY_LAG
         return Response(
-            Health(status="ready" if ready else "lagging", database="ok", projectionLag=lag),
+            Health(status="ready" if ready else "lagging", database="ok", projectionLag=lag, rebuilding=rebuilding),
             status_code=200 if ready else 503,
         )
 
@@ -69,8 +74,9 @@ class HealthController(Controller):
         media_type=METRICS_MEDIA_TYPE,
     )
     def metrics(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState]) -> Response[Any]:
-        """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``,
-        ``dra_ledger_events_head_position`` and ``dra_ledger_database_up``.
+        """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``, ``dra_ledger_database_up`` and
+        ``dra_ledger_read_models_rebuilding`` (1 while a rebuild holds the read models,
+        :func:`ledger.services.read_models_rebuilding`).
 
         Open unless the configuration sets ``[api] metricsPublic = false`` while tokens are configured; then
         any configured token may read it (the figures are cluster-wide, no team's rows).
@@ -89,8 +95,12 @@ class HealthController(Controller):
             ["projection"],
             registry=registry,
         )
+        rebuilding = Gauge("dra_ledger_read_models_rebuilding",
+                           "1 while a rebuild holds the read models (their reads wait, the API answers 503)",
+                           registry=registry)
         try:
             lag = services.projection_lag(ctx.db)
+            rebuilding.set(int(services.read_models_rebuilding(ctx.db)))
             up.set(1)
             for name, value in lag.items():
                 lag_gauge.labels(projection=name).set(value)

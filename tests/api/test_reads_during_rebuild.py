@@ -177,6 +177,7 @@ def test_a_request_that_waits_longer_for_a_rebuild_than_the_api_allows_answers_5
             during = client.get(path, params=params)
             # These read the event store and the checkpoints only: they answer at once.
             ready, audit_log = client.get("/readyz"), client.get("/v1/events", params={"limit": 5})
+            metrics = client.get("/metrics")
             rebuild.rollback()
         after = client.get(path, params=params)
 
@@ -188,6 +189,8 @@ def test_a_request_that_waits_longer_for_a_rebuild_than_the_api_allows_answers_5
     assert problem["detail"].startswith("the read models are being rebuilt")
     assert "waited 0.2 s" in problem["detail"]
     assert ready.status_code == 200, ready.text
+    assert (ready.json()["status"], ready.json()["rebuilding"]) == ("ready", True)  # ready: its 503s say why
+    assert "dra_ledger_read_models_rebuilding 1.0" in metrics.text
     assert audit_log.status_code == 200 and len(audit_log.json()["events"]) == 5, audit_log.text
     assert after.status_code == 200, after.text
 

@@ -524,9 +524,10 @@ def test_a_missing_parameter_is_named_without_the_query_string(client: TestClien
 def test_probes_and_metrics(client: TestClient[Litestar]) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.status_code == 200 and ready.json()["status"] == "ready" and ready.json()["rebuilding"] is False
     metrics = client.get("/metrics").text
     assert "dra_ledger_database_up 1.0" in metrics
+    assert "dra_ledger_read_models_rebuilding 0.0" in metrics
     assert 'dra_ledger_projection_lag_events{projection="device_allocations"} 0.0' in metrics
 
 
