@@ -45,6 +45,7 @@ from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
 from ledger.projections.queries import rfc3339
+from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
 from ledger.recorded import LATEST_TIME_TEXT, SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
@@ -483,9 +484,16 @@ def _table_built() -> Callable[[str], None]:
     started = time.monotonic()
 
     def say(table: str) -> None:
-        err.print(f"read models: {table} built ({time.monotonic() - started:.1f} s)", soft_wrap=True)
+        err.print(f"read models: {table} built (at {time.monotonic() - started:.1f} s)", soft_wrap=True)
 
     return say
+
+
+def _say_waiting(seconds: float) -> None:
+    """Say on stderr that a rebuild waits for other sessions (dashboards, long queries) to let go of the read models
+    (:func:`ledger.services.rebuild`'s ``waiting``)."""
+    err.print(f"read models: waiting for other sessions to let go of them ({seconds:.0f} s so far; after "
+              f"{TRUNCATE_LOCK_PATIENCE_S:g} s the rebuild waits in line for them)", soft_wrap=True)
 
 
 def _say_statistics(done: Analyzed, seconds: float) -> None:
@@ -697,7 +705,7 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         err.print(f"rebuilding the read models from the events ({services.count_events(db):,}) ...")
         # One transaction: Ctrl-C rolls all of it back.
         with interrupt_said("interrupted: the rebuild rolled back; the read models are as they were"):
-            applied = services.rebuild(db, built=_table_built(), occupancy_counts=False)
+            applied = services.rebuild(db, built=_table_built(), waiting=_say_waiting, occupancy_counts=False)
         err.print(f"rebuilt read models from {applied:,} events; computing the occupancy counts ...")
         with interrupt_said("interrupted after the rebuild committed: the occupancy counts not computed yet are "
                             "computed by the jobs (`dra-ledger jobs`, or `watch` without --no-jobs); occupancy "

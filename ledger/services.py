@@ -806,18 +806,20 @@ def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) ->
 
 
 def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, built: Callable[[str], None] | None = None,
-            occupancy_counts: bool = True) -> int:
+            waiting: Callable[[float], None] | None = None, occupancy_counts: bool = True) -> int:
     """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
 
     ``progress`` hears of the events applied (all at once at the end of the usual whole-history build), ``built``
-    of each read-model table's name as that build writes it (its steps, for a long rebuild).
+    of each read-model table's name as that build writes it (its steps, for a long rebuild), ``waiting`` of the
+    seconds waited so far when other sessions keep the read models from it for more than 2 s
+    (:func:`ledger.projections.runner.rebuild`).
 
     Then, unless ``occupancy_counts`` is false (the caller does both, e.g. to report progress between),
     computes the occupancy counts again (:func:`refresh_occupancy_counts`, one transaction per cluster; until
     that commits, occupancy totals are aggregated from the intervals) and refreshes the tables' statistics
     (:func:`refresh_statistics`).
     """
-    applied = runner.rebuild(db.engine, progress=progress, built=built)
+    applied = runner.rebuild(db.engine, progress=progress, built=built, waiting=waiting)
     if occupancy_counts:
         refresh_occupancy_counts(db)
         refresh_statistics(db)  # they described the tables before the rebuild; last, so the counts' are current

@@ -11,12 +11,13 @@ global positions become visible in order and reading ``global_position > checkpo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_exponential
 
 from ledger.errors import CheckpointsLocked, LedgerError, ProjectionFailed
 from ledger.events import RecordedEvent
@@ -36,6 +37,9 @@ Progress = Callable[[int], None]
 Built = Callable[[str], None]
 """Told a read-model table's name once a whole-history build has written its rows (see
 :func:`ledger.projections.whole_history.build`)."""
+Waiting = Callable[[float], None]
+"""Told, once, the seconds a rebuild has waited for other sessions to let go of the read models, when that passes
+:data:`WAITING_SAID_AFTER_S`."""
 _log = logging.getLogger(__name__)
 ALLOCATIONS = "device_allocations"
 """The projection whose rows the hourly usage rollups sum."""
@@ -249,8 +253,8 @@ worker keeps recording and retries later."""
 
 
 def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_size: int = 5000,
-            progress: Progress | None = None, built: Built | None = None, set_based: bool = True,
-            whole_history: bool = True) -> int:
+            progress: Progress | None = None, built: Built | None = None, waiting: Waiting | None = None,
+            set_based: bool = True, whole_history: bool = True) -> int:
     """Rebuild read models from global position 0 in one transaction and swap them in at commit.
 
     Readers never see a half-built model: the TRUNCATE's ACCESS EXCLUSIVE lock makes them wait for the commit,
@@ -272,6 +276,8 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
         batch_size: events per batch of the batch paths (> 0; unused by the whole-history path).
         progress: called with the number of events applied, after each batch (once for the whole history).
         built: told each table's name as the whole-history path writes it (its steps; the batch paths do not call it).
+        waiting: told the seconds waited so far, once, when taking the read models from their readers takes longer
+            than :data:`WAITING_SAID_AFTER_S` (see :func:`_lock_for_truncate`).
         set_based: ``False`` selects the reference path.
         whole_history: ``False`` selects the batch path.
 
@@ -288,7 +294,7 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
     with applying(engine), engine.begin() as conn:
         names = [p.name for p in projections]
         positions = _lock_checkpoints(conn, names)
-        _reset(conn, projections, positions)
+        _reset(conn, projections, positions, waiting=waiting)
         if set_based and whole_history and whole.supports(names):
             return _build_whole(conn, names, progress=progress, built=built)
         after = GlobalPosition(0)
@@ -301,7 +307,8 @@ def rebuild(engine: Engine, *, projections: Sequence[Projection] = ALL, batch_si
     return applied
 
 
-def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[str, int]) -> None:
+def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[str, int], *,
+           waiting: Waiting | None = None) -> None:
     """Empty the read models ``projections`` and what is derived from them, and set their checkpoints to 0 (the
     caller holds the checkpoint rows)."""
     names = [p.name for p in projections]
@@ -315,7 +322,7 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
         # again; until then usage reads the live intervals). Before the TRUNCATE for the same reason: a rollup
         # chunk holds the rolled-hours lock and then reads device_allocations, so this takes that lock first.
         forget_all_rolled_hours(conn)
-    _lock_for_truncate(conn, tables)
+    _lock_for_truncate(conn, tables, waiting=waiting)
     # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
     # DDL rights (SECURITY.md); row ids carry no meaning.
     conn.execute(text(f"TRUNCATE {tables}"))
@@ -329,38 +336,77 @@ TRUNCATE_LOCK_TRY_S = 0.2
 below PostgreSQL's default ``deadlock_timeout`` (1 s), so that a reader that waits for a table the attempt holds
 gets it before the server would look for, and break, a deadlock."""
 TRUNCATE_LOCK_PATIENCE_S = 60.0
-"""Seconds a rebuild keeps making such attempts before it waits for the locks without bound, as a plain ``TRUNCATE``
+"""Seconds a rebuild keeps to such attempts before it waits for the locks without bound, as a plain ``TRUNCATE``
 would: readers that hold the read models without pause (dashboards polling long queries) must not keep it out."""
+WAITING_SAID_AFTER_S = 2.0
+"""Seconds of waiting for the read models' locks after which a rebuild says so (its caller's ``waiting``)."""
 
 
-def _lock_for_truncate(conn: Connection, tables: str) -> None:
+def _lock_for_truncate(conn: Connection, tables: str, *, waiting: Waiting | None = None) -> None:
     """ACCESS EXCLUSIVE locks on ``tables`` (comma-separated, :func:`table_names` order) for the ``TRUNCATE`` that
-    follows, all or none at each attempt.
+    follows.
 
-    Why attempts: the ledger's own reads lock every read model first, in this order (``LedgerDatabase.reading``),
-    so they wait for a rebuild holding nothing. A client's single statement cannot: a Grafana query on
-    ``reporting.claim_consumers`` locks ``claim_consumers`` and then ``claims``. When the rebuild waited for a
-    table a long reader held, having taken ``claims`` already, such a query took ``claim_consumers``, waited for
-    ``claims``, and PostgreSQL aborted one of the two as a deadlock once the long reader let go. Here an attempt
-    waits :data:`TRUNCATE_LOCK_TRY_S` at most, and a failed one gives back what it took (its savepoint rolls back),
-    so the waiting query passes; the next attempt follows after a growing pause (tenacity). After
-    :data:`TRUNCATE_LOCK_PATIENCE_S` the locks are taken with a plain wait.
+    Why not a plain wait: the ledger's own reads lock every read model first, in this order
+    (``LedgerDatabase.reading``), so they wait for a rebuild holding nothing. A client's single statement cannot:
+    a Grafana query on ``reporting.claim_consumers`` locks ``claim_consumers`` and then ``claims``. When the rebuild
+    waited for a table a long reader held, having taken ``claims`` already, such a query took ``claim_consumers``,
+    waited for ``claims``, and PostgreSQL aborted one of the two as a deadlock once the long reader let go.
+
+    So, for :data:`TRUNCATE_LOCK_PATIENCE_S`: wait, holding nothing, until no other session holds a lock on any of
+    the tables (read from ``pg_locks``: polling writes nothing to the server log, where each refused attempt writes
+    an ERROR), then take them all in one attempt of :data:`TRUNCATE_LOCK_TRY_S` at most, under a savepoint, so that
+    a failed one gives back what it took and the reader it held up passes. Then a plain wait, as a ``TRUNCATE``
+    alone: should PostgreSQL choose this rebuild as a deadlock's victim there (a reader's statement locked out of
+    order), it rolls back to its savepoint and starts over with attempts; it never fails for a deadlock (a reader
+    chosen instead is aborted, as before this change: only under readers that never pause for a minute). Pauses
+    between polls grow from 0.05 s to 1 s (tenacity).
 
     Raises:
-        sqlalchemy.exc.OperationalError: the last, unbounded wait failed (a deadlock it was part of).
+        sqlalchemy.exc.OperationalError: a statement failed for another reason than a lock not granted.
     """
-    statement = (f"SET LOCAL lock_timeout = '{round(TRUNCATE_LOCK_TRY_S * 1000)}ms'; "
-                 f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE; SET LOCAL lock_timeout TO DEFAULT")
-    try:
-        for attempt in Retrying(retry=retry_if_exception(_lock_refused), reraise=True,
-                                wait=wait_exponential(multiplier=0.05, max=1.0),
-                                stop=stop_after_delay(TRUNCATE_LOCK_PATIENCE_S)):
-            with attempt, conn.begin_nested():  # a failed attempt rolls back to here: its locks are given back
-                conn.exec_driver_sql(statement)
-    except OperationalError as e:
-        if not _lock_refused(e):
-            raise
-        conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+    attempt_sql = (f"SET LOCAL lock_timeout = '{round(TRUNCATE_LOCK_TRY_S * 1000)}ms'; "
+                   f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE; SET LOCAL lock_timeout TO DEFAULT")
+    names = [name.strip() for name in tables.split(",")]
+    started = time.monotonic()
+    said = False
+
+    def taken() -> bool:
+        nonlocal said
+        if not said and waiting is not None and time.monotonic() - started >= WAITING_SAID_AFTER_S:
+            said = True
+            waiting(time.monotonic() - started)
+        if _held_by_others(conn, names):
+            return False
+        try:
+            with conn.begin_nested():  # a failed attempt rolls back to here: its locks are given back
+                conn.exec_driver_sql(attempt_sql)
+        except OperationalError as e:
+            if not _lock_refused(e):
+                raise
+            return False
+        return True
+
+    while True:
+        # Polls and attempts until one takes the locks, or the patience is spent (False, not an error).
+        if Retrying(retry=retry_if_result(lambda got: not got), wait=wait_exponential(multiplier=0.05, max=1.0),
+                    stop=stop_after_delay(TRUNCATE_LOCK_PATIENCE_S), retry_error_callback=lambda _: False)(taken):
+            return
+        try:
+            with conn.begin_nested():
+                conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+            return
+        except OperationalError as e:
+            if getattr(e.orig, "sqlstate", None) != "40P01":
+                raise
+            started = time.monotonic() - TRUNCATE_LOCK_PATIENCE_S  # said already, if at all
+
+
+def _held_by_others(conn: Connection, tables: Sequence[str]) -> bool:
+    """Whether another session holds a lock of any mode on one of ``tables`` now (``pg_locks``; never waits)."""
+    return bool(conn.execute(text(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND granted AND pid <> pg_backend_pid() "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND relation = ANY(CAST(:tables AS regclass[])))"), {"tables": list(tables)}).scalar_one())
 
 
 def _lock_refused(error: BaseException) -> bool:

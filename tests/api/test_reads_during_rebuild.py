@@ -244,12 +244,13 @@ def test_a_rebuild_lets_a_view_query_that_locks_out_of_order_pass_instead_of_dea
                 results[name] = e
         return target
 
-    with seeded.engine.connect() as long_reader, seeded.engine.connect() as watcher:
+    waited = threading.Event()
+    with seeded.engine.connect() as long_reader:
         long_reader.execute(text("LOCK TABLE claim_states IN ACCESS SHARE MODE"))
-        rebuild = threading.Thread(target=run("rebuild", lambda: services.rebuild(seeded.db, occupancy_counts=False)),
-                                   daemon=True)
+        rebuild = threading.Thread(target=run("rebuild", lambda: services.rebuild(
+            seeded.db, occupancy_counts=False, waiting=lambda _: waited.set())), daemon=True)
         rebuild.start()
-        assert _wait_until_blocked_on_a_lock(watcher)
+        assert waited.wait(WAIT_S)  # the rebuild said it waits for the long reader
         query = threading.Thread(target=run("grafana", grafana), daemon=True)
         query.start()
         query.join(WAIT_S)  # answered while the long reader still keeps the rebuild out
@@ -284,5 +285,51 @@ def test_a_rebuild_kept_out_past_its_patience_waits_for_the_locks_and_completes(
         rebuild.join(WAIT_S)
 
     assert waits_without_bound
+    assert applied == [len(seeded.rows("events"))]
+    assert seeded.snapshot() == rows
+
+
+def test_a_rebuild_chosen_as_a_deadlocks_victim_in_its_plain_wait_starts_over_and_completes(
+        seeded: LedgerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past its patience the rebuild waits in line, holding the tables it got: a reader's statements that lock out of
+    # order then close a cycle. Made its victim (the reader's deadlock_timeout is longer), it failed with "deadlock
+    # detected"; now it rolls back to its savepoint, lets the reader finish, and takes the tables again.
+    monkeypatch.setattr(runner, "TRUNCATE_LOCK_PATIENCE_S", 0.3)
+    rows = seeded.snapshot()
+    applied: list[object] = []
+
+    def rebuild() -> None:
+        try:
+            applied.append(services.rebuild(seeded.db, occupancy_counts=False))
+        except OperationalError as e:
+            applied.append(e)
+
+    def waiting_in_line(watcher: Connection, table: str) -> bool:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            waits = watcher.execute(text(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE NOT l.granted "
+                "AND l.mode = 'AccessExclusiveLock' AND l.relation = CAST(:t AS regclass) "
+                "AND a.query LIKE 'LOCK TABLE %'"), {"t": table}).scalar_one()
+            watcher.rollback()
+            if waits:
+                return True
+            time.sleep(0.05)
+        return False
+
+    with seeded.engine.connect() as first, seeded.engine.connect() as reader, seeded.engine.connect() as watcher:
+        first.execute(text("LOCK TABLE pod_phases IN ACCESS SHARE MODE"))  # keeps the rebuild out past its patience
+        thread = threading.Thread(target=rebuild, daemon=True)
+        thread.start()
+        assert waiting_in_line(watcher, "pod_phases")  # holding the tables before it, device_inventory among them
+        reader.execute(text("SET deadlock_timeout = '30s'"))  # the rebuild's check fires first: it is the victim
+        consumers = reader.execute(text("SELECT count(*) FROM reporting.claim_consumers")).scalar_one()  # claims
+        first.rollback()
+        assert waiting_in_line(watcher, "claims")  # took pod_phases, now waits for the reader's claims
+        units = reader.execute(text("SELECT count(*) FROM reporting.occupancy_units")).scalar_one()  # device_inventory
+        reader.rollback()
+        thread.join(WAIT_S)
+
+    assert consumers > 0 and units > 0
     assert applied == [len(seeded.rows("events"))]
     assert seeded.snapshot() == rows
