@@ -27,7 +27,7 @@ from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
-from ledger.store.database import connection_lost, lock_not_available
+from ledger.store.database import connection_lost, lock_not_available, read_models_held
 from ledger.store.locks import applying
 from ledger.store.postgres import first_line, read_all
 from ledger.store.tables import READ_MODELS
@@ -440,17 +440,8 @@ def lag(engine: Engine) -> dict[str, int]:
 def tables_locked(conn: Connection, projections: Sequence[Projection] = ALL) -> bool:
     """Whether another transaction holds a lock that keeps reads off a table of ``projections`` now (the ACCESS
     EXCLUSIVE lock of a ``TRUNCATE``: a rebuild, or a first catch-up building the read models from the whole
-    history, until it commits); never waits.
-
-    Read from ``pg_locks`` (granted ACCESS EXCLUSIVE locks of other sessions on those tables) rather than by trying
-    ``LOCK TABLE ... NOWAIT``, whose refusal the server writes to its log as an ERROR, once per CLI query during
-    a rebuild.
-    """
-    return bool(conn.execute(text(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND mode = 'AccessExclusiveLock' "
-        "AND granted AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
-        "WHERE datname = current_database()) AND relation = ANY(CAST(:tables AS regclass[])))"),
-        {"tables": table_names(projections)}).scalar_one())
+    history, until it commits); never waits (:func:`ledger.store.database.read_models_held`)."""
+    return read_models_held(conn, table_names(projections))
 
 
 def lag_on(conn: Connection) -> dict[str, int]:

@@ -147,6 +147,12 @@ class LedgerDatabase:
     wait (a rebuild ends, and their answer is wanted then); the API sets a bound (``api.limits.REBUILD_WAIT_S``), so
     that its requests answer 503 with ``Retry-After`` rather than hold its pooled connections for the rebuild's
     minutes."""
+    rebuild_seen: bool = False
+    """Set when a read of this object found the read models held past :attr:`read_models_wait_s`; while set, a read
+    first asks ``pg_locks`` (:func:`read_models_held`) and raises at once while they are still held, so that the
+    requests after the first ones do not each hold a thread and a connection for the whole wait (an API process
+    runs 6 handlers at once on 2 cores: its health checks waited behind them). Cleared by the first read that finds
+    them free."""
 
     @classmethod
     def from_url(cls, url: str) -> LedgerDatabase:
@@ -301,7 +307,8 @@ class LedgerDatabase:
                     # Reset to the engine's level when the pool takes the connection back (SQLAlchemy does).
                     conn.execution_options(isolation_level="AUTOCOMMIT")
                 elif read_models:
-                    lock_for_reading(conn, wait_s=self.read_models_wait_s)
+                    self._fail_fast_while_rebuilding(conn)
+                    self._lock_read_models(conn)
                 yield conn
         except DataError as e:
             # A parameter PostgreSQL cannot take (a NUL character, a time out of range): the caller's input.
@@ -324,10 +331,34 @@ class LedgerDatabase:
             Invalid: a query parameter PostgreSQL refuses.
         """
         with self.reading(read_models=False) as conn:
+            self._fail_fast_while_rebuilding(conn)
             conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
-                lock_for_reading(conn, wait_s=self.read_models_wait_s)
+                self._lock_read_models(conn)
                 yield conn
+
+    def _fail_fast_while_rebuilding(self, conn: Connection) -> None:
+        """While :attr:`rebuild_seen`, raise :class:`~ledger.errors.ReadModelsRebuilding` at once if the read models
+        are still held (:func:`read_models_held`), else clear it. Its own transaction, ended here: a REPEATABLE READ
+        block must fix its snapshot after its locks (:meth:`snapshot`), not with this query."""
+        if self.read_models_wait_s is None or not self.rebuild_seen:
+            return
+        held = read_models_held(conn)
+        conn.rollback()
+        if held:
+            raise ReadModelsRebuilding(
+                "the read models are still being rebuilt (a `dra-ledger rebuild`, a first build from a whole history, "
+                "or a schema migration holds them until it commits); retry later",
+                retry_after_s=max(1, math.ceil(self.read_models_wait_s)))
+        self.rebuild_seen = False
+
+    def _lock_read_models(self, conn: Connection) -> None:
+        """:func:`lock_for_reading` with :attr:`read_models_wait_s`; a wait that runs out sets :attr:`rebuild_seen`."""
+        try:
+            lock_for_reading(conn, wait_s=self.read_models_wait_s)
+        except ReadModelsRebuilding:
+            self.rebuild_seen = True
+            raise
 
     def read_all(self, *, after: GlobalPosition, limit: int, types: Sequence[str] | None = None,
                  stream: str | None = None, cluster: str | None = None) -> list[RecordedEvent]:
@@ -396,6 +427,20 @@ def lock_for_reading(conn: Connection, *, wait_s: float | None = None) -> None:
 
 # Names from ledger.store.tables, never from input.
 _LOCK_READ_MODELS = f"LOCK TABLE {', '.join(t.name for t in tables.READ_MODELS)} IN ACCESS SHARE MODE"
+
+
+def read_models_held(conn: Connection, names: Sequence[str] | None = None) -> bool:
+    """Whether another session holds an ACCESS EXCLUSIVE lock on one of the read models ``names`` (default: all,
+    :data:`ledger.store.tables.READ_MODELS`) now, as a rebuild's ``TRUNCATE`` does until it commits; never waits.
+
+    Read from ``pg_locks`` (granted locks of other sessions) rather than by trying ``LOCK TABLE ... NOWAIT``, whose
+    refusal the server writes to its log as an ERROR.
+    """
+    return bool(conn.execute(text(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND mode = 'AccessExclusiveLock' "
+        "AND granted AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database()) AND relation = ANY(CAST(:tables AS regclass[])))"),
+        {"tables": list(names) if names is not None else [t.name for t in tables.READ_MODELS]}).scalar_one())
 
 
 @contextmanager

@@ -333,3 +333,26 @@ def test_a_rebuild_chosen_as_a_deadlocks_victim_in_its_plain_wait_starts_over_an
     assert consumers > 0 and units > 0
     assert applied == [len(seeded.rows("events"))]
     assert seeded.snapshot() == rows
+
+
+def test_once_a_request_found_a_rebuild_the_next_ones_answer_503_without_waiting_until_it_commits(
+        seeded: LedgerHandle) -> None:
+    app = create_app(db=seeded.db, config=DEFAULT, rebuild_wait_s=0.3)
+    served: LedgerDatabase = app.state.ledger.db
+    with TestClient(app) as client:
+        with seeded.engine.connect() as rebuild:
+            rebuild.execute(text(f"TRUNCATE {', '.join(runner.table_names())}"))
+            first = client.get("/v1/claims", params={"at": AT})
+            # A snapshot read (occupancy) and a plain one (shared) now ask pg_locks first and answer at once.
+            then = [client.get(path, params={"at": AT}) for path in ("/v1/occupancy", "/v1/shared")]
+            seen_during = served.rebuild_seen
+            rebuild.rollback()
+        after = client.get("/v1/occupancy", params={"at": AT})
+
+    assert first.status_code == 503 and "this read waited 0.3 s for them" in first.json()["detail"]
+    assert [r.status_code for r in then] == [503, 503]
+    assert all(r.json()["detail"].startswith("the read models are still being rebuilt") for r in then)
+    assert all(r.headers["retry-after"] == "1" for r in then)
+    assert seen_during
+    assert after.status_code == 200 and after.json()["totals"]["devices"] == 8
+    assert not served.rebuild_seen  # the first read that found them free cleared it
