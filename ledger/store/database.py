@@ -430,15 +430,17 @@ _LOCK_READ_MODELS = f"LOCK TABLE {', '.join(t.name for t in tables.READ_MODELS)}
 
 
 def read_models_held(conn: Connection, names: Sequence[str] | None = None) -> bool:
-    """Whether another session holds an ACCESS EXCLUSIVE lock on one of the read models ``names`` (default: all,
-    :data:`ledger.store.tables.READ_MODELS`) now, as a rebuild's ``TRUNCATE`` does until it commits; never waits.
+    """Whether another session holds, or waits in line for, an ACCESS EXCLUSIVE lock on one of the read models
+    ``names`` (default: all, :data:`ledger.store.tables.READ_MODELS`) now, as a rebuild's ``TRUNCATE`` does until it
+    commits; never waits. A request waiting in line counts: reads that come after it queue behind it (a rebuild
+    waiting for a ``pg_dump`` to let go of its first table held nothing granted, and each API read waited its 5 s).
 
-    Read from ``pg_locks`` (granted locks of other sessions) rather than by trying ``LOCK TABLE ... NOWAIT``, whose
+    Read from ``pg_locks`` (locks of other sessions) rather than by trying ``LOCK TABLE ... NOWAIT``, whose
     refusal the server writes to its log as an ERROR.
     """
     return bool(conn.execute(text(
         "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND mode = 'AccessExclusiveLock' "
-        "AND granted AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
+        "AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
         "WHERE datname = current_database()) AND relation = ANY(CAST(:tables AS regclass[])))"),
         {"tables": list(names) if names is not None else [t.name for t in tables.READ_MODELS]}).scalar_one())
 

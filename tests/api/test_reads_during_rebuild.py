@@ -356,3 +356,24 @@ def test_once_a_request_found_a_rebuild_the_next_ones_answer_503_without_waiting
     assert seen_during
     assert after.status_code == 200 and after.json()["totals"]["devices"] == 8
     assert not served.rebuild_seen  # the first read that found them free cleared it
+
+
+def test_a_rebuild_waiting_in_line_for_its_first_table_counts_as_holding_the_read_models(
+        seeded: LedgerHandle) -> None:
+    # Behind a pg_dump (or any long reader) of its first table, a rebuild's LOCK holds nothing granted, yet every
+    # read after it queues behind it: the API's fast 503 and /readyz must see it.
+    first = runner.table_names()[0]
+    with seeded.engine.connect() as dump, seeded.engine.connect() as rebuild, seeded.engine.connect() as watcher:
+        dump.execute(text(f"LOCK TABLE {first} IN ACCESS SHARE MODE"))
+        before = services.read_models_rebuilding(seeded.db)
+        thread = threading.Thread(target=lambda: rebuild.execute(text(f"LOCK TABLE {first} IN ACCESS EXCLUSIVE MODE")),
+                                  daemon=True)
+        thread.start()
+        assert _wait_until_blocked_on_a_lock(watcher)
+        in_line = services.read_models_rebuilding(seeded.db)
+        dump.rollback()
+        thread.join(WAIT_S)
+        rebuild.rollback()
+    after = services.read_models_rebuilding(seeded.db)
+
+    assert (before, in_line, after) == (False, True, False)
