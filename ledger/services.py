@@ -632,7 +632,7 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None,
-             wait: bool = True, until: int | None = None, built: Callable[[str], None] | None = None) -> int:
+             wait: bool = True, until: int | None = None, built: runner.Built | None = None) -> int:
     """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Once the catch-ups through ``db`` have applied :data:`ANALYZE_AFTER_EVENTS` or more since it last analyzed
@@ -805,8 +805,8 @@ def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) ->
     return done
 
 
-def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, built: Callable[[str], None] | None = None,
-            waiting: Callable[[float], None] | None = None, occupancy_counts: bool = True) -> int:
+def rebuild(db: LedgerDatabase, *, progress: Progress | None = None, built: runner.Built | None = None,
+            waiting: runner.Waiting | None = None, occupancy_counts: bool = True) -> int:
     """Rebuild every read model from global position 0, swapped in at commit; returns events applied.
 
     ``progress`` hears of the events applied (all at once at the end of the usual whole-history build), ``built``

@@ -27,7 +27,13 @@ from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
 from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
-from ledger.store.database import connection_lost, lock_not_available, read_models_held
+from ledger.store.database import (
+    connection_lost,
+    deadlock_detected,
+    lock_not_available,
+    lock_statement,
+    read_models_held,
+)
 from ledger.store.locks import applying
 from ledger.store.postgres import first_line, read_all
 from ledger.store.tables import READ_MODELS
@@ -322,7 +328,7 @@ def _reset(conn: Connection, projections: Sequence[Projection], positions: dict[
         # again; until then usage reads the live intervals). Before the TRUNCATE for the same reason: a rollup
         # chunk holds the rolled-hours lock and then reads device_allocations, so this takes that lock first.
         forget_all_rolled_hours(conn)
-    _lock_for_truncate(conn, tables, waiting=waiting)
+    _lock_for_truncate(conn, table_names(projections), waiting=waiting)
     # No RESTART IDENTITY: resetting the row-id sequences needs their owner, and the ledger runs without
     # DDL rights (SECURITY.md); row ids carry no meaning.
     conn.execute(text(f"TRUNCATE {tables}"))
@@ -342,9 +348,8 @@ WAITING_SAID_AFTER_S = 2.0
 """Seconds of waiting for the read models' locks after which a rebuild says so (its caller's ``waiting``)."""
 
 
-def _lock_for_truncate(conn: Connection, tables: str, *, waiting: Waiting | None = None) -> None:
-    """ACCESS EXCLUSIVE locks on ``tables`` (comma-separated, :func:`table_names` order) for the ``TRUNCATE`` that
-    follows.
+def _lock_for_truncate(conn: Connection, names: Sequence[str], *, waiting: Waiting | None = None) -> None:
+    """ACCESS EXCLUSIVE locks on the tables ``names`` (:func:`table_names` order) for the ``TRUNCATE`` that follows.
 
     Why not a plain wait: the ledger's own reads lock every read model first, in this order
     (``LedgerDatabase.reading``), so they wait for a rebuild holding nothing. A client's single statement cannot:
@@ -365,9 +370,6 @@ def _lock_for_truncate(conn: Connection, tables: str, *, waiting: Waiting | None
     Raises:
         sqlalchemy.exc.OperationalError: a statement failed for another reason than a lock not granted.
     """
-    attempt_sql = (f"SET LOCAL lock_timeout = '{round(TRUNCATE_LOCK_TRY_S * 1000)}ms'; "
-                   f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE; SET LOCAL lock_timeout TO DEFAULT")
-    names = [name.strip() for name in tables.split(",")]
     started = time.monotonic()
     said = False
 
@@ -376,11 +378,11 @@ def _lock_for_truncate(conn: Connection, tables: str, *, waiting: Waiting | None
         if not said and waiting is not None and time.monotonic() - started >= WAITING_SAID_AFTER_S:
             said = True
             waiting(time.monotonic() - started)
-        if _held_by_others(conn, names):
+        if read_models_held(conn, names, by_readers=True):
             return False
         try:
             with conn.begin_nested():  # a failed attempt rolls back to here: its locks are given back
-                conn.exec_driver_sql(attempt_sql)
+                conn.exec_driver_sql(lock_statement(names, mode="ACCESS EXCLUSIVE", wait_s=TRUNCATE_LOCK_TRY_S))
         except OperationalError as e:
             if not _lock_refused(e):
                 raise
@@ -394,27 +396,18 @@ def _lock_for_truncate(conn: Connection, tables: str, *, waiting: Waiting | None
     while True:  # in line; a deadlock that picks this rebuild puts it back in line at once, not to the polls
         try:
             with conn.begin_nested():
-                conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+                conn.exec_driver_sql(lock_statement(names, mode="ACCESS EXCLUSIVE"))
             return
         except OperationalError as e:
-            if getattr(e.orig, "sqlstate", None) != "40P01":
+            if not deadlock_detected(e):
                 raise
-
-
-def _held_by_others(conn: Connection, tables: Sequence[str]) -> bool:
-    """Whether another session holds a lock of any mode on one of ``tables`` now (``pg_locks``; never waits)."""
-    return bool(conn.execute(text(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND granted AND pid <> pg_backend_pid() "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-        "AND relation = ANY(CAST(:tables AS regclass[])))"), {"tables": list(tables)}).scalar_one())
 
 
 def _lock_refused(error: BaseException) -> bool:
     """Whether ``error`` ended an attempt of :func:`_lock_for_truncate` that may be made again: ``lock_timeout``
     passed (55P03), or PostgreSQL chose the attempt as a deadlock's victim (40P01: a ``deadlock_timeout`` set below
     :data:`TRUNCATE_LOCK_TRY_S`)."""
-    return isinstance(error, OperationalError) and (lock_not_available(error)
-                                                   or getattr(error.orig, "sqlstate", None) == "40P01")
+    return isinstance(error, OperationalError) and (lock_not_available(error) or deadlock_detected(error))
 
 
 def _build_whole(conn: Connection, names: Sequence[str], *, progress: Progress | None, built: Built | None) -> int:

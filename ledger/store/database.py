@@ -48,6 +48,22 @@ def lock_not_available(error: OperationalError) -> bool:
     return getattr(error.orig, "sqlstate", None) == "55P03"
 
 
+def deadlock_detected(error: OperationalError) -> bool:
+    """Whether ``error`` is PostgreSQL's ``deadlock_detected`` (SQLSTATE 40P01): the server chose this statement's
+    transaction as the victim of a deadlock (its transaction, or savepoint, must be rolled back)."""
+    return getattr(error.orig, "sqlstate", None) == "40P01"
+
+
+def lock_statement(names: Sequence[str], *, mode: str, wait_s: float | None = None) -> str:
+    """``LOCK TABLE`` of ``names`` (table names from :mod:`ledger.store.tables`, never input) in ``mode``, in that
+    order; with ``wait_s``, bounded by a ``lock_timeout`` set for this statement alone (set and reset around it, as
+    several statements without parameters, which psycopg sends as one simple query: one round trip)."""
+    lock = f"LOCK TABLE {', '.join(names)} IN {mode} MODE"
+    if wait_s is None:
+        return lock
+    return f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; {lock}; SET LOCAL lock_timeout TO DEFAULT"
+
+
 @dataclass(slots=True)
 class AppendBatch:
     """What one append transaction writes: observations, events, and the translator state.
@@ -409,13 +425,11 @@ def lock_for_reading(conn: Connection, *, wait_s: float | None = None) -> None:
             ``conn``'s transaction is aborted, roll it back.
     """
     if wait_s is None:
-        conn.execute(text(_LOCK_READ_MODELS))
+        conn.exec_driver_sql(lock_statement(_READ_MODEL_NAMES, mode="ACCESS SHARE"))
         return
-    # lock_timeout for the LOCK only, set and reset in the same round trip (several statements with no parameters
-    # go as one simple query): the read's own statements then wait as the session says.
+    # lock_timeout for the LOCK only (lock_statement): the read's own statements then wait as the session says.
     try:
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(wait_s * 1000))}ms'; {_LOCK_READ_MODELS}; "
-                             "SET LOCAL lock_timeout TO DEFAULT")
+        conn.exec_driver_sql(lock_statement(_READ_MODEL_NAMES, mode="ACCESS SHARE", wait_s=wait_s))
     except OperationalError as e:
         if not lock_not_available(e):
             raise
@@ -425,24 +439,27 @@ def lock_for_reading(conn: Connection, *, wait_s: float | None = None) -> None:
             retry_after_s=max(1, math.ceil(wait_s))) from e
 
 
-# Names from ledger.store.tables, never from input.
-_LOCK_READ_MODELS = f"LOCK TABLE {', '.join(t.name for t in tables.READ_MODELS)} IN ACCESS SHARE MODE"
+_READ_MODEL_NAMES = tuple(t.name for t in tables.READ_MODELS)
 
 
-def read_models_held(conn: Connection, names: Sequence[str] | None = None) -> bool:
-    """Whether another session holds, or waits in line for, an ACCESS EXCLUSIVE lock on one of the read models
-    ``names`` (default: all, :data:`ledger.store.tables.READ_MODELS`) now, as a rebuild's ``TRUNCATE`` does until it
-    commits; never waits. A request waiting in line counts: reads that come after it queue behind it (a rebuild
-    waiting for a ``pg_dump`` to let go of its first table held nothing granted, and each API read waited its 5 s).
+def read_models_held(conn: Connection, names: Sequence[str] = _READ_MODEL_NAMES, *, by_readers: bool = False) -> bool:
+    """Whether another session has a lock on one of the read models ``names`` (default: all,
+    :data:`ledger.store.tables.READ_MODELS`) now; never waits. Read from ``pg_locks`` rather than by trying
+    ``LOCK TABLE ... NOWAIT``, whose refusal the server writes to its log as an ERROR.
 
-    Read from ``pg_locks`` (locks of other sessions) rather than by trying ``LOCK TABLE ... NOWAIT``, whose
-    refusal the server writes to its log as an ERROR.
+    Args:
+        by_readers: ``False``: an ACCESS EXCLUSIVE lock held or waited for, as a rebuild's ``TRUNCATE`` has until it
+            commits. A request waiting in line counts: reads that come after it queue behind it (a rebuild waiting
+            for a ``pg_dump`` to let go of its first table held nothing granted, and each API read waited its 5 s).
+            ``True``: a granted lock of any mode (readers too), what a rebuild waits to see gone before it takes
+            the tables.
     """
+    which = "granted" if by_readers else "mode = 'AccessExclusiveLock'"
     return bool(conn.execute(text(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND mode = 'AccessExclusiveLock' "
+        f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND {which} "
         "AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
         "WHERE datname = current_database()) AND relation = ANY(CAST(:tables AS regclass[])))"),
-        {"tables": list(names) if names is not None else [t.name for t in tables.READ_MODELS]}).scalar_one())
+        {"tables": list(names)}).scalar_one())
 
 
 @contextmanager
