@@ -33,18 +33,23 @@ WAIT_S = 60.0
 """How long the test waits for a request before it calls it stuck (each takes well under a second alone)."""
 
 
-def _wait_until_blocked_on_a_lock(conn: Connection) -> bool:
-    """Whether another session of this database is waiting for a lock within :data:`WAIT_S`."""
+def _seen_within_wait(conn: Connection, count: str, params: dict[str, str] | None = None) -> bool:
+    """Whether the query ``count`` (a ``SELECT count(*)`` over ``pg_stat_activity`` or ``pg_locks``) gives more than
+    0 within :data:`WAIT_S`, asked again every 0.05 s."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        waiting = conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'")).scalar_one()
+        seen = conn.execute(text(count), params or {}).scalar_one()
         conn.rollback()  # pg_stat_activity is read once per transaction
-        if waiting:
+        if seen:
             return True
         time.sleep(0.05)
     return False
+
+
+def _wait_until_blocked_on_a_lock(conn: Connection) -> bool:
+    """Whether another session of this database is waiting for a lock within :data:`WAIT_S`."""
+    return _seen_within_wait(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                   "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'")
 
 
 def test_occupancy_requested_during_a_rebuild_waits_for_its_commit_and_answers_the_rebuilt_rows(
@@ -274,13 +279,9 @@ def test_a_rebuild_kept_out_past_its_patience_waits_for_the_locks_and_completes(
                                    daemon=True)
         rebuild.start()
         # Bounded attempts send "SET LOCAL lock_timeout ...; LOCK TABLE ...": the unbounded wait is a LOCK alone.
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and not watcher.execute(text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-                "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE'")).scalar_one():
-            watcher.rollback()  # pg_stat_activity is read once per transaction
-            time.sleep(0.05)
-        waits_without_bound = time.monotonic() < deadline
+        waits_without_bound = _seen_within_wait(watcher, (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE'"))
         long_reader.rollback()
         rebuild.join(WAIT_S)
 
@@ -305,17 +306,10 @@ def test_a_rebuild_chosen_as_a_deadlocks_victim_in_its_plain_wait_starts_over_an
             applied.append(e)
 
     def waiting_in_line(watcher: Connection, table: str) -> bool:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            waits = watcher.execute(text(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE NOT l.granted "
-                "AND l.mode = 'AccessExclusiveLock' AND l.relation = CAST(:t AS regclass) "
-                "AND a.query LIKE 'LOCK TABLE %'"), {"t": table}).scalar_one()
-            watcher.rollback()
-            if waits:
-                return True
-            time.sleep(0.05)
-        return False
+        return _seen_within_wait(watcher, (
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE NOT l.granted "
+            "AND l.mode = 'AccessExclusiveLock' AND l.relation = CAST(:t AS regclass) "
+            "AND a.query LIKE 'LOCK TABLE %'"), {"t": table})
 
     with seeded.engine.connect() as first, seeded.engine.connect() as reader, seeded.engine.connect() as watcher:
         first.execute(text("LOCK TABLE pod_phases IN ACCESS SHARE MODE"))  # keeps the rebuild out past its patience
