@@ -50,8 +50,8 @@ class ReportsController(Controller):
         """One row per claim, first matching category: ``unreserved`` (allocated, ``reservedFor`` empty),
         ``inactive-consumers`` (reserved only by pods not Running), ``unreferenced`` (manual claims no pod
         references). ``idleSince`` is when it became idle; ``wastedDeviceHours`` = the device-hours
-        ``/v1/usage`` bills the claim since then (a shared device split equally among the allocations
-        holding it, ``adminAccess`` not counted). Thresholds come from the configuration (30 minutes each
+        ``/v1/usage`` bills the claim since then (a shared device split among the allocations holding it as
+        usage splits it, ``adminAccess`` not counted). Thresholds come from the configuration (30 minutes each
         by default); ``team`` is the team after the configuration's ``[teams] overrides``, and a
         team-limited token sees the rows of that team: the body is the one of
         ``dra-ledger report idle-claims -o json`` (``services.idle_report``).

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
 from types import MappingProxyType
-from typing import Literal, TypeVar
+from typing import Literal
 
 from sqlalchemy import Connection, Row, text
 
@@ -27,6 +26,7 @@ from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.base import json_value as _json
 from ledger.projections.counter_sets import counter_set_state
 from ledger.projections.selectors import DeviceView, expressions_of, selects
+from ledger.projections.split import Interval, allocation_fraction, shares, split, split_columns
 from ledger.recorded import seconds_text
 from ledger.types import JSONObject, JSONValue
 
@@ -38,8 +38,6 @@ several; every other grouping adds the clusters' device-hours together unless a 
 IDLE_CATEGORIES = ("unreserved", "inactive-consumers", "unreferenced")
 NO_OVERRIDES: Mapping[str, str] = MappingProxyType({})
 """No ``[teams] overrides`` (namespace -> team): every row keeps the team the ledger recorded."""
-G = TypeVar("G", bound=Hashable)
-"""A group the equal split bills device-seconds to (a usage row's key)."""
 
 
 def rfc3339(value: datetime) -> str:
@@ -812,7 +810,9 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     the present (:func:`present`): nothing counts after ``now``, default the database's ``now()`` (a
     window that ends later bills only the hours that have happened). ``adminAccess`` allocations are not billed.
     When several allocations hold one device at once (shares, or a double booking), each device-second
-    is split equally among them, so the rows add up to the device's own hours (DESIGN §11.5).
+    is split among them by :mod:`ledger.projections.split`: by their ``consumedCapacity`` fractions of the
+    device when every one states one (capacity nobody consumed is not billed), else equally, so that the rows
+    then add up to the device's own hours (DESIGN §5, §11.5).
 
     Args:
         teams: only allocations billed to these teams (a team-limited API token), after ``overrides``.
@@ -848,7 +848,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
-        " namespace, "
+        " namespace, " + split_columns("device_allocations") + ", "
         " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
@@ -856,15 +856,14 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     # Other teams' allocations are read too and dropped only after the split: a device another team also held
     # is billed to ``teams`` at its share, exactly as an unrestricted caller sees it (DESIGN §11.5).
     hidden = ("\x00hidden", "", "", "")
-    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str, str]]]] = \
-        defaultdict(list)
+    per_device: dict[tuple[str, str, str, str], list[Interval[tuple[str, str, str, str]]]] = defaultdict(list)
     for r in rows:
         if r.e > r.s:
             team = overrides.get(r.namespace, r.team)
             grp = team if group_by == "team" else r.grp
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
                 (r.s, r.e, (str(grp) if grp is not None else "", r.device_class or "", r.driver, r.model)
-                 if teams is None or team in teams else hidden))
+                 if teams is None or team in teams else hidden, allocation_fraction(r.consumed, r.capacity)))
     buckets = [(start, end)]
     if step is not None:
         buckets = []
@@ -874,33 +873,34 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             hi = end if end - lo <= step else lo + step
             buckets.append((lo, hi))
             lo = hi
-    # Each device's equal shares go to the buckets they overlap, found by arithmetic on the bucket width;
-    # the whole buckets inside a share are counted per (group, divisor) and summed once per bucket, so the
+    # Each device's billed pieces (ledger.projections.split) go to the buckets they overlap, found by arithmetic
+    # on the bucket width; the whole buckets inside a piece are counted per (group, weight) and summed once per
+    # bucket, so the
     # work grows with the allocations and the buckets, not their product (10,000 buckets over a day of
     # 400 GPUs took 12 s of Python a request bucket by bucket; a month of hours at 61,000 devices would
     # have taken minutes).
     width = step if step is not None else end - start
     per_bucket: list[dict[tuple[str, str, str, str], float]] = [defaultdict(float) for _ in buckets]
-    whole: dict[tuple[tuple[str, str, str, str], int], list[int]] = {}
+    whole: dict[tuple[tuple[str, str, str, str], float], list[int]] = {}
     for intervals in per_device.values():
-        for s, e, g, n in equal_shares(intervals):
+        for s, e, g, w in shares(intervals):
             first, last = (s - start) // width, -((start - e) // width) - 1  # last: ceil((e - start) / width) - 1
             if first == last:
-                per_bucket[first][g] += (e - s).total_seconds() / n
+                per_bucket[first][g] += (e - s).total_seconds() * w
                 continue
-            per_bucket[first][g] += (buckets[first][1] - s).total_seconds() / n
-            per_bucket[last][g] += (e - buckets[last][0]).total_seconds() / n
+            per_bucket[first][g] += (buckets[first][1] - s).total_seconds() * w
+            per_bucket[last][g] += (e - buckets[last][0]).total_seconds() * w
             if last - first > 1:  # buckets first + 1 .. last - 1 are whole (only the last bucket can be short)
-                starts = whole.setdefault((g, n), [0] * (len(buckets) + 1))
+                starts = whole.setdefault((g, w), [0] * (len(buckets) + 1))
                 starts[first + 1] += 1
                 starts[last] -= 1
     width_s = width.total_seconds()
-    for (g, n), starts in whole.items():
-        shares = 0
+    for (g, w), starts in whole.items():
+        pieces = 0
         for b in range(len(buckets)):
-            shares += starts[b]
-            if shares:
-                per_bucket[b][g] += shares * width_s / n
+            pieces += starts[b]
+            if pieces:
+                per_bucket[b][g] += pieces * width_s * w
     out: list[JSONValue] = []
     for (lo, hi), seconds in zip(buckets, per_bucket, strict=True):
         merged: dict[tuple[str, str, str], tuple[float, float | None]] = {}
@@ -924,49 +924,16 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             "step": step.total_seconds() if step is not None else None, "rows": out}
 
 
-def equal_shares(intervals: Sequence[tuple[datetime, datetime, G]]) -> Iterator[tuple[datetime, datetime, G, int]]:
-    """Sweep one device's intervals: ``(lo, hi, group, n)`` for each elementary span and interval covering it.
-
-    Args:
-        intervals: ``(start, end, group)`` of one device, ``start < end``, in any order; touching
-            intervals (one ends where the next starts) do not share a second.
-
-    Yields:
-        Spans in time order, each with one of the ``n`` intervals covering it; its share of the span is
-        ``1 / n`` (DESIGN §11.5). A device held once at a time yields its intervals as they are.
-    """
-    if len(intervals) == 1:
-        s, e, g = intervals[0]
-        yield s, e, g, 1
-        return
-    cuts = sorted({t for s, e, _ in intervals for t in (s, e)})
-    for lo, hi in pairwise(cuts):
-        covering = [g for s, e, g in intervals if s <= lo and e >= hi]
-        for g in covering:
-            yield lo, hi, g, len(covering)
-
-
-def split_equally(intervals: Sequence[tuple[datetime, datetime, G]], seconds: dict[G, float]) -> None:
-    """Sweep one device's intervals; each elementary span is divided among the intervals covering it.
-
-    Args:
-        intervals: as :func:`equal_shares`.
-        seconds: device-seconds added per group (float seconds, so each share of a span is exact up to
-            float rounding).
-    """
-    for lo, hi, g, n in equal_shares(intervals):
-        seconds[g] += (hi - lo).total_seconds() / n
-
-
 def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, datetime]], end: datetime,
                           now: datetime | None = None) -> dict[tuple[str, str], float]:
     """Device-seconds that :func:`usage` bills each of ``claims`` from its own start up to ``end``.
 
     Source: ``device_allocations``: each claim's intervals (not ``adminAccess``) and those of every other
     allocation of the same devices, clipped to the claim's window and to ``now`` by :func:`present` as usage
-    clips them, then divided by :func:`split_equally`, the split usage and the rollups use: a device held by
-    several allocations at once (shares, a double booking, or one claim listing it twice) gives each of
-    them an equal part of each second, so a claim never gets more of a device than usage bills it.
+    clips them, then divided by :func:`ledger.projections.split.split`, the split usage and the rollups use: of a
+    device held by several allocations at once (shares, a double booking, or one claim listing it twice), the
+    claim gets its ``consumedCapacity`` fraction or its equal part of each second, so a claim never gets more
+    of a device than usage bills it.
     One query for all the claims (the idle-claim report asks for hundreds at once).
 
     Args:
@@ -993,21 +960,23 @@ def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, 
         "  JOIN device_allocations d ON d.cluster = k.cluster AND d.claim_uid = k.claim_uid AND NOT d.admin_access "
         "  AND NOT isempty(d.valid) AND d.valid && tstzrange(k.start, :end)) "
         "SELECT h.cluster, h.claim_uid AS owner, a.claim_uid = h.claim_uid AS mine, a.driver, a.pool, a.device, "
-        " greatest(lower(a.valid), h.start) AS s, " + present("a.valid") + " AS e FROM held h "
+        " greatest(lower(a.valid), h.start) AS s, " + present("a.valid") + " AS e, " + split_columns("a") + " "
+        "FROM held h "
         "JOIN device_allocations a ON a.cluster = h.cluster AND a.driver = h.driver AND a.pool = h.pool "
         " AND a.device = h.device AND NOT a.admin_access AND NOT isempty(a.valid) "
         " AND a.valid && tstzrange(h.start, :end)"),
         {"cl": [c for c, _, _ in asked], "u": [u for _, u, _ in asked], "s": [s for _, _, s in asked],
          "end": end, "now": now}).all()
-    per_device: dict[tuple[str, str], dict[tuple[str, str, str], list[tuple[datetime, datetime, bool]]]] = (
+    per_device: dict[tuple[str, str], dict[tuple[str, str, str], list[Interval[bool]]]] = (
         defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if r.e > r.s:
-            per_device[(r.cluster, r.owner)][(r.driver, r.pool, r.device)].append((r.s, r.e, bool(r.mine)))
+            per_device[(r.cluster, r.owner)][(r.driver, r.pool, r.device)].append(
+                (r.s, r.e, bool(r.mine), allocation_fraction(r.consumed, r.capacity)))
     for key, devices in per_device.items():
         seconds: dict[bool, float] = defaultdict(float)
         for intervals in devices.values():
-            split_equally(intervals, seconds)
+            split(intervals, seconds)
         out[key] = seconds[True]
     return out
 

@@ -14,8 +14,9 @@ question from the rolled hours inside the window plus the live intervals for the
 edges (and for any whole hour not rolled up), so it is exact at the window edges and equal to
 :func:`ledger.projections.queries.usage` on the same data.
 
-Splitting rule (as ``queries.usage``): when several allocations hold one device at once, each
-device-second is divided equally among them; ``adminAccess`` allocations are not billed.
+Splitting rule (as ``queries.usage``, :mod:`ledger.projections.split`): when several allocations hold one
+device at once, each device-second goes to them by their ``consumedCapacity`` fractions of the device when
+every one states one, else equally; ``adminAccess`` allocations are not billed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid, shorten_repr
 from ledger.projections.base import cluster_filter as _cluster_filter
-from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339, split_equally
+from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339
+from ledger.projections.split import Interval, allocation_fraction, split, split_columns
 from ledger.store.locks import lock_rolled_hours
 from ledger.store.tables import usage_rollups, usage_rollups_by_team
 from ledger.types import JSONObject, JSONValue
@@ -70,7 +72,7 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
 
     Source: ``device_allocations`` (not ``adminAccess``), clipped exactly to the window and to ``now``
     (default the database's ``now()``) as in :func:`ledger.projections.queries.usage`; concurrent
-    allocations of one device share each second equally.
+    allocations of one device share each second by :func:`ledger.projections.split.split`.
 
     Args:
         by_hour: split the seconds by the UTC hour they fall in (else the hour is ``None``).
@@ -87,27 +89,27 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
     if not set(columns) <= set(KEYABLE):
         raise ValueError(f"key columns must be among {KEYABLE}, got {columns}")
     keys = ", ".join(f"k{i}" for i in range(len(columns)))
-    # Only seconds held by more than one allocation of a device need the equal split, done in Python
-    # (queries.split_equally). An interval that overlaps no other interval of its device is billed whole to
-    # its own key, so those are summed in SQL per key (and hour): on the 10 M-event ledger the partial hour
-    # at the end of a 30-day window holds ~40,000 intervals, and fetching them all into Python was most of
-    # the 1,057 ms the usage query took. The overlapping ones go to Python, and only they: the isolated
-    # intervals of the same device cover no second of theirs, so the sweep splits theirs the same without.
-    # Sorted by start within a device, an interval overlaps an earlier one when it starts before the latest
-    # earlier end, and a later one when the next start comes before its own end; touching intervals
-    # [a, b) [b, c) share nothing, as in the sweep. One window frame serves both (lead() ignores the frame),
-    # so PostgreSQL sorts and scans once. Devices are told apart by a 64-bit hash of their key, not by the
-    # four text columns: on 18,000 edge intervals the text sort took 36 ms of the query's 70 ms; the hash
-    # made it 57 ms, and with the single frame 50 ms. A collision can only merge two devices' intervals into
-    # one partition, which marks more intervals as overlapping (never fewer); Python then splits by the real
-    # device key, so the result is the same.
+    # Only seconds held by more than one allocation of a device need the split, done in Python
+    # (ledger.projections.split), and only they need the consumed capacity and the device's capacity. An interval
+    # that overlaps no other interval of its device is billed whole to its own key, so those are summed in SQL per
+    # key (and hour): on the 10 M-event ledger the partial hour at the end of a 30-day window holds ~40,000
+    # intervals, and fetching them all into Python was most of the 1,057 ms the usage query took. The overlapping
+    # ones go to Python, and only they: the isolated intervals of the same device cover no second of theirs, so the
+    # sweep splits theirs the same without. Sorted by start within a device, an interval overlaps an earlier one
+    # when it starts before the latest earlier end, and a later one when the next start comes before its own end;
+    # touching intervals [a, b) [b, c) share nothing, as in the sweep. One window frame serves both (lead() ignores
+    # the frame), so PostgreSQL sorts and scans once. Devices are told apart by a 64-bit hash of their key, not by
+    # the four text columns: on 18,000 edge intervals the text sort took 36 ms of the query's 70 ms; the hash made
+    # it 57 ms, and with the single frame 50 ms. A collision can only merge two devices' intervals into one
+    # partition, which marks more intervals as overlapping (never fewer); Python then splits by the real device key,
+    # so the result is the same.
     hours = ("CROSS JOIN LATERAL generate_series(date_trunc('hour', s, 'UTC'), e, interval '1 hour') AS p(hour) "
              "WHERE p.hour < e AND" if by_hour else "CROSS JOIN (VALUES (CAST(NULL AS timestamptz))) AS p(hour) WHERE")
     rows = conn.execute(text(
         "WITH clipped AS ("
         " SELECT cluster, driver, pool, device, hash_record_extended((cluster, driver, pool, device), 0) AS hashed, "
         + ", ".join(f"coalesce({c}, '') AS k{i}" for i, c in enumerate(columns)) + ", "
-        " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e "
+        " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e, valid, consumed_capacity "
         " FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster) + "), "
         "marked AS (SELECT *, coalesce(s < max(e) OVER earlier, false) OR coalesce(lead(s) OVER earlier < e, false) "
@@ -115,31 +117,33 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
         " WINDOW earlier AS (PARTITION BY hashed ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) "
         # GREATEST/LEAST skip NULLs: with no hour (by_hour False) a piece is the whole clipped interval.
         f"SELECT cluster, {keys}, p.hour, extract(epoch FROM sum(least(e, p.hour + interval '1 hour') "
-        " - greatest(s, p.hour))) AS seconds, NULL AS driver, NULL AS pool, NULL AS device, NULL AS s, NULL AS e "
+        " - greatest(s, p.hour))) AS seconds, NULL AS driver, NULL AS pool, NULL AS device, NULL AS s, NULL AS e, "
+        " NULL::jsonb AS consumed, NULL::jsonb AS capacity "
         f"FROM marked {hours} NOT shared GROUP BY cluster, {keys}, p.hour "
-        f"UNION ALL SELECT cluster, {keys}, NULL, NULL, driver, pool, device, s, e FROM marked WHERE shared"),
+        f"UNION ALL SELECT cluster, {keys}, NULL, NULL, driver, pool, device, s, e, " + split_columns("marked") + " "
+        "FROM marked WHERE shared"),
         {"start": start, "end": end, "cluster": cluster, "now": now}).all()
     width = len(columns)
     out: Seconds = defaultdict(float)
     # (cluster, driver, pool, device) -> its overlapping intervals, billed to (cluster, hour, key)
-    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, datetime | None, Key]]]] = \
-        defaultdict(list)
+    per_device: dict[tuple[str, str, str, str], list[Interval[tuple[str, datetime | None, Key]]]] = defaultdict(list)
     for r in rows:
         cluster_name, key = str(r[0]), tuple(str(v) for v in r[1:1 + width])
-        hour, seconds, driver, pool, device, s, e = r[1 + width:]
+        hour, seconds, driver, pool, device, s, e, consumed, capacity = r[1 + width:]
         if driver is None:
             out[(cluster_name, hour.astimezone(UTC) if hour is not None else None, key)] += float(seconds)
             continue
         pieces = per_device[(cluster_name, driver, pool, device)]
+        fraction = allocation_fraction(consumed, capacity)
         if not by_hour:
-            pieces.append((s, e, (cluster_name, None, key)))
+            pieces.append((s, e, (cluster_name, None, key), fraction))
             continue
         h = floor_hour(s)
         while h < e:  # cut at hour boundaries, so no elementary span of the sweep crosses an hour
-            pieces.append((max(s, h), min(e, h + HOUR), (cluster_name, h, key)))
+            pieces.append((max(s, h), min(e, h + HOUR), (cluster_name, h, key), fraction))
             h += HOUR
     for intervals in per_device.values():
-        split_equally(intervals, out)
+        split(intervals, out)
     return out
 
 

@@ -6,7 +6,8 @@ double booking); a claim is shared when more than one live consumer reserves it.
 
 - a shared device's hour goes to its allocations by ``consumedCapacity`` / device capacity when every
   allocation states what it consumed of a capacity the device publishes (the bottleneck dimension,
-  the largest fraction, counts); otherwise equally among its allocations;
+  the largest fraction, counts); otherwise equally among its allocations (:mod:`ledger.projections.split`,
+  the rule usage bills by);
 - a claim's device-hours go equally to its consumers (their team is the claim namespace's team);
 - devices that consume counters of one counter set (``consumesCounters`` -> the pool's
   ``sharedCounters``, e.g. a GPU and its MIG partitions) are partitions of one parent: the counter
@@ -23,7 +24,6 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
-from itertools import pairwise
 
 from sqlalchemy import Connection, text
 
@@ -39,41 +39,20 @@ from ledger.projections.counter_sets import (
     over_committed,
 )
 from ledger.projections.queries import NO_OVERRIDES, consumers_at, read_team_book, rfc3339
-from ledger.quantities import as_number, quantity_value
+from ledger.projections.split import (
+    Interval,
+    allocation_fraction,
+    capacity_fraction,
+    shares,
+    span_fractions,
+    split_columns,
+)
+from ledger.quantities import as_number
 from ledger.types import JSONObject, JSONValue
 
 
 def _ratio(value: Decimal) -> float:
     return round(float(value), 9)
-
-
-def capacity_fractions(capacity: Mapping[str, JSONValue],
-                       consumed: Sequence[Mapping[str, JSONValue]]) -> tuple[str, list[Decimal]]:
-    """Split of a shared device among its allocations.
-
-    Args:
-        capacity: the device's ``capacity`` (``{"name": {"value": "65535", ...}}``).
-        consumed: each allocation's ``consumedCapacity`` (``{"name": "1"}``), in allocation order.
-
-    Returns:
-        ``("consumedCapacity", fractions)`` where each fraction is the largest consumed / capacity
-        ratio over the capacities the device publishes (0..1, not normalised: unused capacity is
-        nobody's), when every allocation states a consumed capacity; else ``("equal", [1/n] * n)``.
-    """
-    n = len(consumed)
-    totals = {name: quantity_value(entry) for name, entry in capacity.items()}
-    fractions: list[Decimal] = []
-    for entry in consumed:
-        best: Decimal | None = None
-        for name, amount in entry.items():
-            total, used = totals.get(name), quantity_value(amount)
-            if total and used is not None:
-                ratio = used / total
-                best = ratio if best is None else max(best, ratio)
-        if best is None:
-            return "equal", [Decimal(1) / n] * n if n else []
-        fractions.append(best)
-    return "consumedCapacity", fractions
 
 
 def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
@@ -106,7 +85,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
     params = {"at": at, "cluster": cluster}
     allocations = conn.execute(text(
         "SELECT a.cluster, a.driver, a.pool, a.device, a.node, a.namespace, a.claim, a.claim_uid, a.team, a.request, "
-        "a.share_id, a.consumed_capacity, a.conflict FROM device_allocations a "
+        "a.share_id, a.consumed_capacity, a.conflict, " + split_columns("a") + " FROM device_allocations a "
         "WHERE a.valid @> :at AND NOT a.admin_access" + _cluster_filter(cluster, "a") +
         " ORDER BY a.cluster, a.driver, a.pool, a.device, a.namespace, a.claim, a.share_id NULLS FIRST"),
         params).all()
@@ -116,6 +95,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         " ORDER BY d.cluster, d.driver, d.pool, d.device"), params).all()
     inv = {(r.cluster, r.driver, r.pool, r.device): r for r in inventory}
     by_device: dict[tuple[str, str, str, str], list[JSONObject]] = defaultdict(list)
+    fractions_of: dict[tuple[str, str, str, str], list[Decimal | None]] = defaultdict(list)
     by_claim_devices: dict[tuple[str, str], list[str]] = defaultdict(list)
     for a in allocations:
         key = (a.cluster, a.driver, a.pool, a.device)
@@ -124,6 +104,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
                                "team": overrides.get(a.namespace, a.team), "request": a.request,
                                "shareID": a.share_id, "consumedCapacity": consumed if isinstance(consumed, dict)
                                else {}, "conflict": bool(a.conflict)})
+        fractions_of[key].append(capacity_fraction(_json(a.capacity), consumed))
         by_claim_devices[(a.cluster, a.claim_uid)].append(f"{a.driver}/{a.pool}/{a.device}")
 
     devices: list[JSONValue] = []
@@ -131,10 +112,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         if len(allocs) < 2:
             continue
         row = inv.get(key)
-        capacity = _json(row.capacity) if row is not None else {}
-        consumed_list = [a["consumedCapacity"] for a in allocs]
-        split, fractions = capacity_fractions(capacity if isinstance(capacity, dict) else {},
-                                              [c if isinstance(c, dict) else {} for c in consumed_list])
+        split, fractions = span_fractions(fractions_of[key])
         out_allocs: list[JSONValue] = []
         for alloc, f in zip(allocs, fractions, strict=True):
             out_allocs.append({k: v for k, v in alloc.items() if k != "conflict"} | {"fraction": _ratio(f)})
@@ -225,11 +203,12 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     """Chargeback of shared devices over ``[start, end)``: each shared device-hour split among its holders.
 
     While more than one allocation holds a device, each elementary span of time goes to the
-    allocations by their ``consumedCapacity`` fraction of the device's capacity when every one of them
-    states it (the capacity nobody consumed stays unbilled), else equally. Spans with a single holder
-    are not shared and not listed. Source: ``device_allocations`` (not ``adminAccess``) clipped to the
-    window, capacities from ``device_inventory``. Hours are billed to the namespace's team in ``overrides``
-    (``[teams] overrides``, applied to the whole window) when it has one, else to the recorded team.
+    allocations by :mod:`ledger.projections.split` (their ``consumedCapacity`` fractions of the device's
+    capacity when every one of them states one, the capacity nobody consumed staying unbilled; else
+    equally), the split usage bills. Spans with a single holder are not shared and not listed. Source:
+    ``device_allocations`` (not ``adminAccess``) clipped to the window, capacities from ``device_inventory``
+    as :func:`ledger.projections.split.split_columns` reads them. Hours are billed to the namespace's team in
+    ``overrides`` (``[teams] overrides``, applied to the whole window) when it has one, else to the recorded team.
 
     Returns:
         ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
@@ -243,42 +222,36 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     params = {"start": start, "end": end, "cluster": cluster}
     rows = conn.execute(text(
-        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.namespace, a.device_class, a.consumed_capacity, "
+        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.namespace, a.device_class, "
         " greatest(lower(a.valid), :start) AS s, least(coalesce(upper(a.valid), :end), :end) AS e, "
-        " (SELECT i.capacity FROM device_inventory i WHERE i.cluster = a.cluster AND i.driver = a.driver "
-        "  AND i.pool = a.pool AND i.device = a.device AND NOT isempty(i.valid) "
-        "  AND lower(i.valid) < :end ORDER BY lower(i.valid) DESC LIMIT 1) AS capacity "
-        "FROM device_allocations a WHERE NOT a.admin_access AND NOT isempty(a.valid) "
+        + split_columns("a") + " FROM device_allocations a WHERE NOT a.admin_access AND NOT isempty(a.valid) "
         " AND a.valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster, "a")), params).all()
-    per_device: dict[tuple[str, str, str, str], list[tuple[datetime, datetime, tuple[str, str, str], JSONValue,
-                                                          JSONValue]]] = defaultdict(list)
+    per_device: dict[tuple[str, str, str, str], list[Interval[tuple[str, str, str]]]] = defaultdict(list)
     for r in rows:
         if r.e > r.s:
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
                 (r.s, r.e, (overrides.get(r.namespace, r.team), r.device_class or "", r.driver),
-                 _json(r.consumed_capacity), _json(r.capacity)))
-    seconds: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
+                 allocation_fraction(r.consumed, r.capacity)))
+    seconds: dict[tuple[str, str, str], float] = defaultdict(float)
     devices: list[JSONValue] = []
     for key, intervals in sorted(per_device.items()):
-        cuts = sorted({t for s, e, *_ in intervals for t in (s, e)})
-        shared_s = billed_s = Decimal(0)
-        for lo, hi in pairwise(cuts):
-            covering = [x for x in intervals if x[0] <= lo and x[1] >= hi]
-            if len(covering) < 2:
-                continue
-            span = Decimal(str((hi - lo).total_seconds()))
-            capacity = covering[0][4]
-            _, fractions = capacity_fractions(capacity if isinstance(capacity, dict) else {},
-                                              [x[3] if isinstance(x[3], dict) else {} for x in covering])
-            shared_s += span
-            for x, fraction in zip(covering, fractions, strict=True):
-                seconds[x[2]] += span * fraction
-                billed_s += span * fraction
+        spans: dict[tuple[datetime, datetime], int] = defaultdict(int)
+        pieces = list(shares(intervals))
+        for lo, hi, _, _ in pieces:
+            spans[(lo, hi)] += 1
+        shared_s = billed_s = 0.0
+        for (lo, hi), holders in spans.items():
+            if holders > 1:
+                shared_s += (hi - lo).total_seconds()
+        for lo, hi, group, weight in pieces:
+            if spans[(lo, hi)] > 1:
+                seconds[group] += (hi - lo).total_seconds() * weight
+                billed_s += (hi - lo).total_seconds() * weight
         if shared_s:
             devices.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3],
-                            "sharedHours": round(float(shared_s) / 3600, 6),
-                            "billedDeviceHours": round(float(billed_s) / 3600, 6)})
+                            "sharedHours": round(shared_s / 3600, 6),
+                            "billedDeviceHours": round(billed_s / 3600, 6)})
     out: list[JSONValue] = [{"team": team, "deviceClass": cls or None, "driver": drv,
-                             "deviceHours": round(float(s) / 3600, 6)}
+                             "deviceHours": round(s / 3600, 6)}
                             for (team, cls, drv), s in sorted(seconds.items())]
     return {"from": rfc3339(start), "to": rfc3339(end), "rows": out, "devices": devices}

@@ -277,9 +277,11 @@ def _hourly_usage(name: str, *, node: bool, seconds_comment: str) -> Table:
     )
 
 
-usage_rollups = _hourly_usage(
-    "usage_rollups", node=True,
-    seconds_comment="allocated device-seconds in the hour, split equally among concurrent allocations")
+SECONDS_COMMENT = ("allocated device-seconds in the hour; concurrent allocations of a device split it by their "
+                   "consumedCapacity fractions when all state one, else equally (migration 0011)")
+"""The comment of ``usage_rollups.device_seconds``: the split of ``ledger.projections.split``."""
+
+usage_rollups = _hourly_usage("usage_rollups", node=True, seconds_comment=SECONDS_COMMENT)
 """Device-seconds per hour per (team, namespace, DeviceClass, model, node, driver); an hour is
 recomputed whole (delete + insert) so a re-run replaces it."""
 

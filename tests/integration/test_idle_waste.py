@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from ledger import services
 from ledger.config import DEFAULT
@@ -93,16 +93,14 @@ def share(share_id: str, bandwidth: str | None, *, admin: bool = False) -> JSONO
 
 def test_shares_of_one_nic_waste_no_more_than_the_nic_and_no_more_than_usage_bills(
         ledger: LedgerHandle, tmp_path: Path) -> None:
-    # eth0 held over [0, 120 min) by three allocations that usage bills: "other" (one 50G share) and
+    # eth0 (100G) held over [0, 120 min) by three allocations that usage bills: "other" (one 50G share) and
     # "two-shares" (two 25G shares). "monitor" looks at it with adminAccess, which is never billed.
-    # usage splits each device-second equally among the allocations holding it (DESIGN §11.5), so every
-    # allocation gets 1/3 of the NIC:
-    #   other      = 1 allocation  x 1/3 x 2 h = 0.666667 device-hours
-    #   two-shares = 2 allocations x 1/3 x 2 h = 1.333333 device-hours
-    #   monitor    = adminAccess             = 0
-    # 2.0 device-hours together, the NIC's own two hours; the old report said 2.0 + 4.0 = 6.0.
-    # (The consumedCapacity fractions of ``shared`` would give 0.5 x 2 h = 1.0 and 2 x 0.25 x 2 h = 1.0,
-    # but usage does not bill by them: "other" would then waste more than it is billed.)
+    # Every billed share states its consumedCapacity, so usage bills each its fraction of the NIC (DESIGN §5):
+    #   other      = 50G / 100G x 2 h                = 1.0 device-hours
+    #   two-shares = 2 x 25G / 100G x 2 h            = 1.0 device-hours
+    #   monitor    = adminAccess                     = 0
+    # 2.0 device-hours together, the NIC's own two hours; the old report said 2.0 + 4.0 = 6.0, and the equal
+    # split once gave 2/3 and 4/3.
     replay(ledger, tmp_path, [
         namespace("net-a", "a"), namespace("net-b", "b"), namespace("ops", "ops"), nic(multi=True),
         nic_claim("other", "net-a", [share("5d0c4c39-0000-4000-8000-000000000001", "50G")]),
@@ -111,12 +109,60 @@ def test_shares_of_one_nic_waste_no_more_than_the_nic_and_no_more_than_usage_bil
         nic_claim("monitor", "ops", [share("5d0c4c39-0000-4000-8000-000000000004", None, admin=True)])])
 
     hours = wasted(ledger)
-    assert hours == {"other": round(2 / 3, 6), "two-shares": round(4 / 3, 6), "monitor": 0.0}
+    assert hours == {"other": 1.0, "two-shares": 1.0, "monitor": 0.0}
     assert sum(hours.values()) == pytest.approx(2.0, abs=1e-6)
     usage = billed(ledger)
-    assert usage == {"net-a": round(2 / 3, 6), "net-b": round(4 / 3, 6)}
+    assert usage == {"net-a": 1.0, "net-b": 1.0}
     for name, ns in (("other", "net-a"), ("two-shares", "net-b")):
         assert hours[name] <= usage[ns] + 1e-6
+
+
+def test_usage_its_rollups_and_the_shared_report_bill_consumable_shares_alike(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # eth0 (100G) held over [0, 120 min) by "big" (a 50G share, team a) and "small" (a 25G share, team b). Each is
+    # billed its consumedCapacity fraction of the NIC, and the 25G nobody consumed is nobody's (DESIGN §5):
+    #   big   = 50G / 100G x 2 h = 1.0 device-hours
+    #   small = 25G / 100G x 2 h = 0.5 device-hours
+    # At minute 60 the driver republishes eth0 with 200G. Each allocation keeps the capacity in force when it
+    # began, so an hour costs the same whichever window asks: [60, 120) bills 0.5 and 0.25.
+    device: JSONObject = {"name": "eth0", "attributes": {"model": {"string": "NIC-100G"}},
+                          "allowMultipleAllocations": True, "capacity": {"bandwidth": {"value": "100G"}}}
+    name, slice_uid = uid("nic-slice"), uid("slice")
+    first = resource_slice(name=name, driver=NIC, devices=[device], slice_uid=slice_uid)
+    wider = resource_slice(name=name, driver=NIC, slice_uid=slice_uid,
+                           devices=[device | {"capacity": {"bandwidth": {"value": "200G"}}}])
+    # GPU slices before and after the NIC's: the NIC's capacity must be found by its own key, never theirs.
+    gpus = [resource_slice(name=uid("gpu-slice"), node=node, pool=node, devices=[gpu(f"gpu-{i}") for i in range(4)])
+            for node in ("node-a", "node-b")]
+    path = history(tmp_path / "shares.jsonl", [
+        ("ADDED", namespace("net-a", "a"), 0), ("ADDED", namespace("net-b", "b"), 0), ("ADDED", gpus[0], 0),
+        ("ADDED", first, 0), ("ADDED", gpus[1], 0),
+        ("ADDED", nic_claim("big", "net-a", [share("5d0c4c39-0000-4000-8000-000000000011", "50G")]), 0),
+        ("ADDED", nic_claim("small", "net-b", [share("5d0c4c39-0000-4000-8000-000000000012", "25G")]), 0),
+        ("MODIFIED", wider, 60)])
+    assert not ledger.replay(path).rejected
+
+    def by_team(body: Any) -> dict[str, float]:
+        return {row["team"]: row["deviceHours"] for row in body["rows"]}
+
+    assert by_team(ledger.usage(at(0), REPORT_AT)) == {"a": 1.0, "b": 0.5}
+    assert by_team(ledger.usage(at(60), REPORT_AT)) == {"a": 0.5, "b": 0.25}
+    assert wasted(ledger) == {"big": 1.0, "small": 0.5}
+    assert by_team(services.shared_usage(ledger.db, start=at(0), end=REPORT_AT, cluster=ledger.cluster)) == \
+        {"a": 1.0, "b": 0.5}
+    instant: Any = services.shared(ledger.db, at=at(90), cluster=ledger.cluster)
+    [held] = instant["devices"]
+    assert (held["split"], sorted(x["fraction"] for x in held["allocations"])) == ("consumedCapacity", [0.25, 0.5])
+    # The hourly rollups (one per hour of the window, both whole) give the same hours as the live intervals.
+    assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+    for start in (at(0), at(30), at(60)):
+        rolled: Any = services.usage_from_rollups(ledger.db, start=start, end=REPORT_AT, group_by="team",
+                                                  cluster=ledger.cluster)
+        assert by_team(rolled) == by_team(ledger.usage(start, REPORT_AT))
+    with ledger.db.reading() as conn:
+        hourly = conn.execute(text("SELECT team, hour, device_seconds FROM usage_rollups ORDER BY team, hour")).all()
+    assert [(team, hour, seconds) for team, hour, seconds in hourly] == [
+        ("a", at(0), 1800.0), ("a", at(60), 1800.0), ("b", at(0), 900.0), ("b", at(60), 900.0)]
 
 
 def test_a_device_listed_twice_without_share_id_is_wasted_once(ledger: LedgerHandle, tmp_path: Path) -> None:

@@ -32,13 +32,33 @@ def test_every_revision_downgrades_to_an_empty_database_and_upgrades_again(ledge
 
 def test_upgrading_to_0005_fills_the_rollup_by_team_from_the_hours_already_rolled(ledger: LedgerHandle) -> None:
     ledger.replay(HISTORIES / "seed-lab.jsonl")
+    schema.downgrade(ledger.engine, "0010")  # 0011's downgrade would empty the rollups on the way down
     assert services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"),
                                  end=parse_time("2026-11-02T12:00:00Z")) == 3
     written = ledger.rows("usage_rollups_by_team")
     assert {row[1] for row in written} == {r[1] for r in ledger.rows("usage_rollups")}  # the same hours
     schema.downgrade(ledger.engine, "0004")
-    schema.upgrade(ledger.engine)
+    schema.upgrade(ledger.engine, "0010")
     assert ledger.rows("usage_rollups_by_team") == written
+    schema.upgrade(ledger.engine)
+
+
+def test_upgrading_to_0011_empties_the_rollups_and_the_next_run_rolls_every_hour_again(ledger: LedgerHandle) -> None:
+    # The rolled hours were summed by the equal split; 0011 deletes them so that the hourly job sums them again by
+    # the consumedCapacity split, from the first allocation on (nothing rolled means it starts there).
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    end = parse_time("2026-11-02T12:00:00Z")
+    assert services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"), end=end) == 3
+    rolled = {t: [r[:-1] for r in ledger.rows(t)] for t in ("usage_rollups", "usage_rollups_by_team")}
+    assert all(rolled.values())
+    schema.downgrade(ledger.engine, "0010")
+    assert {t: ledger.rows(t) for t in rolled} == {t: [] for t in rolled}  # the downgrade empties them too
+    services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"), end=end)
+    schema.upgrade(ledger.engine)
+    assert {t: ledger.rows(t) for t in rolled} == {t: [] for t in rolled}
+    assert sum(chunk.hours for chunk in services.rollup_chunks(ledger.db, end=end)) >= 3
+    # The seed lab has no consumedCapacity shares, so the hours come back as they were (row ids and times aside).
+    assert {t: [r[:-1] for r in ledger.rows(t)] for t in rolled} == rolled
 
 
 def test_upgrading_to_0006_keeps_every_observation_and_its_duplicate_check(ledger: LedgerHandle) -> None:

@@ -203,7 +203,7 @@ def test_rollups_plus_live_edges_equal_the_live_usage(reported: LedgerHandle, gr
 @pytest.mark.parametrize("step", [timedelta(minutes=7), timedelta(hours=1), timedelta(seconds=1337)])
 def test_each_bucket_of_a_stepped_usage_is_the_usage_of_its_own_window(reported: LedgerHandle,
                                                                         step: timedelta) -> None:
-    # Buckets are filled from the intervals that overlap them (shared GPU and NIC included, split equally);
+    # Buckets are filled from the intervals that overlap them (shared GPU and NIC included, split as usage splits);
     # each must equal the usage asked for its window alone, the last, shorter bucket too.
     start, end = parse_time("2026-11-02T08:50:00Z"), parse_time("2026-11-02T12:10:30Z")
     with reported.engine.connect() as conn:
@@ -238,14 +238,15 @@ def by_group(body: Any, group_by: str = "team") -> dict[tuple[str, str], float]:
 @pytest.mark.parametrize(("window", "expected"), [
     # [09:30, 11:30): a rolled hour between two partial ones. ml-train (team vision) holds gpu-0 until
     # 10:00:01 (train-0 released) and gpu-2, gpu-3 and gpu-7 throughout; ml-serve (nlp) holds gpu-1 and
-    # gpu-4. The NIC's two shares (allocated 2026-08-26, still held) overlap: each second is split, 1 h each.
+    # gpu-4. The NIC's two shares (allocated 2026-08-26, still held) overlap, and each states its consumedCapacity:
+    # 1 of the NIC's 65535 maxVirtualInterfaces, so each is billed 1/65535 of the 2 h (the rest is nobody's).
     (("2026-11-02T09:30:00Z", "2026-11-02T11:30:00Z"),
      {("vision", "gpu.example.com"): round(0.5 + 1 / 3600 + 3 * 2, 6), ("nlp", "gpu.example.com"): 2 * 2.0,
-      ("default", "devicenetwork"): 1.0, ("net", "devicenetwork"): 1.0}),
-    # [11:15, 11:45): inside one hour, all live: 3 and 2 GPUs for half an hour, the NIC split in two.
+      ("default", "devicenetwork"): round(2 / 65535, 6), ("net", "devicenetwork"): round(2 / 65535, 6)}),
+    # [11:15, 11:45): inside one hour, all live: 3 and 2 GPUs for half an hour, each NIC share 1/65535 of it.
     (("2026-11-02T11:15:00Z", "2026-11-02T11:45:00Z"),
      {("vision", "gpu.example.com"): 1.5, ("nlp", "gpu.example.com"): 1.0,
-      ("default", "devicenetwork"): 0.25, ("net", "devicenetwork"): 0.25}),
+      ("default", "devicenetwork"): round(0.5 / 65535, 6), ("net", "devicenetwork"): round(0.5 / 65535, 6)}),
 ])
 def test_edge_hours_bill_lone_holders_whole_and_split_a_shared_device(reported: LedgerHandle,
                                                                        window: tuple[str, str],

@@ -22,7 +22,6 @@ from ledger.projections.quotas import (
     reason_unmapped,
 )
 from ledger.projections.selectors import DeviceView
-from ledger.projections.shared import capacity_fractions
 from ledger.quantities import parse_quantity
 from ledger.types import JSONObject, JSONValue
 
@@ -103,16 +102,6 @@ def test_quantities_parse_like_kubernetes(text: str, value: Decimal | int) -> No
 def test_a_bad_quantity_is_invalid() -> None:
     with pytest.raises(Invalid):
         parse_quantity("40 GB")
-
-
-def test_capacity_fractions_use_consumed_capacity_else_equal_shares() -> None:
-    capacity: JSONObject = {"devicenetwork.io/maxVirtualInterfaces": {"value": "65535"}}
-    split, fractions = capacity_fractions(capacity, [{"devicenetwork.io/maxVirtualInterfaces": "1"}] * 2)
-    assert (split, fractions) == ("consumedCapacity", [Decimal(1) / 65535] * 2)
-    memory: JSONObject = {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
-    split, fractions = capacity_fractions(memory, [{"memory": "16Gi", "compute": "50"}, {"memory": "40Gi"}])
-    assert (split, fractions) == ("consumedCapacity", [Decimal("0.5"), Decimal("0.5")])  # the bottleneck counts
-    assert capacity_fractions(memory, [{"memory": "16Gi"}, {}]) == ("equal", [Decimal("0.5")] * 2)
 
 
 def test_the_configuration_follows_kueues_mapping_rules(tmp_path: Path) -> None:

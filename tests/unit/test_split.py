@@ -1,0 +1,110 @@
+"""The chargeback split of a device held by several allocations at once (ledger.projections.split)."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from ledger.projections.split import Interval, capacity_fraction, shares, span_fractions, split
+from ledger.types import JSONObject
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+MEMORY: JSONObject = {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def test_an_allocations_fraction_is_its_largest_consumed_capacity_ratio() -> None:
+    nic: JSONObject = {"devicenetwork.io/maxVirtualInterfaces": {"value": "65535"}}
+    assert capacity_fraction(nic, {"devicenetwork.io/maxVirtualInterfaces": "1"}) == Decimal(1) / 65535
+    # 16Gi of 80Gi is 0.2, 50 of 100 compute is 0.5: the bottleneck counts.
+    assert capacity_fraction(MEMORY, {"memory": "16Gi", "compute": "50"}) == Decimal("0.5")
+    assert capacity_fraction(MEMORY, {"memory": "40Gi"}) == Decimal("0.5")
+
+
+def test_a_fraction_needs_a_capacity_the_device_publishes_and_a_sane_amount() -> None:
+    assert capacity_fraction(MEMORY, {}) is None
+    assert capacity_fraction(MEMORY, {"bandwidth": "10"}) is None  # the device publishes no bandwidth
+    assert capacity_fraction(MEMORY, {"memory": "lots"}) is None
+    assert capacity_fraction(MEMORY, {"memory": "-1Gi"}) is None
+    assert capacity_fraction({"memory": {"value": "0"}}, {"memory": "1Gi"}) is None
+    assert capacity_fraction(None, {"memory": "1Gi"}) is None  # the device was never in an inventory
+    assert capacity_fraction(MEMORY, ["memory"]) is None
+
+
+def test_a_span_splits_by_fractions_only_when_every_holder_states_one() -> None:
+    assert span_fractions([Decimal("0.25"), Decimal("0.5")]) == ("consumedCapacity", [Decimal("0.25"), Decimal("0.5")])
+    assert span_fractions([Decimal("0.25"), None]) == ("equal", [Decimal("0.5")] * 2)
+    assert span_fractions([None, None, None]) == ("equal", [Decimal(1) / 3] * 3)
+    assert span_fractions([Decimal("0.25")]) == ("whole", [Decimal(1)])  # alone, it holds the whole device
+
+
+def test_over_committed_fractions_are_scaled_down_to_the_whole_device() -> None:
+    # 0.75 + 0.75 = 1.5 of the device: each is billed 0.5, so the device is never billed more than its time.
+    assert span_fractions([Decimal("0.75"), Decimal("0.75")]) == ("consumedCapacity", [Decimal("0.5")] * 2)
+
+
+def test_the_sweep_bills_each_span_by_the_rule_of_its_holders() -> None:
+    # a: 0-60 min at 0.25; b: 30-90 min at 0.5; c: 45-60 min states nothing.
+    intervals: list[Interval[str]] = [(at(0), at(60), "a", 0.25), (at(30), at(90), "b", 0.5),
+                                      (at(45), at(60), "c", None)]
+    seconds: dict[str, float] = defaultdict(float)
+    split(intervals, seconds)
+    # a: 30 min alone (whole), 15 min with b (0.25), 15 min with b and c (1/3)
+    assert seconds["a"] == 30 * 60 + 15 * 60 * 0.25 + 15 * 60 / 3
+    # b: 15 min with a (0.5), 15 min with a and c (1/3), 30 min alone (whole)
+    assert seconds["b"] == 15 * 60 * 0.5 + 15 * 60 / 3 + 30 * 60
+    assert seconds["c"] == 15 * 60 / 3
+    pieces = list(shares(intervals))
+    assert [(lo, hi) for lo, hi, *_ in pieces] == sorted((lo, hi) for lo, hi, *_ in pieces)  # time order
+    assert {(g, w) for lo, _, g, w in pieces if lo == at(30)} == {("a", 0.25), ("b", 0.5)}
+
+
+def test_touching_intervals_share_nothing() -> None:
+    seconds: dict[str, float] = defaultdict(float)
+    split([(at(0), at(30), "a", 0.1), (at(30), at(60), "b", 0.1)], seconds)
+    assert dict(seconds) == {"a": 1800.0, "b": 1800.0}
+
+
+def test_a_gap_between_allocations_bills_nobody() -> None:
+    seconds: dict[str, float] = defaultdict(float)
+    split([(at(0), at(30), "a", None), (at(60), at(90), "b", None), (at(60), at(90), "c", None)], seconds)
+    assert dict(seconds) == {"a": 1800.0, "b": 900.0, "c": 900.0}
+    assert span_fractions([]) == ("whole", [])
+
+
+def test_the_sweep_bills_what_a_minute_by_minute_count_bills() -> None:
+    # Random intervals on whole minutes, some stating a fraction and some not; the reference walks every minute,
+    # finds who covers it and applies the rule directly.
+    rng = random.Random(42)
+    for _ in range(200):
+        intervals: list[Interval[int]] = []
+        for g in range(rng.randint(1, 6)):
+            s = rng.randint(0, 50)
+            e = s + rng.randint(1, 30)
+            fraction = rng.choice([None, 0.1, 0.25, 0.5, 0.75])
+            intervals.append((at(s), at(e), g % 4, fraction))
+        seconds: dict[int, float] = defaultdict(float)
+        split(intervals, seconds)
+        expected: dict[int, float] = defaultdict(float)
+        for minute in range(0, 90):
+            covering = [(g, f) for s, e, g, f in intervals if s <= at(minute) and at(minute + 1) <= e]
+            if len(covering) == 1:
+                expected[covering[0][0]] += 60
+            elif covering and all(f is not None for _, f in covering):
+                total = sum(f for _, f in covering if f is not None)
+                for g, f in covering:
+                    assert f is not None
+                    expected[g] += 60 * (f / total if total > 1 else f)
+            else:
+                for g, _ in covering:
+                    expected[g] += 60 / len(covering)
+        assert set(seconds) == set(expected)
+        for g, value in expected.items():
+            assert seconds[g] == pytest.approx(value, rel=1e-9)
