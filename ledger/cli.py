@@ -14,18 +14,15 @@ import importlib.resources
 import logging
 import os
 import shutil
-import signal
 import stat
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from types import FrameType
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import Field, TypeAdapter, ValidationError
@@ -40,7 +37,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError, SQLAlchemyError
 import ledger
 from ledger import services
 from ledger import simulate_bounds as bounds
-from ledger.cli_typer import LedgerTyper, choice_option
+from ledger.cli_typer import SIGTERM_EXIT, LedgerTyper, Terminated, choice_option, sigterm_raises
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
@@ -308,43 +305,63 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
     return base.model_copy(update=updates)
 
 
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The ``KeyboardInterrupt`` (Ctrl-C, or :class:`~ledger.cli_typer.Terminated` for SIGTERM) that is ``error`` or
+    in its chain (``__cause__``, else ``__context__``), or ``None``; see :func:`caused_by_ctrl_c` for why."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
+
+
 def caused_by_ctrl_c(error: BaseException) -> bool:
-    """Whether Ctrl-C is behind ``error``: a ``KeyboardInterrupt`` is ``error`` or in its chain (``__cause__``, else
-    ``__context__``).
+    """Whether Ctrl-C (or SIGTERM, which :func:`~ledger.cli_typer.sigterm_raises` turns into a ``KeyboardInterrupt``)
+    is behind ``error``: a ``KeyboardInterrupt`` is ``error`` or in its chain (``__cause__``, else ``__context__``).
 
     Why: Ctrl-C that stops psycopg while it reads a result or a ``COPY`` can leave the connection unable to run the
     rollback that follows. SQLAlchemy's rollback then raises ``OperationalError`` ("another command is already in
     progress"), which the services report as ``StoreUnavailable``, and the ``KeyboardInterrupt`` is left only as
     that error's context: the command would say the database is unavailable instead of interrupted.
     """
-    seen: set[int] = set()
-    link: BaseException | None = error
-    while link is not None and id(link) not in seen:
-        if isinstance(link, KeyboardInterrupt):
-            return True
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-    return False
+    return interrupt_behind(error) is not None
 
 
 @contextmanager
 def interrupt_said(message: str) -> Iterator[None]:
-    """Ctrl-C inside the block: ``message`` on stderr and exit code 130 (Typer alone exits 130 without a word), also
-    when the interrupt surfaced as a database error (:func:`caused_by_ctrl_c`).
+    """Ctrl-C or SIGTERM inside the block: ``message`` on stderr and exit code 130 (Typer alone exits 130 without a
+    word), also when the interrupt surfaced as a database error (:func:`caused_by_ctrl_c`).
+
+    ``message`` starts with "interrupted"; for SIGTERM (a ``kill``, a pod or a CI job stopped) that word reads
+    "terminated (SIGTERM)" and the exit code is 143. SIGTERM is a ``KeyboardInterrupt`` inside the block
+    (:func:`~ledger.cli_typer.sigterm_raises`), so it takes Ctrl-C's way out: psycopg cancels the statement that is
+    running and the transaction rolls back at once, releasing its locks, where the default action ended the
+    process and left its server session holding them until the server noticed.
 
     Raises:
-        typer.Exit: code 130, after the message.
+        typer.Exit: code 130 (Ctrl-C) or 143 (SIGTERM), after the message.
     """
-    try:
-        yield
-    except KeyboardInterrupt:
-        err.print(message, soft_wrap=True)
-        raise typer.Exit(130) from None
-    except (LedgerError, SQLAlchemyError) as e:
-        if not caused_by_ctrl_c(e):
-            raise
-        err.print(message, soft_wrap=True)
-        raise typer.Exit(130) from None
+    with sigterm_raises():
+        try:
+            yield
+        except KeyboardInterrupt as e:
+            _say_stopped(message, e)
+        except (LedgerError, SQLAlchemyError) as e:
+            cause = interrupt_behind(e)
+            if cause is None:
+                raise
+            _say_stopped(message, cause)
+
+
+def _say_stopped(message: str, cause: KeyboardInterrupt) -> NoReturn:
+    if isinstance(cause, Terminated):
+        err.print("terminated (SIGTERM)" + message.removeprefix("interrupted"), soft_wrap=True)
+        raise typer.Exit(SIGTERM_EXIT) from None
+    err.print(message, soft_wrap=True)
+    raise typer.Exit(130) from None
 
 
 class CtrlCResetFilter(logging.Filter):
@@ -696,11 +713,14 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 
     An embedded data dir where no ledger was ever made is refused (exit code 2):
     there are no events to rebuild from, and a new, empty server would be left behind.
+    Ctrl-C (exit code 130) or SIGTERM (143) during the rebuild rolls it back and says so.
     """
     settings = settings_from(url, data_dir)
     if not settings.database_url:
         require_embedded_ledger(settings.data_dir)
-    with reported_errors():
+    # SIGTERM (kill, a Job's deadline) ends it as Ctrl-C does, with its own word and exit code 143: before the
+    # rebuild starts, "terminated (SIGTERM)" (LedgerCommand); inside, what was kept (interrupt_said).
+    with reported_errors(), sigterm_raises():
         db = services.open_ledger(settings)
         err.print(f"rebuilding the read models from the events ({services.count_events(db):,}) ...")
         # One transaction: Ctrl-C rolls all of it back.
@@ -715,45 +735,6 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         with interrupt_said("interrupted after the rebuild and the occupancy counts committed: tables not analyzed "
                             "yet are left to autovacuum"):
             services.refresh_statistics(db, told=_say_statistics)
-
-
-SIGTERM_EXIT = 128 + signal.SIGTERM
-"""Exit code of a command ended by SIGTERM (143), as a shell reports a process the signal killed."""
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived while :func:`sigterm_raises` was in force.
-
-    A ``BaseException``, like ``KeyboardInterrupt``, so that ``except Exception`` does not swallow it while
-    ``finally`` and ``except BaseException`` clean-ups (a temporary file's removal) run on the way out.
-    """
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.
-
-    The default action ends the process at once and runs no clean-up. The first SIGTERM raises; later
-    ones until the block is left are ignored, so that a second signal cannot cut a clean-up short (SIGKILL
-    still ends it). The previous handler is restored on the way out. Outside the main thread, where Python
-    cannot install handlers, the block runs with SIGTERM as it was.
-
-    Raises:
-        Terminated: from the block, once SIGTERM arrived.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up on the way out is not interrupted
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def finite_float(*, ge: float | None = None, gt: float | None = None,
@@ -824,14 +805,14 @@ def simulate(
         with sigterm_raises():
             summary = simulation.write_history(spec, output_file,
                                                progress=lambda n: err.print(f"... {n:,} lines", highlight=False))
+    except Terminated:  # before KeyboardInterrupt, which it is
+        # The same clean-up as Ctrl-C: write_history removed its temporary file on the way out.
+        typer.echo(f"terminated (SIGTERM): {output_file} left as it was", err=True)
+        raise typer.Exit(SIGTERM_EXIT) from None
     except KeyboardInterrupt:
         # write_history has removed its temporary file by now; the earlier FILE was never touched.
         typer.echo(f"interrupted: {output_file} left as it was", err=True)
         raise typer.Exit(130) from None
-    except Terminated:
-        # The same clean-up as Ctrl-C: write_history removed its temporary file on the way out.
-        typer.echo(f"terminated (SIGTERM): {output_file} left as it was", err=True)
-        raise typer.Exit(SIGTERM_EXIT) from None
     except OSError as e:
         typer.echo(f"error: cannot write {output_file}: {e.strerror or e}", err=True)
         raise typer.Exit(2) from e

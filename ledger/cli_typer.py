@@ -10,13 +10,20 @@ command line should not, and each is corrected here once for every command, ``le
   :class:`LedgerGroup`);
 - a required argument was written ``{files}...`` in the usage line (:class:`LedgerCommand`).
 
+It also holds how a command ends on Ctrl-C or SIGTERM when it has nothing of its own to say
+(:class:`LedgerCommand`), and the SIGTERM handler that makes a command's clean-up run (:func:`sigterm_raises`).
+
 Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the ``cls`` of a command or group.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -127,6 +134,48 @@ def argument_usage(argument: TyperArgument) -> str:
     return f"{name}..." if argument.nargs != 1 else name
 
 
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""Exit code of a command ended by SIGTERM (143), as a shell reports a process the signal killed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while :func:`sigterm_raises` was in force.
+
+    A ``KeyboardInterrupt``, so that every clean-up written for Ctrl-C runs for it too: ``except Exception`` does not
+    swallow it, ``finally`` and ``except BaseException`` clean-ups (a temporary file's removal) run on the way out,
+    and psycopg cancels the statement running on the server before the transaction rolls back. Handlers that say
+    which signal it was catch it before ``KeyboardInterrupt``.
+    """
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.
+
+    The default action ends the process at once and runs no clean-up. The first SIGTERM raises; later
+    ones until the block is left are ignored, so that a second signal cannot cut a clean-up short (SIGKILL
+    still ends it). The previous handler is restored on the way out. Outside the main thread, where Python
+    cannot install handlers, the block runs with SIGTERM as it was.
+
+    Raises:
+        Terminated: from the block, once SIGTERM arrived.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up on the way out is not interrupted
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+
 class LedgerCommand(TyperCommand):
     """A ``dra-ledger`` command: flags without a type in ``--help``, arguments named as Click names them in the usage
     line (``FILE...``; Typer 0.29 wrote a required one ``{files}...``)."""
@@ -138,13 +187,17 @@ class LedgerCommand(TyperCommand):
     def invoke(self, ctx: Context) -> Any:
         """Run the command; a Ctrl-C that reaches here (the command had no message of its own for that moment:
         while it connects, or prints its answer) ends with one line, ``interrupted``, and exit code 130, where Typer
-        alone exited 130 without a word. Commands that say more catch it first (``ledger.cli.interrupt_said``).
+        alone exited 130 without a word; a SIGTERM turned into :class:`Terminated` there, with ``terminated
+        (SIGTERM)`` and 143. Commands that say more catch them first (``ledger.cli.interrupt_said``).
 
         Raises:
-            typer.Exit: code 130, after the line.
+            typer.Exit: code 130 (143 for SIGTERM), after the line.
         """
         try:
             return super().invoke(ctx)
+        except Terminated:
+            typer.echo("terminated (SIGTERM)", err=True)
+            raise typer.Exit(SIGTERM_EXIT) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None

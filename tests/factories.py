@@ -234,6 +234,18 @@ def served_api(*args: str, database_url: str) -> Iterator[ServedApi]:
         served.output, _ = process.communicate(timeout=60)
 
 
+def signalled(process: subprocess.Popen[str], signum: int, *, timeout_s: float = 120) -> tuple[str, str]:
+    """Send ``signum`` to ``process`` and read its stdout and stderr once it ended (within ``timeout_s``); a process
+    still running then, or when anything goes wrong on the way, is killed, so no test leaves one behind."""
+    try:
+        process.send_signal(signum)
+        return process.communicate(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 @contextmanager
 def taken_port() -> Iterator[int]:
     """A TCP port on 127.0.0.1 that a socket listens on until the block ends (another process's port)."""

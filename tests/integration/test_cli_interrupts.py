@@ -5,7 +5,10 @@ traceback or a "database unavailable" error."""
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
 import sys
+import time
 from typing import NoReturn
 
 import psycopg
@@ -16,8 +19,10 @@ from typer.testing import CliRunner
 
 from ledger import cli, services
 from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, app, caused_by_ctrl_c
+from ledger.cli_typer import Terminated
 from ledger.errors import StoreUnavailable
 from ledger.store.database import LedgerDatabase
+from tests.factories import signalled
 from tests.paths import HISTORIES
 
 SEED = HISTORIES / "seed-lab.jsonl"
@@ -242,3 +247,88 @@ def test_ctrl_c_where_a_command_has_no_message_of_its_own_ends_with_one_line(
 
     assert result.exit_code == 130  # Typer alone: 130 and no word
     assert result.output.splitlines() == ["interrupted"]
+
+
+def test_sigterm_while_a_rebuild_waits_in_line_rolls_it_back_at_once_and_says_so(ledger_engine: Engine) -> None:
+    # Another session reads the last read model (device_allocations) in an open transaction, as a long Grafana query
+    # does. With no patience, the rebuild queues for its locks at once: it holds the other read models and waits for
+    # that one. SIGTERM must end it as Ctrl-C does: the statement cancelled, the transaction rolled back (its locks
+    # gone when the process has exited, not when the server notices a dead client), one line and exit code 143.
+    url = _url(ledger_engine)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    with ledger_engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*) FROM device_allocations")).scalar_one()
+    assert before > 0
+    code = ("import sys; from ledger.projections import runner; runner.TRUNCATE_LOCK_PATIENCE_S = 0.0; "
+            "sys.argv[0] = 'dra-ledger'; from ledger.cli import main; main()")
+    with ledger_engine.connect() as reader, ledger_engine.connect() as watcher:
+        reader.execute(text("LOCK TABLE device_allocations IN ACCESS SHARE MODE"))
+        proc = subprocess.Popen([sys.executable, "-c", code, "rebuild", "--database-url", url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pid = None
+        deadline = time.monotonic() + 60  # the process's start-up on a busy machine, not a timing assertion
+        while pid is None and proc.poll() is None and time.monotonic() < deadline:
+            pid = watcher.execute(text(
+                "SELECT pid FROM pg_locks WHERE relation = 'device_allocations'::regclass "
+                "AND mode = 'AccessExclusiveLock' AND NOT granted")).scalar()
+            watcher.rollback()
+            time.sleep(0.05)
+        held = watcher.execute(text("SELECT count(*) FROM pg_locks WHERE pid = :p AND granted "
+                                    "AND mode = 'AccessExclusiveLock'"), {"p": pid}).scalar_one()
+        watcher.rollback()
+        _, stderr = signalled(proc, signal.SIGTERM, timeout_s=60)
+        left = watcher.execute(text("SELECT count(*) FROM pg_locks WHERE pid = :p"), {"p": pid}).scalar_one()
+        watcher.rollback()
+        reader.rollback()
+    assert pid is not None, f"the rebuild never queued for device_allocations: {stderr}"
+    assert held >= 8  # the read models before device_allocations
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == "terminated (SIGTERM): the rebuild rolled back; the read models are as they were"
+    assert left == 0
+    with ledger_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM device_allocations")).scalar_one() == before
+
+
+def test_sigterm_where_a_command_has_no_message_of_its_own_ends_with_one_line(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def terminated(*args: object, **kwargs: object) -> NoReturn:
+        raise Terminated
+
+    monkeypatch.setattr(services, "open_ledger", terminated)
+    result = CliRunner().invoke(app, ["rebuild", "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 143
+    assert result.output.splitlines() == ["terminated (SIGTERM)"]
+
+
+def test_an_error_caused_by_sigterm_says_terminated_where_ctrl_c_says_interrupted(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = _url(ledger_engine)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+
+    def failed_after_sigterm(*args: object, **kwargs: object) -> NoReturn:
+        try:
+            raise Terminated
+        except Terminated as e:
+            raise StoreUnavailable(f"database unavailable: {IN_PROGRESS}") from e
+
+    monkeypatch.setattr(services, "rebuild", failed_after_sigterm)
+    result = CliRunner().invoke(app, ["rebuild", "--database-url", url])
+
+    assert result.exit_code == 143
+    assert result.output.splitlines()[-1] == ("terminated (SIGTERM): the rebuild rolled back; the read models are as "
+                                              "they were")
+
+
+def test_sigterm_during_a_replay_says_what_is_kept_as_ctrl_c_does(ledger_engine: Engine,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def terminated(*args: object, **kwargs: object) -> NoReturn:
+        raise Terminated
+
+    monkeypatch.setattr(services, "replay_files", terminated)
+    result = CliRunner().invoke(app, ["replay", str(SEED), "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 143
+    assert result.output.splitlines()[-1] == ("terminated (SIGTERM): the batches committed so far are kept; run the "
+                                              "same command again to record the rest (lines already recorded are "
+                                              "skipped)")

@@ -31,7 +31,7 @@ from ledger import cli, services
 from ledger.projections import rollups
 from ledger.projections.rollups import HOUR, floor_hour
 from ledger.testing.handle import LedgerHandle
-from tests.factories import CLI, T0, at, claim, dig, gpu, history, namespace, resource_slice, uid
+from tests.factories import CLI, T0, at, claim, dig, gpu, history, namespace, resource_slice, signalled, uid
 from workers import jobs_cli
 from workers.jobs import run_rollups
 
@@ -250,17 +250,11 @@ def test_sigint_stops_jobs_once_between_chunks_of_a_rollup_from_year_one(ledger:
         [*CLI, "jobs", "--once", "--database-url", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # A shell's background job starts with SIGINT ignored; Ctrl-C in a terminal reaches a process that is not.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 120  # the process's start-up on a busy machine, not a timing assertion
-        while process.poll() is None and time.monotonic() < deadline and not rolled(ledger.engine)[0][0]:
-            time.sleep(0.2)
-        assert process.poll() is None, process.communicate()
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    deadline = time.monotonic() + 120  # the process's start-up on a busy machine, not a timing assertion
+    while process.poll() is None and time.monotonic() < deadline and not rolled(ledger.engine)[0][0]:
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()
+    out, err = signalled(process, signal.SIGINT)
     assert process.returncode == 130, (out, err)
     assert err.strip().startswith("interrupted: the rollup hours committed so far are kept") and "\n" not in err.strip()
     [(count, first, last), by_team] = rolled(ledger.engine)
