@@ -308,14 +308,17 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
 def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
     """The ``KeyboardInterrupt`` (Ctrl-C, or :class:`~ledger.cli_typer.Terminated` for SIGTERM) that is ``error`` or
     in its chain (``__cause__``, else ``__context__``), or ``None``; see :func:`caused_by_ctrl_c` for why."""
+    return next((link for link in error_chain(error) if isinstance(link, KeyboardInterrupt)), None)
+
+
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then what caused it (``__cause__``, else ``__context__``), and so on; each once (a chain can loop)."""
     seen: set[int] = set()
     link: BaseException | None = error
     while link is not None and id(link) not in seen:
-        if isinstance(link, KeyboardInterrupt):
-            return link
+        yield link
         seen.add(id(link))
         link = link.__cause__ or link.__context__
-    return None
 
 
 def caused_by_ctrl_c(error: BaseException) -> bool:
@@ -375,13 +378,23 @@ class CtrlCResetFilter(logging.Filter):
         return error is None or not caused_by_ctrl_c(error)
 
 
+TABLE_RIGHTS = ("this role lacks a right on the ledger's tables: run the command as the role that owns them (the one "
+                "that ran `dra-ledger db upgrade`) or as one granted what SECURITY.md grants; `ledger_reader` may read "
+                "only the `reporting` views")
+"""The hint for a command refused a right (SQLSTATE 42501) on the ledger's tables."""
+DDL_RIGHTS = "run `dra-ledger db upgrade` as the database owner"
+"""The hint for ``db upgrade`` refused a right: the schema's DDL needs the owner."""
+
+
 @contextmanager
-def reported_errors() -> Iterator[None]:
+def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
     """Turn the errors a command may meet into one line on stderr and exit code 2, never a traceback.
 
     ``LedgerError``: its message; ``OperationalError`` (unreachable server, bad credentials, missing database):
     ``cannot use the database: <first line>``; ``ProgrammingError`` (refused SQL): ``the database refused: ...``,
-    with a hint when rights are missing.
+    with the hint ``rights`` when the role lacks a right (SQLSTATE 42501); a statement the server cancelled (a
+    ``statement_timeout`` or ``lock_timeout``, SQLSTATE 57014 or 55P03, however the services reported it):
+    ``the database cancelled a statement: ...`` with what to do (:data:`TIMEOUTS`).
 
     An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt``: the command's
     own handler, or Typer's exit code 130, deals with it as with any Ctrl-C.
@@ -395,6 +408,12 @@ def reported_errors() -> Iterator[None]:
     except (LedgerError, SQLAlchemyError) as e:
         if caused_by_ctrl_c(e):
             raise KeyboardInterrupt from e
+        state, refused = _sqlstate_behind(e) or ("", e)
+        if state in TIMEOUTS:
+            # Before the LedgerError branch: the services report a cancelled statement as "database unavailable".
+            typer.echo(f"error: the database cancelled a statement: {_first_line(refused)} ({TIMEOUTS[state]})",
+                       err=True)
+            raise typer.Exit(2) from e
         if isinstance(e, LedgerError):
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from e
@@ -406,10 +425,39 @@ def reported_errors() -> Iterator[None]:
         if isinstance(e, ProgrammingError):
             # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
             first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
-            hint = " (run `dra-ledger db upgrade` as the database owner)" if "permission denied" in first else ""
+            hint = f" ({rights})" if state == INSUFFICIENT_PRIVILEGE else ""
             typer.echo(f"error: the database refused: {first}{hint}", err=True)
             raise typer.Exit(2) from e
         raise
+
+
+INSUFFICIENT_PRIVILEGE = "42501"
+"""SQLSTATE of ``permission denied`` (and ``must be owner``): the role lacks a right the statement needs."""
+TIMEOUTS: Mapping[str, str] = {
+    "57014": "PostgreSQL cancelled it: a `statement_timeout` of the server, the database or this role, or an "
+             "administrator; for a timeout, run the command with PGOPTIONS='-c statement_timeout=0' in its "
+             "environment, or raise the role's with `ALTER ROLE ... SET statement_timeout = ...`",
+    "55P03": "a lock it needed was not granted within the `lock_timeout` of the server, the database or this role; "
+             "another session holds it (`pg_locks`), or run the command with PGOPTIONS='-c lock_timeout=0' in its "
+             "environment to wait for it",
+}
+"""SQLSTATE -> hint, for a statement PostgreSQL cancelled (``query_canceled``, ``lock_not_available``): not a
+lost connection, though psycopg raises both as ``OperationalError``. Ctrl-C's own cancel is told apart first."""
+
+
+def _sqlstate_behind(error: BaseException) -> tuple[str, BaseException] | None:
+    """The SQLSTATE of the server's error that is ``error`` or in its chain (psycopg's errors carry it as
+    ``sqlstate``), with that error; ``None`` when no link carries one (a refused connection, say)."""
+    for link in error_chain(error):
+        state = getattr(link, "sqlstate", None)
+        if isinstance(state, str):
+            return state, link
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 @contextmanager
@@ -540,7 +588,7 @@ def _emit(body: JSONObject, output: Output, render: Callable[[JSONObject], None]
 def db_upgrade(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Migrate the ledger schema to the newest revision (the only step that needs DDL rights)."""
     settings = settings_from(url, data_dir)
-    with reported_errors():
+    with reported_errors(rights=DDL_RIGHTS):
         if settings.database_url:
             db = LedgerDatabase.from_url(settings.database_url)
             db.upgrade()

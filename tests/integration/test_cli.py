@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from ledger import cli
 from ledger.cli import app
 from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.testing.pg import create_database, drop_database, temporary_data_dir
-from tests.factories import taken_port
+from tests.factories import CLI, taken_port
 
 
 def _url(engine: Engine) -> str:
@@ -389,3 +391,23 @@ def test_replay_reads_a_pipe_once_and_records_every_line(ledger_engine: Engine) 
     assert result.returncode == 0, result.stderr
     # seed-lab.jsonl: 39 lines, 51 events (its expected file's replay counts).
     assert b"39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended" in result.stderr
+
+
+@pytest.mark.parametrize(("setting", "cancelled"), [
+    ("lock_timeout", "canceling statement due to lock timeout"),
+    ("statement_timeout", "canceling statement due to statement timeout")])
+def test_a_statement_the_server_cancels_for_a_timeout_is_said_with_what_to_do(
+        ledger_engine: Engine, setting: str, cancelled: str) -> None:
+    # The role's (here the session's) timeout ends a statement that waits for a lock another session holds. It is no
+    # lost connection: the line must say the server cancelled it and name the setting, where it said "database
+    # unavailable".
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    with ledger_engine.connect() as blocker:
+        blocker.execute(text("LOCK TABLE events IN ACCESS EXCLUSIVE MODE"))
+        result = subprocess.run([*CLI, "rebuild", "--database-url", url], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PGOPTIONS": f"-c {setting}=300"})
+        blocker.rollback()
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: the database cancelled a statement: {cancelled} (")
+    assert f"PGOPTIONS='-c {setting}=0'" in line

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
-from ledger import services
+from ledger import cli, services
 from ledger.config import DEFAULT
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
@@ -125,6 +125,7 @@ def test_db_upgrade_needs_ddl_rights_and_says_so_in_one_line(app_role: tuple[str
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "permission denied" in lines[0], result.stderr
+        assert lines[0].endswith("(run `dra-ledger db upgrade` as the database owner)")
         # Nothing was created.
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")).scalar_one() == 0
@@ -168,3 +169,26 @@ def test_ledger_reader_reads_only_the_reporting_views(ledger: LedgerHandle, tmp_
                 with pytest.raises(ProgrammingError, match=r"permission denied|must be owner|cannot"):
                     conn.execute(text(statement))
             conn.rollback()
+
+
+def test_a_reporting_reader_running_a_rebuild_is_told_it_lacks_rights_on_the_tables(ledger: LedgerHandle) -> None:
+    # A Grafana login (a member of ledger_reader) that runs `dra-ledger rebuild` was told to run `db upgrade` as the
+    # owner, which was never its problem: the hint must name the tables' rights, and the role that has them.
+    ledger.replay(HISTORIES / "seed-lab.jsonl")
+    role, password = f"grafana_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    database = str(ledger.engine.url.database)
+    with ledger.engine.begin() as conn:
+        conn.execute(text(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}' IN ROLE ledger_reader"))
+        conn.execute(text(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"'))
+    try:
+        url = ledger.engine.url.set(username=role, password=password).render_as_string(hide_password=False)
+        result = subprocess.run([*f.CLI, "rebuild", "--database-url", url], capture_output=True, text=True, timeout=120)
+    finally:
+        with ledger.engine.begin() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"), {"r": role})
+            conn.execute(text(f'REVOKE CONNECT ON DATABASE "{database}" FROM "{role}"'))
+            conn.execute(text(f'DROP ROLE "{role}"'))
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: the database refused: permission denied for ") and "db upgrade` as" not in line
+    assert line.endswith(f"({cli.TABLE_RIGHTS})")
