@@ -1238,6 +1238,29 @@ def read_models_rebuilding(db: LedgerDatabase) -> bool:
         return runner.tables_locked(conn)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadModelsHealth:
+    """What ``/readyz`` and ``/metrics`` report of the read models, read over one connection (:func:`health`)."""
+
+    lag: dict[str, int]
+    """Events not yet applied, per projection (:func:`projection_lag`)."""
+    rebuilding: bool
+    """Whether a rebuild holds the read models now (:func:`read_models_rebuilding`)."""
+
+
+def health(db: LedgerDatabase) -> ReadModelsHealth:
+    """The projections' lag and whether a rebuild holds the read models, from one pooled connection: a probe asked
+    every few seconds borrowed three (a ping, the lag, ``pg_locks``). Reading them shows the database answers.
+    Sources: tables ``checkpoints`` and ``events`` (the head global position), view ``pg_locks``; never waits for a
+    rebuild.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached.
+    """
+    with unavailable_as_error(), db.reading(read_models=False) as conn:
+        return ReadModelsHealth(lag=runner.lag_on(conn), rebuilding=runner.tables_locked(conn))
+
+
 def database_ready(db: LedgerDatabase) -> bool:
     """True when the database answers ``SELECT 1`` (for readiness probes); never raises for an outage."""
     try:

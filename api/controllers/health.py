@@ -55,14 +55,13 @@ class HealthController(Controller):
         field explains them.
         """
         try:
-            services.ping(ctx.db)
-            lag = services.projection_lag(ctx.db)
-            rebuilding = services.read_models_rebuilding(ctx.db)
+            read_models = services.health(ctx.db)
         except Unavailable:
             return Response(Health(status="unavailable", database="unreachable"), status_code=503)
-        ready = max(lag.values(), default=0) <= MAX_READY_LAG
+        ready = max(read_models.lag.values(), default=0) <= MAX_READY_LAG
         return Response(
-            Health(status="ready" if ready else "lagging", database="ok", projectionLag=lag, rebuilding=rebuilding),
+            Health(status="ready" if ready else "lagging", database="ok", projectionLag=dict(read_models.lag),
+                   rebuilding=read_models.rebuilding),
             status_code=200 if ready else 503,
         )
 
@@ -76,7 +75,7 @@ class HealthController(Controller):
     def metrics(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState]) -> Response[Any]:
         """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``, ``dra_ledger_database_up`` and
         ``dra_ledger_read_models_rebuilding`` (1 while a rebuild holds the read models,
-        :func:`ledger.services.read_models_rebuilding`).
+        :func:`ledger.services.read_models_rebuilding`), read over one connection (:func:`ledger.services.health`).
 
         Open unless the configuration sets ``[api] metricsPublic = false`` while tokens are configured; then
         any configured token may read it (the figures are cluster-wide, no team's rows).
@@ -99,10 +98,10 @@ class HealthController(Controller):
                            "1 while a rebuild holds the read models (their reads wait, the API answers 503)",
                            registry=registry)
         try:
-            lag = services.projection_lag(ctx.db)
-            rebuilding.set(int(services.read_models_rebuilding(ctx.db)))
+            read_models = services.health(ctx.db)
+            rebuilding.set(int(read_models.rebuilding))
             up.set(1)
-            for name, value in lag.items():
+            for name, value in read_models.lag.items():
                 lag_gauge.labels(projection=name).set(value)
         except Unavailable:
             up.set(0)

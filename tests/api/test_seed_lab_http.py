@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
+from sqlalchemy import event
 
 from api.app import create_app
 from api.parameters import query_names
@@ -529,6 +530,23 @@ def test_probes_and_metrics(client: TestClient[Litestar]) -> None:
     assert "dra_ledger_database_up 1.0" in metrics
     assert "dra_ledger_read_models_rebuilding 0.0" in metrics
     assert 'dra_ledger_projection_lag_events{projection="device_allocations"} 0.0' in metrics
+
+
+@pytest.mark.parametrize("path", ["/readyz", "/metrics"])
+def test_a_probe_borrows_one_pooled_connection(client: TestClient[Litestar], seeded: LedgerHandle, path: str) -> None:
+    # A probe every few seconds per replica; it borrowed three connections (ping, lag, pg_locks) from a pool of 15.
+    client.get(path)  # the app's start-up work is done by the first request
+    checkouts: list[object] = []
+
+    def checked_out(*args: object) -> None:
+        checkouts.append(args[0])
+
+    event.listen(seeded.db.engine, "checkout", checked_out)
+    try:
+        assert client.get(path).status_code == 200
+    finally:
+        event.remove(seeded.db.engine, "checkout", checked_out)
+    assert len(checkouts) == 1
 
 
 def test_a_real_fixture_shows_share_ids_through_http(client: TestClient[Litestar], seeded: Any) -> None:
