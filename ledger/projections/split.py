@@ -4,12 +4,14 @@ One rule serves usage, the hourly rollups, the idle-claim report's wasted device
 report, so that their device-hours agree:
 
 - a span of time in which one allocation holds a device is billed to it whole;
-- a span in which several allocations hold it is billed by each allocation's ``consumedCapacity`` fraction of
-  the device's ``capacity`` when every one of them states one (the capacity nobody consumed is nobody's, so
-  the span is billed in part); when they state more than the device has (over-committed shares, bad data),
-  the fractions are scaled down to add up to the span, so a device is never billed more than its own time;
+- a span in which several allocations hold a device that allows multiple allocations (consumable capacity) is
+  billed by each allocation's ``consumedCapacity`` fraction of the device's ``capacity`` when every one of them
+  states one (the capacity nobody consumed is nobody's, so the span is billed in part); when they state more
+  than the device has (over-committed shares, bad data), the fractions are scaled down to add up to the span,
+  so a device is never billed more than its own time;
 - otherwise the span is divided equally among them (shares that state no capacity, a double booking of a
-  device that allows one allocation, one claim listing a device twice): rows then add up to the device's time.
+  device that allows one allocation, whatever its results state, one claim listing a device twice): rows then
+  add up to the device's time.
 
 An allocation's fraction is the largest ``consumedCapacity`` / ``capacity`` ratio over the capacities the
 device publishes (the bottleneck dimension: a share of 40Gi of 80Gi memory and 10 of 100 compute holds half
@@ -163,14 +165,17 @@ def split_columns(alias: str) -> str:
             those names would resolve to the subquery's own ``device_inventory`` columns.
 
     ``consumed`` is the row's ``consumed_capacity`` and ``capacity`` the device's ``capacity`` from the
-    ``device_inventory`` interval in force when the allocation began (else the first one after it), both
-    ``NULL`` when the allocation states no consumed capacity: most allocations hold whole devices, and they
+    ``device_inventory`` interval in force when the allocation began (else the first one after it); ``capacity`` is
+    ``NULL`` when that interval does not allow multiple allocations (a double booking, which is split equally so
+    that the teams' hours add up to the device's, DESIGN §11.5), and both are ``NULL`` when the allocation states
+    no consumed capacity: most allocations hold whole devices, and they
     need no inventory lookup (PostgreSQL evaluates a CASE branch's subquery only when it is taken). The
     capacity does not depend on the question's window, so usage, the rollups and the reports agree.
     """
     a = f"{alias}."
     return (f"CASE WHEN {a}consumed_capacity <> '{{}}'::jsonb THEN {a}consumed_capacity END AS consumed, "
-            f"CASE WHEN {a}consumed_capacity <> '{{}}'::jsonb THEN (SELECT i.capacity FROM device_inventory i "
+            f"CASE WHEN {a}consumed_capacity <> '{{}}'::jsonb THEN (SELECT CASE WHEN i.allow_multiple_allocations "
+            f" THEN i.capacity END FROM device_inventory i "
             f" WHERE i.cluster = {a}cluster AND i.driver = {a}driver AND i.pool = {a}pool AND i.device = {a}device "
             f" AND NOT isempty(i.valid) ORDER BY lower(i.valid) <= lower({a}valid) DESC, "
             f" abs(extract(epoch FROM lower(i.valid) - lower({a}valid))) LIMIT 1) END AS capacity")

@@ -188,6 +188,25 @@ def test_a_double_booked_device_is_wasted_by_halves(ledger: LedgerHandle, tmp_pa
     assert hours["first"] <= usage["net-a"] and hours["second"] <= usage["net-b"]
 
 
+def test_a_double_booking_is_split_equally_even_when_its_results_state_consumed_capacity(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # eth0 does not allow multiple allocations, yet two claims hold it with results that state 25G of its 100G
+    # (a scheduler or driver bug). The consumedCapacity split is for devices shared by design; a double booking is
+    # split equally so that the teams' hours still add up to the device's own (DESIGN §11.5): 1/2 x 2 h each, where
+    # the fractions would have billed 0.25 x 2 h = 0.5 each and lost an hour.
+    replay(ledger, tmp_path, [namespace("net-a", "a"), namespace("net-b", "b"), nic(multi=False),
+                              nic_claim("first", "net-a", [share("5d0c4c39-0000-4000-8000-000000000021", "25G")]),
+                              nic_claim("second", "net-b", [share("5d0c4c39-0000-4000-8000-000000000022", "25G")])])
+
+    assert billed(ledger) == {"net-a": 1.0, "net-b": 1.0}
+    assert wasted(ledger) == {"first": 1.0, "second": 1.0}
+    body: Any = services.shared_usage(ledger.db, start=at(0), end=REPORT_AT, cluster=ledger.cluster)
+    assert {row["team"]: row["deviceHours"] for row in body["rows"]} == {"a": 1.0, "b": 1.0}
+    instant: Any = services.shared(ledger.db, at=at(60), cluster=ledger.cluster)
+    [device] = instant["devices"]
+    assert (device["split"], device["conflict"]) == ("equal", True)
+
+
 def busy_and_idle_claims(n: int) -> list[JSONObject]:
     """``n`` claims of each kind on ``n * 3`` GPUs of one slice, all made at minute 0:
 
