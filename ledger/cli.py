@@ -43,7 +43,7 @@ from ledger.config import LedgerConfig, check_cluster_name, error_message, load_
 from ledger.errors import Invalid, LedgerError, printable
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
-from ledger.recorded import LATEST_TIME_TEXT, SHORTEST_STEP, parse_duration, parse_query_time
+from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import LedgerDatabase
@@ -828,7 +828,7 @@ def simulate(
     teams: Annotated[int, typer.Option("--teams", min=1, max=bounds.MAX_TEAMS,
                                        help="Teams (2 namespaces each).")] = 6,
     start: Annotated[str, typer.Option("--start", help="Start instant (RFC 3339); the history must end, 13 s "
-                                       f"past --hours at most, by {LATEST_TIME_TEXT}.")]
+                                       f"past --hours at most, by the end of year {LATEST_TIME.year} (UTC).")]
     = "2026-11-01T00:00:00Z",
 ) -> None:
     """Write a deterministic simulated fleet history (what it holds: the README, "Benchmarks and the fleet simulator").

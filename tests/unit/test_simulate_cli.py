@@ -229,3 +229,13 @@ def test_a_history_of_the_first_millennium_writes_four_digit_years_that_replay_r
     assert [r for r in read if isinstance(r, BrokenLine)] == []  # glibc's %Y wrote "1-01-01T...": every line broken
     assert len(read) == summary.lines
     assert json.loads(path.read_text().splitlines()[0])["observedAt"] == written
+
+
+def test_the_start_options_bound_is_read_whole_in_an_80_column_help() -> None:
+    # The bound was the instant 9998-12-31T23:59:59.999999Z, one word too wide for the help's column: Rich cut it
+    # to "9998-12-31T23:59:59.9…".
+    result = CliRunner().invoke(app, ["simulate", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert "…" not in result.output
+    words = " ".join(result.output.replace("│", " ").split())
+    assert "the history must end, 13 s past --hours at most, by the end of year 9998 (UTC)." in words
