@@ -779,7 +779,9 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
                             "computed by the jobs (`dra-ledger jobs`, or `watch` without --no-jobs); occupancy "
                             "totals meanwhile come from the intervals"):
             written = services.refresh_occupancy_counts(db)
-        err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)")
+        # None written: every cluster was covered already (a rebuild beside this one computed them) or none exists.
+        err.print(f"occupancy counts: {sum(written.values()):,} rows over {len(written)} cluster(s)" if written
+                  else "occupancy counts: none left to compute (already current)")
         with interrupt_said("interrupted after the rebuild and the occupancy counts committed: tables not analyzed "
                             "yet are left to autovacuum"):
             services.refresh_statistics(db, told=_say_statistics)

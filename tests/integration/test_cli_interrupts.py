@@ -332,3 +332,12 @@ def test_sigterm_during_a_replay_says_what_is_kept_as_ctrl_c_does(ledger_engine:
     assert result.output.splitlines()[-1] == ("terminated (SIGTERM): the batches committed so far are kept; run the "
                                               "same command again to record the rest (lines already recorded are "
                                               "skipped)")
+
+
+def test_a_rebuild_that_finds_the_occupancy_counts_current_says_so(ledger_engine: Engine) -> None:
+    # Nothing recorded: no cluster has counts to compute, as when a rebuild beside this one computed them first. The
+    # line said "0 rows over 0 cluster(s)".
+    result = CliRunner().invoke(app, ["rebuild", "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 0, result.output
+    assert "occupancy counts: none left to compute (already current)" in result.output.splitlines()
