@@ -396,8 +396,9 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
     ``statement_timeout`` or ``lock_timeout``, SQLSTATE 57014 or 55P03, however the services reported it):
     ``the database cancelled a statement: ...`` with what to do (:data:`TIMEOUTS`).
 
-    An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt``: the command's
-    own handler, or Typer's exit code 130, deals with it as with any Ctrl-C.
+    An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt`` (one SIGTERM
+    caused, as :class:`~ledger.cli_typer.Terminated`): the command's own handler, or
+    :class:`~ledger.cli_typer.LedgerCommand`, deals with it as with any Ctrl-C (or SIGTERM).
 
     Raises:
         typer.Exit: code 2, after the line is written.
@@ -406,8 +407,8 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
     try:
         yield
     except (LedgerError, SQLAlchemyError) as e:
-        if caused_by_ctrl_c(e):
-            raise KeyboardInterrupt from e
+        if (interrupt := interrupt_behind(e)) is not None:
+            raise type(interrupt)() from e  # Terminated stays Terminated: its exit code is 143
         state, refused = _sqlstate_behind(e) or ("", e)
         if state in TIMEOUTS:
             # Before the LedgerError branch: the services report a cancelled statement as "database unavailable".

@@ -249,6 +249,15 @@ def test_ctrl_c_where_a_command_has_no_message_of_its_own_ends_with_one_line(
     assert result.output.splitlines() == ["interrupted"]
 
 
+def _unavailable_after_sigterm(*args: object, **kwargs: object) -> NoReturn:
+    """What the services raise when SIGTERM (:class:`Terminated`) broke a statement: "database unavailable", with
+    the interrupt as its cause."""
+    try:
+        raise Terminated
+    except Terminated as e:
+        raise StoreUnavailable(f"database unavailable: {IN_PROGRESS}") from e
+
+
 def test_sigterm_while_a_rebuild_waits_in_line_rolls_it_back_at_once_and_says_so(ledger_engine: Engine) -> None:
     # Another session reads the last read model (device_allocations) in an open transaction, as a long Grafana query
     # does. With no patience, the rebuild queues for its locks at once: it holds the other read models and waits for
@@ -306,13 +315,7 @@ def test_an_error_caused_by_sigterm_says_terminated_where_ctrl_c_says_interrupte
     url = _url(ledger_engine)
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
 
-    def failed_after_sigterm(*args: object, **kwargs: object) -> NoReturn:
-        try:
-            raise Terminated
-        except Terminated as e:
-            raise StoreUnavailable(f"database unavailable: {IN_PROGRESS}") from e
-
-    monkeypatch.setattr(services, "rebuild", failed_after_sigterm)
+    monkeypatch.setattr(services, "rebuild", _unavailable_after_sigterm)
     result = CliRunner().invoke(app, ["rebuild", "--database-url", url])
 
     assert result.exit_code == 143
@@ -341,3 +344,14 @@ def test_a_rebuild_that_finds_the_occupancy_counts_current_says_so(ledger_engine
 
     assert result.exit_code == 0, result.output
     assert "occupancy counts: none left to compute (already current)" in result.output.splitlines()
+
+
+def test_a_database_error_that_sigterm_caused_before_the_rebuild_began_says_terminated(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SIGTERM while the rebuild opens the ledger, surfacing as the services' "database unavailable": it was said as
+    # an interrupt (exit 130) because the error was raised again as a plain KeyboardInterrupt.
+    monkeypatch.setattr(services, "open_ledger", _unavailable_after_sigterm)
+    result = CliRunner().invoke(app, ["rebuild", "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 143
+    assert result.output.splitlines() == ["terminated (SIGTERM)"]
