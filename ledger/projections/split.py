@@ -49,9 +49,10 @@ def capacity_fraction(capacity: JSONValue, consumed: JSONValue) -> Decimal | Non
         consumed: the allocation's ``consumedCapacity`` (``{"memory": "40Gi"}``); anything else counts as none.
 
     Returns:
-        The largest consumed / capacity ratio (>= 0, not capped at 1) over the names the device publishes
-        with a positive quantity; ``None`` when no name of ``consumed`` gives one (unparseable or negative
-        amounts are skipped).
+        The largest consumed / capacity ratio over the names the device publishes with a positive quantity,
+        capped at 1 (an allocation that states more than the whole device, bad data, holds the whole device:
+        no ratio is ever too large for a float); ``None`` when no name of ``consumed`` gives one (unparseable
+        or negative amounts are skipped).
     """
     if not isinstance(capacity, dict) or not isinstance(consumed, dict):
         return None
@@ -59,7 +60,8 @@ def capacity_fraction(capacity: JSONValue, consumed: JSONValue) -> Decimal | Non
     for name, amount in consumed.items():
         total, used = quantity_value(capacity.get(name)), quantity_value(amount)
         if total is not None and total > 0 and used is not None and used >= 0:
-            ratio = used / total
+            # Compared before dividing: 1e400 of a 1n capacity is past a float, and past the Decimal context too.
+            ratio = Decimal(1) if used >= total else used / total
             best = ratio if best is None else max(best, ratio)
     return best
 

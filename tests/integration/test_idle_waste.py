@@ -165,6 +165,21 @@ def test_usage_its_rollups_and_the_shared_report_bill_consumable_shares_alike(
         ("a", at(0), 1800.0), ("a", at(60), 1800.0), ("b", at(0), 900.0), ("b", at(60), 900.0)]
 
 
+def test_a_share_stating_more_than_any_float_is_billed_as_the_whole_device_not_a_crash(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # "1e400" of the NIC's 100G was a ratio past any float: usage, the idle report and the rollups failed with
+    # decimal.InvalidOperation (the API with 500s). It now counts as the whole device; with the other share's 100G
+    # (also the whole device) the two add up to twice the NIC and are scaled down to half each: 1/2 x 2 h.
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"), nic(multi=True),
+        nic_claim("huge", "net-a", [share("5d0c4c39-0000-4000-8000-000000000031", "1e400")]),
+        nic_claim("whole", "net-b", [share("5d0c4c39-0000-4000-8000-000000000032", "100G")])])
+
+    assert billed(ledger) == {"net-a": 1.0, "net-b": 1.0}
+    assert wasted(ledger) == {"huge": 1.0, "whole": 1.0}
+    assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+
+
 def test_a_device_listed_twice_without_share_id_is_wasted_once(ledger: LedgerHandle, tmp_path: Path) -> None:
     # A malformed claim lists eth0 (no allowMultipleAllocations) twice with no shareID: two allocations of
     # one device, a conflict (DESIGN §11.5). usage bills each of them half the device: 2 x 1/2 x 2 h = 2.0

@@ -45,6 +45,16 @@ def test_a_span_splits_by_fractions_only_when_every_holder_states_one() -> None:
     assert span_fractions([Decimal("0.25")]) == ("whole", [Decimal(1)])  # alone, it holds the whole device
 
 
+def test_an_allocation_stating_more_than_the_device_holds_the_whole_device() -> None:
+    # 1e400 of a capacity of 1 (or of 1n) was a ratio past any float: the sweep divided infinity by infinity.
+    assert capacity_fraction({"bw": {"value": "1"}}, {"bw": "1e400"}) == Decimal(1)
+    assert capacity_fraction({"bw": {"value": "1n"}}, {"bw": "1e300"}) == Decimal(1)
+    assert capacity_fraction(MEMORY, {"memory": "160Gi"}) == Decimal(1)
+    seconds: dict[str, float] = defaultdict(float)
+    split([(at(0), at(60), "a", 1.0), (at(0), at(60), "b", 1.0)], seconds)  # two whole devices' worth: halves
+    assert dict(seconds) == {"a": 1800.0, "b": 1800.0}
+
+
 def test_over_committed_fractions_are_scaled_down_to_the_whole_device() -> None:
     # 0.75 + 0.75 = 1.5 of the device: each is billed 0.5, so the device is never billed more than its time.
     assert span_fractions([Decimal("0.75"), Decimal("0.75")]) == ("consumedCapacity", [Decimal("0.5")] * 2)
