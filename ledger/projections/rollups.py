@@ -22,12 +22,13 @@ every one states one, else equally; ``adminAccess`` allocations are not billed.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, text
 
 from ledger.errors import Invalid, shorten_repr
+from ledger.events import RecordedEvent
 from ledger.projections.base import cluster_filter as _cluster_filter
 from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339
 from ledger.projections.split import Interval, allocation_fraction, split, split_columns
@@ -265,6 +266,53 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
             "sum(device_seconds), :now FROM usage_rollups WHERE " + hours
             + " GROUP BY cluster, hour, team, namespace, device_class, model, driver"), {**params, "now": stamp})
     return int((h1 - h0) / HOUR)
+
+
+INVENTORY_EVENTS = frozenset({"DevicePublished", "DeviceUpdated", "DeviceWithdrawn"})
+"""The event types that change ``device_inventory``, whose capacities the split of shared devices reads."""
+
+
+def split_inputs_changed(conn: Connection, events: Iterable[RecordedEvent]) -> dict[str, datetime]:
+    """Per cluster, the earliest instant from which inventory ``events`` (already applied) may change billed hours.
+
+    The split of shared devices (:func:`ledger.projections.split.split_columns`) reads, for an allocation stating
+    ``consumedCapacity``, the capacity of the device's latest inventory row that began at or before the
+    allocation, else of the first row after it. A row that an event at ``t`` opens or closes can therefore change
+    the split of the device's allocations that began at or after ``t``, and of those that began earlier with no
+    row begun by then (a slice recorded after its shares began: it changes hours before its own time). Each
+    such allocation changes hours from its own start; other allocations read no capacity, or one the event did
+    not touch. A live event (``t`` now) on a device whose shares all began under a known row changes nothing
+    rolled, so a driver restart on a year-old NIC does not send the rollups back a year.
+
+    Args:
+        events: any events; only those of :data:`INVENTORY_EVENTS` count (payload ``driver``, ``pool``, ``device``;
+            ``occurred_at`` as ``t``).
+
+    Returns:
+        Cluster -> earliest start (aware) of an allocation whose split the events may change; clusters without one
+        are left out.
+    """
+    first: dict[tuple[str, str, str, str], datetime] = {}
+    for e in events:
+        if e.type in INVENTORY_EVENTS:
+            key = (e.cluster, str(e.payload.get("driver")), str(e.payload.get("pool")), str(e.payload.get("device")))
+            first[key] = min(e.occurred_at, first.get(key, e.occurred_at))
+    if not first:
+        return {}
+    keys = sorted(first)
+    rows = conn.execute(text(
+        "SELECT a.cluster, min(lower(a.valid)) FROM unnest(CAST(:c AS text[]), CAST(:d AS text[]), "
+        " CAST(:p AS text[]), CAST(:v AS text[]), CAST(:t AS timestamptz[])) AS k(cluster, driver, pool, device, t) "
+        "JOIN device_allocations a ON a.cluster = k.cluster AND a.driver = k.driver AND a.pool = k.pool "
+        " AND a.device = k.device AND a.consumed_capacity <> '{}'::jsonb AND NOT a.admin_access "
+        " AND NOT isempty(a.valid) "
+        "WHERE lower(a.valid) >= k.t OR NOT EXISTS (SELECT 1 FROM device_inventory i WHERE i.cluster = a.cluster "
+        " AND i.driver = a.driver AND i.pool = a.pool AND i.device = a.device AND NOT isempty(i.valid) "
+        " AND lower(i.valid) <= lower(a.valid)) "
+        "GROUP BY a.cluster"),
+        {"c": [k[0] for k in keys], "d": [k[1] for k in keys], "p": [k[2] for k in keys],
+         "v": [k[3] for k in keys], "t": [first[k] for k in keys]}).all()
+    return {str(cluster): start for cluster, start in rows if isinstance(start, datetime)}
 
 
 def forget_rolled_hours(conn: Connection, earliest: Mapping[str, datetime]) -> None:

@@ -26,7 +26,7 @@ from ledger.projections import whole_history as whole
 from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
-from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours
+from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours, split_inputs_changed
 from ledger.store.database import (
     connection_lost,
     deadlock_detected,
@@ -49,6 +49,8 @@ Waiting = Callable[[float], None]
 _log = logging.getLogger(__name__)
 ALLOCATIONS = "device_allocations"
 """The projection whose rows the hourly usage rollups sum."""
+INVENTORY = "device_inventory"
+"""The projection whose capacities split the rolled hours of shared devices (``ledger.projections.split``)."""
 COUNTED = frozenset({"device_inventory", ALLOCATIONS, "claim_consumers", "pod_phases"})
 """The projections whose intervals the occupancy counts are computed from (``ledger.projections.counts``)."""
 
@@ -124,9 +126,15 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
                 if event.global_position > positions[projection.name]:
                     projection.apply_event(conn, event)
     if ALLOCATIONS in positions:
-        # Rolled usage hours are sums of device_allocations: forget those this batch may have changed.
-        forget_rolled_hours(conn, earliest_by_cluster(
-            e for e in batch if e.type in ALLOCATION_EVENTS and e.global_position > positions[ALLOCATIONS]))
+        # Rolled usage hours are sums of device_allocations, split by the capacities in device_inventory: forget
+        # those this batch may have changed.
+        earliest = earliest_by_cluster(
+            e for e in batch if e.type in ALLOCATION_EVENTS and e.global_position > positions[ALLOCATIONS])
+        if INVENTORY in positions:
+            changed = split_inputs_changed(conn, (e for e in batch if e.global_position > positions[INVENTORY]))
+            for cluster, start in changed.items():
+                earliest[cluster] = min(start, earliest.get(cluster, start))
+        forget_rolled_hours(conn, earliest)
     last = batch[-1].global_position
     now = datetime.now(UTC)
     for projection in projections:

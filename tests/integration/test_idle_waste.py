@@ -27,7 +27,7 @@ from ledger.projections import runner
 from ledger.projections.queries import rfc3339
 from ledger.testing.handle import LedgerHandle
 from ledger.types import JSONObject, JSONValue
-from tests.factories import at, claim, gpu, history, namespace, pod, resource_slice, uid
+from tests.factories import at, claim, gpu, history, namespace, pod, resource_slice, stamp, uid
 
 NIC = "nic.example.com"
 REPORT_AT = at(120)
@@ -178,6 +178,64 @@ def test_a_share_stating_more_than_any_float_is_billed_as_the_whole_device_not_a
     assert billed(ledger) == {"net-a": 1.0, "net-b": 1.0}
     assert wasted(ledger) == {"huge": 1.0, "whole": 1.0}
     assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+
+
+def test_a_slice_recorded_after_its_shares_were_rolled_up_makes_those_hours_roll_up_again(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # Two shares of eth0 (10G and 20G) over [0, 120 min), rolled up while the ledger knew no slice for eth0: no
+    # capacity, so each hour split equally (1.0 each over the two hours). Then the slice arrives, created and seen at
+    # minute 210: its 100G is the first capacity after the shares began, so they cost 0.1 and 0.2 of the NIC. The
+    # rolled hours summed the old split and must be forgotten; they were kept (usage said 1.0 / 1.0 over the window,
+    # 0.1 / 0.2 inside one hour, and a second rollup left them stale).
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"),
+        nic_claim("ten", "net-a", [share("5d0c4c39-0000-4000-8000-000000000041", "10G")]),
+        nic_claim("twenty", "net-b", [share("5d0c4c39-0000-4000-8000-000000000042", "20G")])])
+
+    def usage_by_team() -> dict[str, float]:
+        body: Any = services.usage(ledger.db, start=at(0), end=REPORT_AT, group_by="team", cluster=ledger.cluster)
+        return {row["team"]: row["deviceHours"] for row in body["rows"]}
+
+    assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+    assert usage_by_team() == {"a": 1.0, "b": 1.0}
+    late = nic(multi=True)
+    meta = late["metadata"]
+    assert isinstance(meta, dict)
+    meta["creationTimestamp"] = stamp(210)
+    assert not ledger.replay(history(tmp_path / "late.jsonl", [("ADDED", late, 210)])).rejected
+
+    assert usage_by_team() == {"a": 0.2, "b": 0.4}
+    assert sum(chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)) >= 2
+    assert usage_by_team() == {"a": 0.2, "b": 0.4}
+    with ledger.db.reading() as conn:
+        rolled = conn.execute(text("SELECT team, sum(device_seconds) FROM usage_rollups GROUP BY team ORDER BY team"))
+        assert [tuple(r) for r in rolled] == [("a", 720.0), ("b", 1440.0)]
+
+
+def test_a_later_change_of_a_shared_device_keeps_the_hours_its_shares_rolled_up_before_it(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # eth0 published at minute 0 (100G), shares of 10G and 20G over [0, 120), rolled up: 0.2 and 0.4. At minute 200
+    # the driver republishes eth0 with 200G. The shares began under the first row, so nothing rolled changes: the
+    # hours stay (forgetting every rolled hour back to a device's first share on each republish would send a
+    # year-old ledger's rollups back a year).
+    device: JSONObject = {"name": "eth0", "attributes": {"model": {"string": "NIC-100G"}},
+                          "allowMultipleAllocations": True, "capacity": {"bandwidth": {"value": "100G"}}}
+    name, slice_uid = uid("nic-slice"), uid("slice")
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"),
+        resource_slice(name=name, driver=NIC, devices=[device], slice_uid=slice_uid),
+        nic_claim("ten", "net-a", [share("5d0c4c39-0000-4000-8000-000000000051", "10G")]),
+        nic_claim("twenty", "net-b", [share("5d0c4c39-0000-4000-8000-000000000052", "20G")])])
+    assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+    rolled = ledger.rows("usage_rollups")
+    assert sorted((r[2], r[-2]) for r in rolled) == [("a", 360.0), ("a", 360.0), ("b", 720.0), ("b", 720.0)]  # per hour
+
+    wider = resource_slice(name=name, driver=NIC, slice_uid=slice_uid,
+                           devices=[device | {"capacity": {"bandwidth": {"value": "200G"}}}])
+    assert not ledger.replay(history(tmp_path / "wider.jsonl", [("MODIFIED", wider, 200)])).rejected
+    assert [e.type for e in ledger.events(["DeviceUpdated"])] == ["DeviceUpdated"]
+
+    assert ledger.rows("usage_rollups") == rolled
 
 
 def test_a_device_listed_twice_without_share_id_is_wasted_once(ledger: LedgerHandle, tmp_path: Path) -> None:
