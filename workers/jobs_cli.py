@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from ledger import cli, services
+from ledger.cli_typer import SIGTERM_EXIT
 from ledger.config import load_config
 from ledger.errors import LedgerError
 from ledger.recorded import parse_query_time
@@ -54,7 +55,19 @@ def _rollup_progress() -> Iterator[Callable[[services.RollupChunk], None]]:
 
 
 async def _run_once(settings: Settings, config_path: Path | None, cluster: str | None,
-                    rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None]) -> dict[str, int]:
+                    rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None],
+                    terminated: asyncio.Event) -> dict[str, int]:
+    # SIGTERM (a CronJob's deadline, a pod stopped) cancels the run as asyncio.run's Ctrl-C does: between rollup
+    # chunks, the chunk in flight committing first. `terminated` tells the caller which signal it was.
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+    def terminate() -> None:
+        terminated.set()
+        if task is not None:
+            task.cancel()
+
+    with contextlib.suppress(NotImplementedError):  # not every platform lets asyncio handle signals
+        loop.add_signal_handler(signal.SIGTERM, terminate)
     db = services.open_ledger(settings)
     config = load_config(config_path)
     if cluster is not None and not services.has_events(db, cluster):
@@ -113,14 +126,21 @@ def register(app: typer.Typer) -> None:
         # other commands say it (cli.reported_errors), never a traceback.
         with cli.reported_errors():
             if once:
+                terminated = asyncio.Event()
+                kept = ("the rollup hours committed so far are kept; run `dra-ledger jobs --once` again to roll up "
+                        "the rest (it resumes from the last rolled hour)")
                 try:
                     with _rollup_progress() as progress:
-                        counts = asyncio.run(_run_once(settings, config, cluster, start, progress))
+                        counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated))
                 except KeyboardInterrupt:
                     # asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit.
-                    typer.echo("interrupted: the rollup hours committed so far are kept; run `dra-ledger jobs "
-                               "--once` again to roll up the rest (it resumes from the last rolled hour)", err=True)
+                    typer.echo(f"interrupted: {kept}", err=True)
                     raise typer.Exit(130) from None
+                except asyncio.CancelledError:
+                    if not terminated.is_set():
+                        raise
+                    typer.echo(f"terminated (SIGTERM): {kept}", err=True)
+                    raise typer.Exit(SIGTERM_EXIT) from None
                 typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
                            f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "
                            f"{counts['occupancyCountRows']} occupancy count rows")
