@@ -863,7 +863,8 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             grp = team if group_by == "team" else r.grp
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
                 (r.s, r.e, (str(grp) if grp is not None else "", r.device_class or "", r.driver, r.model)
-                 if teams is None or team in teams else hidden, allocation_fraction(r.consumed, r.capacity)))
+                 if teams is None or team in teams else hidden,
+                 allocation_fraction(r.consumed, r.capacity, driver=r.driver)))
     buckets = [(start, end)]
     if step is not None:
         buckets = []
@@ -972,7 +973,7 @@ def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, 
     for r in rows:
         if r.e > r.s:
             per_device[(r.cluster, r.owner)][(r.driver, r.pool, r.device)].append(
-                (r.s, r.e, bool(r.mine), allocation_fraction(r.consumed, r.capacity)))
+                (r.s, r.e, bool(r.mine), allocation_fraction(r.consumed, r.capacity, driver=r.driver)))
     for key, devices in per_device.items():
         seconds: dict[bool, float] = defaultdict(float)
         for intervals in devices.values():

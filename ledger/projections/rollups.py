@@ -135,7 +135,7 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
             out[(cluster_name, hour.astimezone(UTC) if hour is not None else None, key)] += float(seconds)
             continue
         pieces = per_device[(cluster_name, driver, pool, device)]
-        fraction = allocation_fraction(consumed, capacity)
+        fraction = allocation_fraction(consumed, capacity, driver=driver)
         if not by_hour:
             pieces.append((s, e, (cluster_name, None, key), fraction))
             continue

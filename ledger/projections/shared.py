@@ -104,7 +104,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
                                "team": overrides.get(a.namespace, a.team), "request": a.request,
                                "shareID": a.share_id, "consumedCapacity": consumed if isinstance(consumed, dict)
                                else {}, "conflict": bool(a.conflict)})
-        fractions_of[key].append(capacity_fraction(_json(a.capacity), consumed))
+        fractions_of[key].append(capacity_fraction(_json(a.capacity), consumed, driver=a.driver))
         by_claim_devices[(a.cluster, a.claim_uid)].append(f"{a.driver}/{a.pool}/{a.device}")
 
     devices: list[JSONValue] = []
@@ -231,7 +231,7 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
         if r.e > r.s:
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
                 (r.s, r.e, (overrides.get(r.namespace, r.team), r.device_class or "", r.driver),
-                 allocation_fraction(r.consumed, r.capacity)))
+                 allocation_fraction(r.consumed, r.capacity, driver=r.driver)))
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
     devices: list[JSONValue] = []
     for key, intervals in sorted(per_device.items()):

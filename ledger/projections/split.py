@@ -40,13 +40,15 @@ Interval = tuple[datetime, datetime, G, float | None]
 from :func:`capacity_fraction` (``None`` when the allocation states no usable ``consumedCapacity``)."""
 
 
-def capacity_fraction(capacity: JSONValue, consumed: JSONValue) -> Decimal | None:
+def capacity_fraction(capacity: JSONValue, consumed: JSONValue, *, driver: str) -> Decimal | None:
     """How much of a device one allocation consumes.
 
     Args:
         capacity: the device's ``capacity`` (``{"memory": {"value": "80Gi"}, ...}``); anything else counts
             as no capacity.
         consumed: the allocation's ``consumedCapacity`` (``{"memory": "40Gi"}``); anything else counts as none.
+        driver: the device's driver. A capacity name without a domain is in the driver's domain (as CEL reads
+            ``device.capacity["<driver>"]``), so ``<driver>/memory`` and ``memory`` name the same capacity.
 
     Returns:
         The largest consumed / capacity ratio over the names the device publishes with a positive quantity,
@@ -56,9 +58,11 @@ def capacity_fraction(capacity: JSONValue, consumed: JSONValue) -> Decimal | Non
     """
     if not isinstance(capacity, dict) or not isinstance(consumed, dict):
         return None
+    prefix = f"{driver}/"
+    totals = {name.removeprefix(prefix): entry for name, entry in capacity.items()}
     best: Decimal | None = None
     for name, amount in consumed.items():
-        total, used = quantity_value(capacity.get(name)), quantity_value(amount)
+        total, used = quantity_value(totals.get(name.removeprefix(prefix))), quantity_value(amount)
         if total is not None and total > 0 and used is not None and used >= 0:
             # Compared before dividing: 1e400 of a 1n capacity is past a float, and past the Decimal context too.
             ratio = Decimal(1) if used >= total else used / total
@@ -145,16 +149,17 @@ def split(intervals: Sequence[Interval[G]], seconds: dict[G, float]) -> None:
         seconds[g] += (hi - lo).total_seconds() * w
 
 
-def allocation_fraction(consumed: object, capacity: object) -> float | None:
+def allocation_fraction(consumed: object, capacity: object, *, driver: str) -> float | None:
     """:func:`capacity_fraction` of the ``consumed`` and ``capacity`` columns of :func:`split_columns`.
 
     Args:
-        consumed, capacity: the row's values as the driver returns them (decoded ``jsonb``, or ``NULL``).
+        consumed, capacity: the row's values as the database driver returns them (decoded ``jsonb``, or ``NULL``).
+        driver: the row's DRA driver (column ``driver``).
 
     Returns:
         The fraction as a float, ``None`` when the allocation states no usable consumed capacity.
     """
-    fraction = capacity_fraction(json_value(capacity), json_value(consumed))
+    fraction = capacity_fraction(json_value(capacity), json_value(consumed), driver=driver)
     return None if fraction is None else float(fraction)
 
 

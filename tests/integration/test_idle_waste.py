@@ -238,6 +238,21 @@ def test_a_later_change_of_a_shared_device_keeps_the_hours_its_shares_rolled_up_
     assert ledger.rows("usage_rollups") == rolled
 
 
+def test_a_consumed_capacity_named_with_the_drivers_domain_is_the_devices_capacity(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # eth0 publishes "bandwidth" (no domain: the driver's, nic.example.com). One share states
+    # "nic.example.com/bandwidth": 25G, the other "bandwidth": 50G; both name the NIC's 100G, so they cost 0.25 and
+    # 0.5 of its two hours. The qualified name was not matched, and the device fell back to the equal split.
+    qualified = share("5d0c4c39-0000-4000-8000-000000000061", None) | {"consumedCapacity": {f"{NIC}/bandwidth": "25G"}}
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"), nic(multi=True),
+        nic_claim("quarter", "net-a", [qualified]),
+        nic_claim("half", "net-b", [share("5d0c4c39-0000-4000-8000-000000000062", "50G")])])
+
+    assert billed(ledger) == {"net-a": 0.5, "net-b": 1.0}
+    assert wasted(ledger) == {"quarter": 0.5, "half": 1.0}
+
+
 def test_a_device_listed_twice_without_share_id_is_wasted_once(ledger: LedgerHandle, tmp_path: Path) -> None:
     # A malformed claim lists eth0 (no allowMultipleAllocations) twice with no shareID: two allocations of
     # one device, a conflict (DESIGN §11.5). usage bills each of them half the device: 2 x 1/2 x 2 h = 2.0

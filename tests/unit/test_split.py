@@ -13,6 +13,7 @@ from ledger.projections.split import Interval, capacity_fraction, shares, span_f
 from ledger.types import JSONObject
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
+DRIVER = "gpu.example.com"
 MEMORY: JSONObject = {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
 
 
@@ -22,20 +23,20 @@ def at(minutes: float) -> datetime:
 
 def test_an_allocations_fraction_is_its_largest_consumed_capacity_ratio() -> None:
     nic: JSONObject = {"devicenetwork.io/maxVirtualInterfaces": {"value": "65535"}}
-    assert capacity_fraction(nic, {"devicenetwork.io/maxVirtualInterfaces": "1"}) == Decimal(1) / 65535
+    assert capacity_fraction(nic, {"devicenetwork.io/maxVirtualInterfaces": "1"}, driver=DRIVER) == Decimal(1) / 65535
     # 16Gi of 80Gi is 0.2, 50 of 100 compute is 0.5: the bottleneck counts.
-    assert capacity_fraction(MEMORY, {"memory": "16Gi", "compute": "50"}) == Decimal("0.5")
-    assert capacity_fraction(MEMORY, {"memory": "40Gi"}) == Decimal("0.5")
+    assert capacity_fraction(MEMORY, {"memory": "16Gi", "compute": "50"}, driver=DRIVER) == Decimal("0.5")
+    assert capacity_fraction(MEMORY, {"memory": "40Gi"}, driver=DRIVER) == Decimal("0.5")
 
 
 def test_a_fraction_needs_a_capacity_the_device_publishes_and_a_sane_amount() -> None:
-    assert capacity_fraction(MEMORY, {}) is None
-    assert capacity_fraction(MEMORY, {"bandwidth": "10"}) is None  # the device publishes no bandwidth
-    assert capacity_fraction(MEMORY, {"memory": "lots"}) is None
-    assert capacity_fraction(MEMORY, {"memory": "-1Gi"}) is None
-    assert capacity_fraction({"memory": {"value": "0"}}, {"memory": "1Gi"}) is None
-    assert capacity_fraction(None, {"memory": "1Gi"}) is None  # the device was never in an inventory
-    assert capacity_fraction(MEMORY, ["memory"]) is None
+    assert capacity_fraction(MEMORY, {}, driver=DRIVER) is None
+    assert capacity_fraction(MEMORY, {"bandwidth": "10"}, driver=DRIVER) is None  # the device publishes no bandwidth
+    assert capacity_fraction(MEMORY, {"memory": "lots"}, driver=DRIVER) is None
+    assert capacity_fraction(MEMORY, {"memory": "-1Gi"}, driver=DRIVER) is None
+    assert capacity_fraction({"memory": {"value": "0"}}, {"memory": "1Gi"}, driver=DRIVER) is None
+    assert capacity_fraction(None, {"memory": "1Gi"}, driver=DRIVER) is None  # the device was never in an inventory
+    assert capacity_fraction(MEMORY, ["memory"], driver=DRIVER) is None
 
 
 def test_a_span_splits_by_fractions_only_when_every_holder_states_one() -> None:
@@ -47,9 +48,9 @@ def test_a_span_splits_by_fractions_only_when_every_holder_states_one() -> None:
 
 def test_an_allocation_stating_more_than_the_device_holds_the_whole_device() -> None:
     # 1e400 of a capacity of 1 (or of 1n) was a ratio past any float: the sweep divided infinity by infinity.
-    assert capacity_fraction({"bw": {"value": "1"}}, {"bw": "1e400"}) == Decimal(1)
-    assert capacity_fraction({"bw": {"value": "1n"}}, {"bw": "1e300"}) == Decimal(1)
-    assert capacity_fraction(MEMORY, {"memory": "160Gi"}) == Decimal(1)
+    assert capacity_fraction({"bw": {"value": "1"}}, {"bw": "1e400"}, driver=DRIVER) == Decimal(1)
+    assert capacity_fraction({"bw": {"value": "1n"}}, {"bw": "1e300"}, driver=DRIVER) == Decimal(1)
+    assert capacity_fraction(MEMORY, {"memory": "160Gi"}, driver=DRIVER) == Decimal(1)
     seconds: dict[str, float] = defaultdict(float)
     split([(at(0), at(60), "a", 1.0), (at(0), at(60), "b", 1.0)], seconds)  # two whole devices' worth: halves
     assert dict(seconds) == {"a": 1800.0, "b": 1800.0}
@@ -118,3 +119,13 @@ def test_the_sweep_bills_what_a_minute_by_minute_count_bills() -> None:
         assert set(seconds) == set(expected)
         for g, value in expected.items():
             assert seconds[g] == pytest.approx(value, rel=1e-9)
+
+
+def test_a_capacity_name_without_a_domain_is_in_the_drivers_domain() -> None:
+    # CEL reads a capacity "bw" of driver net.example.com as device.capacity["net.example.com"].bw: the same name
+    # as "net.example.com/bw". A share stating either form of either side is one capacity; another domain is not.
+    nic: JSONObject = {"bw": {"value": "100G"}}
+    qualified: JSONObject = {"net.example.com/bw": {"value": "100G"}}
+    assert capacity_fraction(nic, {"net.example.com/bw": "25G"}, driver="net.example.com") == Decimal("0.25")
+    assert capacity_fraction(qualified, {"bw": "25G"}, driver="net.example.com") == Decimal("0.25")
+    assert capacity_fraction(nic, {"other.example.com/bw": "25G"}, driver="net.example.com") is None
