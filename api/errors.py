@@ -36,6 +36,7 @@ from ledger.errors import (
     NoFreeConnection,
     NotFound,
     RetryLater,
+    StatementCancelled,
     Unavailable,
     printable,
     shorten,
@@ -69,6 +70,11 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
         _log.warning("%s", exc)
         return _problem(503, "every database connection of this API process stayed in use for the pool's timeout "
                              "(30 s): more requests at once than it has connections; retry later",
+                        headers={"Retry-After": "5"})
+    if isinstance(exc, StatementCancelled):
+        _log.warning("%s", exc)
+        return _problem(503, "the ledger database cancelled the query (a statement_timeout of its server, database "
+                             "or role, or an administrator); retry later, or ask for a smaller window",
                         headers={"Retry-After": "5"})
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)

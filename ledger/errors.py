@@ -177,6 +177,13 @@ class StoreUnavailable(Unavailable):
     """
 
 
+class StatementCancelled(StoreUnavailable):
+    """PostgreSQL cancelled a statement of the ledger (SQLSTATE 57014 ``query_canceled``: a ``statement_timeout``
+    of the server, database or role, or an administrator): the database answers, but not within the time its
+    settings allow. Transient like a lost connection (nothing was committed; a later try may pass), but said as
+    what it is."""
+
+
 class NoFreeConnection(StoreUnavailable):
     """Every connection of this process's database connection pool stayed in use past the pool's timeout: the
     database may be reachable, but this process has more requests at once than connections. Retry later."""

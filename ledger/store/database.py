@@ -24,6 +24,7 @@ from ledger.errors import (
     NoFreeConnection,
     ObservationConflict,
     ReadModelsRebuilding,
+    StatementCancelled,
     StoreUnavailable,
 )
 from ledger.events import NewEvent, RecordedEvent
@@ -472,7 +473,8 @@ def unavailable_as_error() -> Iterator[None]:
 
     Raises:
         StoreUnavailable: the block failed because the database was unreachable; :class:`NoFreeConnection` when
-            no pooled connection came free in time.
+            no pooled connection came free in time; :class:`StatementCancelled` when the server cancelled a
+            statement (a ``statement_timeout``, say), which is no lost connection.
     """
     try:
         yield
@@ -482,4 +484,6 @@ def unavailable_as_error() -> Iterator[None]:
     except DBAPIError as e:
         if not connection_lost(e):
             raise
+        if getattr(e.orig, "sqlstate", None) == "57014":  # query_canceled: psycopg raises it as OperationalError
+            raise StatementCancelled(f"the database cancelled a statement: {first_line(e)}") from e
         raise StoreUnavailable(f"database unavailable: {first_line(e)}") from e

@@ -10,8 +10,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 import uvicorn
 from litestar import Litestar
 from litestar.testing import TestClient
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine, text
 
 from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_worker
 from api.deps import AppState, ClientGone, ReportSlots
@@ -192,20 +193,42 @@ def test_requests_waiting_for_a_slot_hold_no_thread_so_other_endpoints_answer_me
 
 def test_a_pool_with_no_free_connection_in_time_is_a_503_that_says_so(seeded: LedgerHandle) -> None:
     engine = create_engine(seeded.db.url, pool_size=1, max_overflow=0, pool_timeout=0.05)
-    db = LedgerDatabase(engine=engine)
-    try:
-        with TestClient(create_app(db=db, config=DEFAULT)) as client:
-            with engine.connect():  # the pool's only connection, in use
-                with pytest.raises(NoFreeConnection, match=r"^no free database connection"), db.reading():
-                    pass
-                answer = client.get(f"/v1/occupancy?at={AT}")
-            again = client.get(f"/v1/occupancy?at={AT}")
-    finally:
-        engine.dispose()
+    with _app_over(engine) as (client, db):
+        with engine.connect():  # the pool's only connection, in use
+            with pytest.raises(NoFreeConnection, match=r"^no free database connection"), db.reading():
+                pass
+            answer = client.get(f"/v1/occupancy?at={AT}")
+        again = client.get(f"/v1/occupancy?at={AT}")
     assert answer.status_code == 503, answer.text
     assert answer.headers["retry-after"] == "5"
     assert answer.json()["detail"].startswith("every database connection of this API process stayed in use")
     assert again.status_code == 200
+
+
+def test_a_query_the_database_cancels_for_its_statement_timeout_is_a_503_that_says_so(seeded: LedgerHandle) -> None:
+    # The role's statement_timeout (here the connection's) ends the audit log's query while another session holds
+    # the events table. It was answered "the ledger database is not reachable", which sent operators to the network.
+    with _app_over(create_engine(seeded.db.url, connect_args={"options": "-c statement_timeout=200"})) as (client, _):
+        with seeded.engine.connect() as holder:
+            holder.execute(text("LOCK TABLE events IN ACCESS EXCLUSIVE MODE"))
+            answer = client.get("/v1/events")
+            holder.rollback()
+        again = client.get("/v1/events")
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "5"
+    assert answer.json()["detail"].startswith("the ledger database cancelled the query (a statement_timeout")
+    assert again.status_code == 200
+
+
+@contextmanager
+def _app_over(engine: Engine) -> Iterator[tuple[TestClient[Litestar], LedgerDatabase]]:
+    """A test client of the open app over its own ``engine`` (disposed on the way out), and the database."""
+    db = LedgerDatabase(engine=engine)
+    try:
+        with TestClient(create_app(db=db, config=DEFAULT)) as client:
+            yield client, db
+    finally:
+        engine.dispose()
 
 
 def test_the_app_has_the_default_slots_unless_given_and_a_worker_takes_serves_number(
