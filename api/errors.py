@@ -73,8 +73,8 @@ def _ledger_error(_: Request[Any, Any, Any], exc: LedgerError) -> Response[Any]:
                         headers={"Retry-After": "5"})
     if isinstance(exc, StatementCancelled):
         _log.warning("%s", exc)
-        return _problem(503, "the ledger database cancelled the query (a statement_timeout of its server, database "
-                             "or role, or an administrator); retry later, or ask for a smaller window",
+        return _problem(503, "the ledger database cancelled the query (a statement_timeout or lock_timeout of its "
+                             "server, database or role, or an administrator); retry later, or ask for a smaller window",
                         headers={"Retry-After": "5"})
     if isinstance(exc, Unavailable):
         _log.warning("%s", exc)

@@ -46,8 +46,8 @@ from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
 from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time
 from ledger.settings import Settings
 from ledger.store import schema
-from ledger.store.database import LedgerDatabase
-from ledger.store.postgres import Analyzed
+from ledger.store.database import INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED, LedgerDatabase
+from ledger.store.postgres import Analyzed, first_line
 from ledger.types import JSONObject, JSONValue
 
 app = LedgerTyper(help="dra-ledger: the system of record for Kubernetes DRA allocations.",
@@ -412,7 +412,7 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
         state, refused = _sqlstate_behind(e) or ("", e)
         if state in TIMEOUTS:
             # Before the LedgerError branch: the services report a cancelled statement as "database unavailable".
-            typer.echo(f"error: the database cancelled a statement: {_first_line(refused)} ({TIMEOUTS[state]})",
+            typer.echo(f"error: the database cancelled a statement: {first_line(refused)} ({TIMEOUTS[state]})",
                        err=True)
             raise typer.Exit(2) from e
         if isinstance(e, LedgerError):
@@ -420,27 +420,23 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
             raise typer.Exit(2) from e
         if isinstance(e, OperationalError):
             # Unreachable server, bad credentials, database missing: say so without a traceback.
-            first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-            typer.echo(f"error: cannot use the database: {first}", err=True)
+            typer.echo(f"error: cannot use the database: {first_line(e)}", err=True)
             raise typer.Exit(2) from e
         if isinstance(e, ProgrammingError):
             # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
-            first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
             hint = f" ({rights})" if state == INSUFFICIENT_PRIVILEGE else ""
-            typer.echo(f"error: the database refused: {first}{hint}", err=True)
+            typer.echo(f"error: the database refused: {first_line(e)}{hint}", err=True)
             raise typer.Exit(2) from e
         raise
 
 
-INSUFFICIENT_PRIVILEGE = "42501"
-"""SQLSTATE of ``permission denied`` (and ``must be owner``): the role lacks a right the statement needs."""
 TIMEOUTS: Mapping[str, str] = {
-    "57014": "PostgreSQL cancelled it: a `statement_timeout` of the server, the database or this role, or an "
+    QUERY_CANCELED: "PostgreSQL cancelled it: a `statement_timeout` of the server, the database or this role, or an "
              "administrator; for a timeout, run the command with PGOPTIONS='-c statement_timeout=0' in its "
              "environment, or raise the role's with `ALTER ROLE ... SET statement_timeout = ...`",
-    "55P03": "a lock it needed was not granted within the `lock_timeout` of the server, the database or this role; "
-             "another session holds it (`pg_locks`), or run the command with PGOPTIONS='-c lock_timeout=0' in its "
-             "environment to wait for it",
+    LOCK_NOT_AVAILABLE: "a lock it needed was not granted within the `lock_timeout` of the server, the database or "
+                        "this role; another session holds it (`pg_locks`), or run the command with "
+                        "PGOPTIONS='-c lock_timeout=0' in its environment to wait for it",
 }
 """SQLSTATE -> hint, for a statement PostgreSQL cancelled (``query_canceled``, ``lock_not_available``): not a
 lost connection, though psycopg raises both as ``OperationalError``. Ctrl-C's own cancel is told apart first."""
@@ -454,11 +450,6 @@ def _sqlstate_behind(error: BaseException) -> tuple[str, BaseException] | None:
         if isinstance(state, str):
             return state, link
     return None
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 @contextmanager

@@ -178,10 +178,10 @@ class StoreUnavailable(Unavailable):
 
 
 class StatementCancelled(StoreUnavailable):
-    """PostgreSQL cancelled a statement of the ledger (SQLSTATE 57014 ``query_canceled``: a ``statement_timeout``
-    of the server, database or role, or an administrator): the database answers, but not within the time its
-    settings allow. Transient like a lost connection (nothing was committed; a later try may pass), but said as
-    what it is."""
+    """PostgreSQL ended a statement of the ledger for a timeout of its own (SQLSTATE 57014 ``query_canceled``: a
+    ``statement_timeout`` of the server, database or role, or an administrator; 55P03 ``lock_not_available``: a
+    ``lock_timeout``): the database answers, but not within the time its settings allow. Transient like a lost
+    connection (nothing was committed; a later try may pass), but said as what it is."""
 
 
 class NoFreeConnection(StoreUnavailable):

@@ -43,16 +43,35 @@ def connection_lost(error: DBAPIError) -> bool:
     return isinstance(error, OperationalError | InterfaceError) or error.connection_invalidated
 
 
+LOCK_NOT_AVAILABLE = "55P03"
+"""SQLSTATE ``lock_not_available``: a lock not granted within ``lock_timeout``, or at once under ``NOWAIT``."""
+QUERY_CANCELED = "57014"
+"""SQLSTATE ``query_canceled``: a ``statement_timeout``, an administrator's cancel, or the client's (Ctrl-C)."""
+DEADLOCK_DETECTED = "40P01"
+"""SQLSTATE ``deadlock_detected``: this transaction was chosen as a deadlock's victim."""
+INSUFFICIENT_PRIVILEGE = "42501"
+"""SQLSTATE ``insufficient_privilege`` (``permission denied``, ``must be owner``)."""
+TIMED_OUT = frozenset({QUERY_CANCELED, LOCK_NOT_AVAILABLE})
+"""The SQLSTATEs of a statement the server ended for a timeout of its own (``statement_timeout``, ``lock_timeout``):
+the database answers, so it is no lost connection, though psycopg raises both as ``OperationalError``."""
+
+
+def sqlstate(error: DBAPIError) -> str | None:
+    """The SQLSTATE of what the database said (``error.orig``, psycopg's error), or ``None`` (no server error)."""
+    state = getattr(error.orig, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
 def lock_not_available(error: OperationalError) -> bool:
-    """Whether ``error`` is PostgreSQL's ``lock_not_available`` (SQLSTATE 55P03): a lock not granted within
-    ``lock_timeout``, or at once under ``NOWAIT``."""
-    return getattr(error.orig, "sqlstate", None) == "55P03"
+    """Whether ``error`` is PostgreSQL's ``lock_not_available`` (:data:`LOCK_NOT_AVAILABLE`): a lock not granted
+    within ``lock_timeout``, or at once under ``NOWAIT``."""
+    return sqlstate(error) == LOCK_NOT_AVAILABLE
 
 
 def deadlock_detected(error: OperationalError) -> bool:
-    """Whether ``error`` is PostgreSQL's ``deadlock_detected`` (SQLSTATE 40P01): the server chose this statement's
-    transaction as the victim of a deadlock (its transaction, or savepoint, must be rolled back)."""
-    return getattr(error.orig, "sqlstate", None) == "40P01"
+    """Whether ``error`` is PostgreSQL's ``deadlock_detected`` (:data:`DEADLOCK_DETECTED`): the server chose this
+    statement's transaction as the victim of a deadlock (its transaction, or savepoint, must be rolled back)."""
+    return sqlstate(error) == DEADLOCK_DETECTED
 
 
 def lock_statement(names: Sequence[str], *, mode: str, wait_s: float | None = None) -> str:
@@ -473,8 +492,8 @@ def unavailable_as_error() -> Iterator[None]:
 
     Raises:
         StoreUnavailable: the block failed because the database was unreachable; :class:`NoFreeConnection` when
-            no pooled connection came free in time; :class:`StatementCancelled` when the server cancelled a
-            statement (a ``statement_timeout``, say), which is no lost connection.
+            no pooled connection came free in time; :class:`StatementCancelled` when the server ended a statement
+            for a timeout of its own (:data:`TIMED_OUT`), which is no lost connection.
     """
     try:
         yield
@@ -484,6 +503,6 @@ def unavailable_as_error() -> Iterator[None]:
     except DBAPIError as e:
         if not connection_lost(e):
             raise
-        if getattr(e.orig, "sqlstate", None) == "57014":  # query_canceled: psycopg raises it as OperationalError
+        if sqlstate(e) in TIMED_OUT:
             raise StatementCancelled(f"the database cancelled a statement: {first_line(e)}") from e
         raise StoreUnavailable(f"database unavailable: {first_line(e)}") from e

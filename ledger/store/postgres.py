@@ -324,9 +324,11 @@ Why: a manual VACUUM, ANALYZE or CREATE INDEX CONCURRENTLY holds the same lock f
 bound, a replay whose rows were all committed waited for it with nothing said."""
 
 
-def first_line(error: DBAPIError) -> str:
-    """The first line of what the database said (psycopg's message), else the error's type name."""
-    message = str(error.orig if error.orig is not None else error).strip()
+def first_line(error: BaseException) -> str:
+    """The first line of what the database said (psycopg's message: ``error.orig`` of a SQLAlchemy error, or
+    ``error`` itself), else the error's type name."""
+    orig = getattr(error, "orig", None)
+    message = str(orig if orig is not None else error).strip()
     return message.splitlines()[0] if message else type(error).__name__
 
 
