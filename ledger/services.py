@@ -1226,18 +1226,6 @@ def load_watch_checkpoints(db: LedgerDatabase, cluster: str) -> dict[str, WatchC
             for r in rows}
 
 
-def read_models_rebuilding(db: LedgerDatabase) -> bool:
-    """Whether another transaction holds the read models now, as a rebuild (or a first build from a whole history,
-    or a migration) does until it commits: reads of them wait meanwhile, and the API's answer 503 after 5 s. Read
-    from ``pg_locks`` (:func:`ledger.projections.runner.tables_locked`); never waits.
-
-    Raises:
-        StoreUnavailable: the database cannot be reached.
-    """
-    with unavailable_as_error(), db.reading(read_models=False) as conn:
-        return runner.tables_locked(conn)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadModelsHealth:
     """What ``/readyz`` and ``/metrics`` report of the read models, read over one connection (:func:`health`)."""
@@ -1245,7 +1233,9 @@ class ReadModelsHealth:
     lag: dict[str, int]
     """Events not yet applied, per projection (:func:`projection_lag`)."""
     rebuilding: bool
-    """Whether a rebuild holds the read models now (:func:`read_models_rebuilding`)."""
+    """Whether another transaction holds the read models now, as a rebuild (or a first build from a whole history,
+    or a migration) does until it commits: reads of them wait meanwhile, and the API's answer 503 after 5 s. Read
+    from ``pg_locks`` (:func:`ledger.projections.runner.tables_locked`)."""
 
 
 def health(db: LedgerDatabase) -> ReadModelsHealth:

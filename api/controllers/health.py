@@ -74,8 +74,8 @@ class HealthController(Controller):
     )
     def metrics(self, request: Request[Any, Any, Any], ctx: NamedDependency[AppState]) -> Response[Any]:
         """Prometheus text format: ``dra_ledger_projection_lag_events{projection}``, ``dra_ledger_database_up`` and
-        ``dra_ledger_read_models_rebuilding`` (1 while a rebuild holds the read models,
-        :func:`ledger.services.read_models_rebuilding`), read over one connection (:func:`ledger.services.health`).
+        ``dra_ledger_read_models_rebuilding`` (1 while a rebuild holds the read models), read over one connection
+        (:func:`ledger.services.health`).
 
         Open unless the configuration sets ``[api] metricsPublic = false`` while tokens are configured; then
         any configured token may read it (the figures are cluster-wide, no team's rows).

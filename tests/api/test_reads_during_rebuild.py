@@ -359,15 +359,15 @@ def test_a_rebuild_waiting_in_line_for_its_first_table_counts_as_holding_the_rea
     first = runner.table_names()[0]
     with seeded.engine.connect() as dump, seeded.engine.connect() as rebuild, seeded.engine.connect() as watcher:
         dump.execute(text(f"LOCK TABLE {first} IN ACCESS SHARE MODE"))
-        before = services.read_models_rebuilding(seeded.db)
+        before = services.health(seeded.db).rebuilding
         thread = threading.Thread(target=lambda: rebuild.execute(text(f"LOCK TABLE {first} IN ACCESS EXCLUSIVE MODE")),
                                   daemon=True)
         thread.start()
         assert _wait_until_blocked_on_a_lock(watcher)
-        in_line = services.read_models_rebuilding(seeded.db)
+        in_line = services.health(seeded.db).rebuilding
         dump.rollback()
         thread.join(WAIT_S)
         rebuild.rollback()
-    after = services.read_models_rebuilding(seeded.db)
+    after = services.health(seeded.db).rebuilding
 
     assert (before, in_line, after) == (False, True, False)
