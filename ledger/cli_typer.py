@@ -31,6 +31,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
 from ledger.errors import shorten_repr
+from ledger.store.postgres import SESSION_NAME
 
 if TYPE_CHECKING:
     # Typer's vendored Click, a private module: only the type checker reads it (for the types the overridden
@@ -176,6 +177,16 @@ def sigterm_raises() -> Iterator[None]:
 
 
 
+def command_name(ctx: Context) -> str:
+    """``dra-ledger`` and the names of the command and its groups (``dra-ledger db upgrade``), however the program
+    was started (``python -m ledger``, a test runner's ``prog_name``)."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["dra-ledger", *names])
+
+
 class LedgerCommand(TyperCommand):
     """A ``dra-ledger`` command: flags without a type in ``--help``, arguments named as Click names them in the usage
     line (``FILE...``; Typer 0.29 wrote a required one ``{files}...``)."""
@@ -185,14 +196,17 @@ class LedgerCommand(TyperCommand):
         super().format_help(ctx, formatter)
 
     def invoke(self, ctx: Context) -> Any:
-        """Run the command; a Ctrl-C that reaches here (the command had no message of its own for that moment:
-        while it connects, or prints its answer) ends with one line, ``interrupted``, and exit code 130, where Typer
-        alone exited 130 without a word; a SIGTERM turned into :class:`Terminated` there, with ``terminated
-        (SIGTERM)`` and 143. Commands that say more catch them first (``ledger.cli.interrupt_said``).
+        """Run the command, its database sessions named for it (:data:`ledger.store.postgres.SESSION_NAME`).
+
+        A Ctrl-C that reaches here (the command had no message of its own for that moment: while it connects, or
+        prints its answer) ends with one line, ``interrupted``, and exit code 130, where Typer alone exited 130
+        without a word; a SIGTERM turned into :class:`Terminated` there, with ``terminated (SIGTERM)`` and 143.
+        Commands that say more catch them first (``ledger.cli.interrupt_said``).
 
         Raises:
             typer.Exit: code 130 (143 for SIGTERM), after the line.
         """
+        named = SESSION_NAME.set(command_name(ctx))
         try:
             return super().invoke(ctx)
         except Terminated:
@@ -201,6 +215,8 @@ class LedgerCommand(TyperCommand):
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
+        finally:
+            SESSION_NAME.reset(named)  # engines made after the command (a test's, in the same process) are not its
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, TypeAlias
@@ -59,10 +60,18 @@ def decode_jsonb(data: bytes) -> object:
         return json.loads(data)
 
 
+SESSION_NAME: ContextVar[str] = ContextVar("SESSION_NAME", default="dra-ledger")
+"""The ``application_name`` the sessions of an engine made by :func:`make_engine` carry (``pg_stat_activity``,
+the server log's ``%a``), read when the engine is made: ``dra-ledger`` unless set, and ``dra-ledger <command>``
+for a command line (``ledger.cli_typer.LedgerCommand``), so that an operator can tell a rebuild's session from the
+API's and the watch workers'. Sent as libpq's ``fallback_application_name``: an ``application_name`` in the URL
+or the ``PGAPPNAME`` environment variable wins. The server keeps the first 63 bytes."""
+
+
 def make_engine(url: str) -> Engine:
     """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver.
 
-    ``json`` and ``jsonb`` columns are decoded by :func:`decode_jsonb`.
+    ``json`` and ``jsonb`` columns are decoded by :func:`decode_jsonb`; sessions are named :data:`SESSION_NAME`.
 
     Raises:
         Invalid: ``url`` is not a PostgreSQL URL (the ledger needs PostgreSQL: tstzrange, GiST, jsonb).
@@ -74,7 +83,8 @@ def make_engine(url: str) -> Engine:
         raise Invalid(f"the database URL must be postgresql://user@host:port/database, got {scheme or url!r}"
                       " (the ledger needs PostgreSQL)")
     try:
-        return create_engine(url, pool_pre_ping=True, json_deserializer=decode_jsonb)
+        return create_engine(url, pool_pre_ping=True, json_deserializer=decode_jsonb,
+                             connect_args={"fallback_application_name": SESSION_NAME.get()})
     except ArgumentError as e:
         raise Invalid(f"the database URL cannot be parsed: {e}") from e
 
