@@ -37,10 +37,11 @@ from sqlalchemy.exc import OperationalError, ProgrammingError, SQLAlchemyError
 import ledger
 from ledger import services
 from ledger import simulate_bounds as bounds
-from ledger.cli_typer import SIGTERM_EXIT, LedgerTyper, Terminated, choice_option, sigterm_raises
+from ledger.cli_typer import LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
+from ledger.interrupts import SIGTERM_EXIT, Terminated, sigterm_raises
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
 from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time
@@ -306,7 +307,7 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
 
 
 def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
-    """The ``KeyboardInterrupt`` (Ctrl-C, or :class:`~ledger.cli_typer.Terminated` for SIGTERM) that is ``error`` or
+    """The ``KeyboardInterrupt`` (Ctrl-C, or :class:`~ledger.interrupts.Terminated` for SIGTERM) that is ``error`` or
     in its chain (``__cause__``, else ``__context__``), or ``None``; see :func:`caused_by_ctrl_c` for why."""
     return next((link for link in error_chain(error) if isinstance(link, KeyboardInterrupt)), None)
 
@@ -322,7 +323,7 @@ def error_chain(error: BaseException) -> Iterator[BaseException]:
 
 
 def caused_by_ctrl_c(error: BaseException) -> bool:
-    """Whether Ctrl-C (or SIGTERM, which :func:`~ledger.cli_typer.sigterm_raises` turns into a ``KeyboardInterrupt``)
+    """Whether Ctrl-C (or SIGTERM, which :func:`~ledger.interrupts.sigterm_raises` turns into a ``KeyboardInterrupt``)
     is behind ``error``: a ``KeyboardInterrupt`` is ``error`` or in its chain (``__cause__``, else ``__context__``).
 
     Why: Ctrl-C that stops psycopg while it reads a result or a ``COPY`` can leave the connection unable to run the
@@ -340,7 +341,7 @@ def interrupt_said(message: str) -> Iterator[None]:
 
     ``message`` starts with "interrupted"; for SIGTERM (a ``kill``, a pod or a CI job stopped) that word reads
     "terminated (SIGTERM)" and the exit code is 143. SIGTERM is a ``KeyboardInterrupt`` inside the block
-    (:func:`~ledger.cli_typer.sigterm_raises`), so it takes Ctrl-C's way out: psycopg cancels the statement that is
+    (:func:`~ledger.interrupts.sigterm_raises`), so it takes Ctrl-C's way out: psycopg cancels the statement that is
     running and the transaction rolls back at once, releasing its locks, where the default action ended the
     process and left its server session holding them until the server noticed.
 
@@ -397,7 +398,7 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
     ``the database cancelled a statement: ...`` with what to do (:data:`TIMEOUTS`).
 
     An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt`` (one SIGTERM
-    caused, as :class:`~ledger.cli_typer.Terminated`): the command's own handler, or
+    caused, as :class:`~ledger.interrupts.Terminated`): the command's own handler, or
     :class:`~ledger.cli_typer.LedgerCommand`, deals with it as with any Ctrl-C (or SIGTERM).
 
     Raises:

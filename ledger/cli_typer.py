@@ -11,7 +11,7 @@ command line should not, and each is corrected here once for every command, ``le
 - a required argument was written ``{files}...`` in the usage line (:class:`LedgerCommand`).
 
 It also holds how a command ends on Ctrl-C or SIGTERM when it has nothing of its own to say
-(:class:`LedgerCommand`), and the SIGTERM handler that makes a command's clean-up run (:func:`sigterm_raises`).
+(:class:`LedgerCommand`).
 
 Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the ``cls`` of a command or group.
 """
@@ -19,11 +19,7 @@ Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the 
 from __future__ import annotations
 
 import enum
-import signal
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -31,6 +27,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
 from ledger.errors import shorten_repr
+from ledger.interrupts import SIGTERM_EXIT, Terminated
 from ledger.store.postgres import SESSION_NAME
 
 if TYPE_CHECKING:
@@ -133,48 +130,6 @@ def argument_usage(argument: TyperArgument) -> str:
     name = (argument.name or "").upper()
     name = name if argument.required else f"[{name}]"
     return f"{name}..." if argument.nargs != 1 else name
-
-
-SIGTERM_EXIT = 128 + signal.SIGTERM
-"""Exit code of a command ended by SIGTERM (143), as a shell reports a process the signal killed."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived while :func:`sigterm_raises` was in force.
-
-    A ``KeyboardInterrupt``, so that every clean-up written for Ctrl-C runs for it too: ``except Exception`` does not
-    swallow it, ``finally`` and ``except BaseException`` clean-ups (a temporary file's removal) run on the way out,
-    and psycopg cancels the statement running on the server before the transaction rolls back. Handlers that say
-    which signal it was catch it before ``KeyboardInterrupt``.
-    """
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.
-
-    The default action ends the process at once and runs no clean-up. The first SIGTERM raises; later
-    ones until the block is left are ignored, so that a second signal cannot cut a clean-up short (SIGKILL
-    still ends it). The previous handler is restored on the way out. Outside the main thread, where Python
-    cannot install handlers, the block runs with SIGTERM as it was.
-
-    Raises:
-        Terminated: from the block, once SIGTERM arrived.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up on the way out is not interrupted
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
 
 
 def command_name(ctx: Context) -> str:

@@ -1,8 +1,8 @@
-"""The ``dra-ledger`` console script: the CLI imported under a Ctrl-C guard.
+"""The ``dra-ledger`` console script: the CLI imported under a Ctrl-C and SIGTERM guard.
 
 Why a module of its own: importing :mod:`ledger.cli` (SQLAlchemy, pydantic, Rich, Typer) takes about a second,
-and a Ctrl-C in that second printed a traceback of whatever module was importing. Only the standard library is
-imported before the guard.
+and a Ctrl-C in that second printed a traceback of whatever module was importing, while a SIGTERM (a pod stopped, a
+CronJob's deadline) ended the process without a word. Only the standard library is imported before the guard.
 """
 
 from __future__ import annotations
@@ -11,10 +11,22 @@ import sys
 
 
 def main() -> None:
-    """Run ``dra-ledger``: exit code 130 and one line for a Ctrl-C while the CLI loads, as inside a command."""
-    try:
-        from ledger.cli import main as run
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        raise SystemExit(130) from None
-    run()
+    """Run ``dra-ledger``: exit code 130 and one line for a Ctrl-C while the CLI loads, as inside a command.
+
+    SIGTERM raises :class:`~ledger.interrupts.Terminated` for the whole run (:func:`~ledger.interrupts.sigterm_raises`):
+    while the CLI loads it ends with ``terminated (SIGTERM)`` and exit code 143, and in a command it takes Ctrl-C's
+    way out (the command's clean-up runs, and it says what was kept). The servers (``serve``, ``watch``, ``jobs``)
+    install their own SIGTERM handling for a graceful stop.
+    """
+    from ledger.interrupts import SIGTERM_EXIT, Terminated, sigterm_raises
+
+    with sigterm_raises():
+        try:
+            from ledger.cli import main as run
+        except Terminated:
+            sys.stderr.write("terminated (SIGTERM)\n")
+            raise SystemExit(SIGTERM_EXIT) from None
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted\n")
+            raise SystemExit(130) from None
+        run()

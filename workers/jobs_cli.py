@@ -18,9 +18,9 @@ from typing import Annotated
 import typer
 
 from ledger import cli, services
-from ledger.cli_typer import SIGTERM_EXIT
 from ledger.config import load_config
 from ledger.errors import LedgerError
+from ledger.interrupts import SIGTERM_EXIT
 from ledger.recorded import parse_query_time
 from ledger.settings import Settings
 from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots

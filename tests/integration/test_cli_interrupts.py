@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from ledger import cli, services
 from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, app, caused_by_ctrl_c
-from ledger.cli_typer import Terminated
 from ledger.errors import StoreUnavailable
+from ledger.interrupts import Terminated
 from ledger.store.database import LedgerDatabase
 from tests.factories import signalled
 from tests.paths import HISTORIES

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,6 +291,28 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
 
     assert exited.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_sigterm_while_the_cli_imports_is_one_line_and_exit_code_143() -> None:
+    # A pod stopped, or a CronJob's deadline, in the second the CLI imports: the default action ended the process
+    # without a word (exit status -15). The signal is sent by the process to itself at the import of ledger.cli.
+    code = """
+import importlib.abc, os, signal, sys
+
+class SignalledImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, *_):
+        if name == "ledger.cli":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+sys.meta_path.insert(0, SignalledImport())
+sys.argv[0] = "dra-ledger"
+from ledger.entry import main
+main()
+"""
+    done = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+    assert (done.returncode, done.stderr, done.stdout) == (143, "terminated (SIGTERM)\n", "")
 
 
 QUOTA = '[[quotas]]\nteam = "vision"\nresourceName = "example.com/gpu"\nnominalQuota = {value}\n'
