@@ -145,8 +145,9 @@ class UsageController(Controller):
     ) -> Response[Usage]:
         """Device-hours from ``device_allocations`` intervals clipped exactly to the window; rows per
         group value, DeviceClass and driver (different kinds of device are never summed); ``adminAccess``
-        is not billed; a device held by several allocations at once is split among them by their
-        ``consumedCapacity`` fractions of its capacity when every one states one, else equally. The team
+        is not billed; a device held by several claims at once is split among their allocations by their
+        ``consumedCapacity`` fractions of its capacity when every one states one, else equally (one claim alone
+        is billed the whole device, whatever its results state). The team
         (``groupBy=team`` and a team-limited token's filter) is the one after the configuration's
         ``[teams] overrides``, applied to the whole window at query time. With a
         price table in the configuration, priced rows carry ``cost``. ``Accept: text/csv`` returns the

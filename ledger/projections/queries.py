@@ -826,7 +826,8 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     Returns:
         ``{"from", "to", "groupBy", "step" (seconds or None), "rows": [{<groupBy>: value, "deviceClass",
         "driver", "deviceHours", ["start", "end"], ["cost", "currency"]}]}`` sorted by bucket, group value,
-        class; hours rounded to 6 decimals.
+        class; hours rounded to 6 decimals; a group billed nothing in a bucket (its only allocations consumed 0 of
+        a shared device) has no row there.
 
     Raises:
         Invalid: ``group_by`` unknown, ``start`` not before ``end``, ``step`` under one microsecond (not
@@ -848,7 +849,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
     col = GROUP_BY[group_by]
     rows = conn.execute(text(
         f"SELECT cluster, driver, pool, device, device_class, coalesce(model, '') AS model, {col} AS grp, team, "
-        " namespace, " + split_columns("device_allocations") + ", "
+        " namespace, claim_uid, " + split_columns("device_allocations") + ", "
         " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e "
         "FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster)),
@@ -864,7 +865,7 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
                 (r.s, r.e, (str(grp) if grp is not None else "", r.device_class or "", r.driver, r.model)
                  if teams is None or team in teams else hidden,
-                 allocation_fraction(r.consumed, r.capacity, driver=r.driver)))
+                 allocation_fraction(r.consumed, r.capacity, driver=r.driver), r.claim_uid))
     buckets = [(start, end)]
     if step is not None:
         buckets = []
@@ -914,6 +915,8 @@ def usage(conn: Connection, *, start: datetime, end: datetime, group_by: str, cl
             cost = before_cost if price is None else (before_cost or 0.0) + hours * price
             merged[(grp, cls, drv)] = (before_h + hours, cost)
         for (grp, cls, drv), (hours, cost) in sorted(merged.items()):
+            if hours <= 0:  # only shares that consumed nothing (a fraction of 0): no row, as from the rollups
+                continue
             row: JSONObject = {group_by: grp or None, "deviceClass": cls or None, "driver": drv,
                                "deviceHours": round(hours, 6)}
             if step is not None:
@@ -932,9 +935,9 @@ def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, 
     Source: ``device_allocations``: each claim's intervals (not ``adminAccess``) and those of every other
     allocation of the same devices, clipped to the claim's window and to ``now`` by :func:`present` as usage
     clips them, then divided by :func:`ledger.projections.split.split`, the split usage and the rollups use: of a
-    device held by several allocations at once (shares, a double booking, or one claim listing it twice), the
-    claim gets its ``consumedCapacity`` fraction or its equal part of each second, so a claim never gets more
-    of a device than usage bills it.
+    device held by several allocations at once (shares, a double booking), the claim gets its ``consumedCapacity``
+    fraction or its equal part of each second (the whole second when it holds the device alone, through one
+    result or several), so a claim never gets more of a device than usage bills it.
     One query for all the claims (the idle-claim report asks for hundreds at once).
 
     Args:
@@ -960,7 +963,8 @@ def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, 
         "held AS (SELECT DISTINCT k.cluster, k.claim_uid, k.start, d.driver, d.pool, d.device FROM k "
         "  JOIN device_allocations d ON d.cluster = k.cluster AND d.claim_uid = k.claim_uid AND NOT d.admin_access "
         "  AND NOT isempty(d.valid) AND d.valid && tstzrange(k.start, :end)) "
-        "SELECT h.cluster, h.claim_uid AS owner, a.claim_uid = h.claim_uid AS mine, a.driver, a.pool, a.device, "
+        "SELECT h.cluster, h.claim_uid AS owner, a.claim_uid = h.claim_uid AS mine, a.claim_uid, a.driver, a.pool, "
+        " a.device, "
         " greatest(lower(a.valid), h.start) AS s, " + present("a.valid") + " AS e, " + split_columns("a") + " "
         "FROM held h "
         "JOIN device_allocations a ON a.cluster = h.cluster AND a.driver = h.driver AND a.pool = h.pool "
@@ -973,7 +977,7 @@ def claims_device_seconds(conn: Connection, *, claims: Sequence[tuple[str, str, 
     for r in rows:
         if r.e > r.s:
             per_device[(r.cluster, r.owner)][(r.driver, r.pool, r.device)].append(
-                (r.s, r.e, bool(r.mine), allocation_fraction(r.consumed, r.capacity, driver=r.driver)))
+                (r.s, r.e, bool(r.mine), allocation_fraction(r.consumed, r.capacity, driver=r.driver), r.claim_uid))
     for key, devices in per_device.items():
         seconds: dict[bool, float] = defaultdict(float)
         for intervals in devices.values():

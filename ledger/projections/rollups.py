@@ -110,7 +110,7 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
         "WITH clipped AS ("
         " SELECT cluster, driver, pool, device, hash_record_extended((cluster, driver, pool, device), 0) AS hashed, "
         + ", ".join(f"coalesce({c}, '') AS k{i}" for i, c in enumerate(columns)) + ", "
-        " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e, valid, consumed_capacity "
+        " greatest(lower(valid), :start) AS s, " + present("valid") + " AS e, valid, consumed_capacity, claim_uid "
         " FROM device_allocations WHERE NOT admin_access AND NOT isempty(valid) "
         " AND valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster) + "), "
         "marked AS (SELECT *, coalesce(s < max(e) OVER earlier, false) OR coalesce(lead(s) OVER earlier < e, false) "
@@ -119,9 +119,10 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
         # GREATEST/LEAST skip NULLs: with no hour (by_hour False) a piece is the whole clipped interval.
         f"SELECT cluster, {keys}, p.hour, extract(epoch FROM sum(least(e, p.hour + interval '1 hour') "
         " - greatest(s, p.hour))) AS seconds, NULL AS driver, NULL AS pool, NULL AS device, NULL AS s, NULL AS e, "
-        " NULL::jsonb AS consumed, NULL::jsonb AS capacity "
+        " NULL AS claim_uid, NULL::jsonb AS consumed, NULL::jsonb AS capacity "
         f"FROM marked {hours} NOT shared GROUP BY cluster, {keys}, p.hour "
-        f"UNION ALL SELECT cluster, {keys}, NULL, NULL, driver, pool, device, s, e, " + split_columns("marked") + " "
+        f"UNION ALL SELECT cluster, {keys}, NULL, NULL, driver, pool, device, s, e, claim_uid, "
+        + split_columns("marked") + " "
         "FROM marked WHERE shared"),
         {"start": start, "end": end, "cluster": cluster, "now": now}).all()
     width = len(columns)
@@ -130,18 +131,18 @@ def live_seconds(conn: Connection, *, start: datetime, end: datetime, cluster: s
     per_device: dict[tuple[str, str, str, str], list[Interval[tuple[str, datetime | None, Key]]]] = defaultdict(list)
     for r in rows:
         cluster_name, key = str(r[0]), tuple(str(v) for v in r[1:1 + width])
-        hour, seconds, driver, pool, device, s, e, consumed, capacity = r[1 + width:]
+        hour, seconds, driver, pool, device, s, e, claim, consumed, capacity = r[1 + width:]
         if driver is None:
             out[(cluster_name, hour.astimezone(UTC) if hour is not None else None, key)] += float(seconds)
             continue
         pieces = per_device[(cluster_name, driver, pool, device)]
         fraction = allocation_fraction(consumed, capacity, driver=driver)
         if not by_hour:
-            pieces.append((s, e, (cluster_name, None, key), fraction))
+            pieces.append((s, e, (cluster_name, None, key), fraction, claim))
             continue
         h = floor_hour(s)
         while h < e:  # cut at hour boundaries, so no elementary span of the sweep crosses an hour
-            pieces.append((max(s, h), min(e, h + HOUR), (cluster_name, h, key), fraction))
+            pieces.append((max(s, h), min(e, h + HOUR), (cluster_name, h, key), fraction, claim))
             h += HOUR
     for intervals in per_device.values():
         split(intervals, out)

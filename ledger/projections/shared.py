@@ -96,6 +96,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
     inv = {(r.cluster, r.driver, r.pool, r.device): r for r in inventory}
     by_device: dict[tuple[str, str, str, str], list[JSONObject]] = defaultdict(list)
     fractions_of: dict[tuple[str, str, str, str], list[Decimal | None]] = defaultdict(list)
+    claims_of: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
     by_claim_devices: dict[tuple[str, str], list[str]] = defaultdict(list)
     for a in allocations:
         key = (a.cluster, a.driver, a.pool, a.device)
@@ -105,6 +106,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
                                "shareID": a.share_id, "consumedCapacity": consumed if isinstance(consumed, dict)
                                else {}, "conflict": bool(a.conflict)})
         fractions_of[key].append(capacity_fraction(_json(a.capacity), consumed, driver=a.driver))
+        claims_of[key].append(a.claim_uid)
         by_claim_devices[(a.cluster, a.claim_uid)].append(f"{a.driver}/{a.pool}/{a.device}")
 
     devices: list[JSONValue] = []
@@ -112,7 +114,7 @@ def shared(conn: Connection, *, at: datetime, cluster: str | None = None,
         if len(allocs) < 2:
             continue
         row = inv.get(key)
-        split, fractions = span_fractions(fractions_of[key])
+        split, fractions = span_fractions(fractions_of[key], claims_of[key])
         out_allocs: list[JSONValue] = []
         for alloc, f in zip(allocs, fractions, strict=True):
             out_allocs.append({k: v for k, v in alloc.items() if k != "conflict"} | {"fraction": _ratio(f)})
@@ -213,7 +215,8 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     Returns:
         ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
         [{"cluster", "driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; hours rounded to 6
-        decimals, rows sorted by team, deviceClass, driver, devices by cluster, driver, pool, device.
+        decimals, rows sorted by team, deviceClass, driver, devices by cluster, driver, pool, device; a team
+        billed nothing (its shares consumed 0 beside others that consumed some) has no row, as in usage.
 
     Raises:
         Invalid: ``start`` is not before ``end``.
@@ -222,7 +225,7 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
     params = {"start": start, "end": end, "cluster": cluster}
     rows = conn.execute(text(
-        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.namespace, a.device_class, "
+        "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.namespace, a.device_class, a.claim_uid, "
         " greatest(lower(a.valid), :start) AS s, least(coalesce(upper(a.valid), :end), :end) AS e, "
         + split_columns("a") + " FROM device_allocations a WHERE NOT a.admin_access AND NOT isempty(a.valid) "
         " AND a.valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster, "a")), params).all()
@@ -231,7 +234,7 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
         if r.e > r.s:
             per_device[(r.cluster, r.driver, r.pool, r.device)].append(
                 (r.s, r.e, (overrides.get(r.namespace, r.team), r.device_class or "", r.driver),
-                 allocation_fraction(r.consumed, r.capacity, driver=r.driver)))
+                 allocation_fraction(r.consumed, r.capacity, driver=r.driver), r.claim_uid))
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
     devices: list[JSONValue] = []
     for key, intervals in sorted(per_device.items()):
@@ -253,5 +256,5 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
                             "billedDeviceHours": round(billed_s / 3600, 6)})
     out: list[JSONValue] = [{"team": team, "deviceClass": cls or None, "driver": drv,
                              "deviceHours": round(s / 3600, 6)}
-                            for (team, cls, drv), s in sorted(seconds.items())]
+                            for (team, cls, drv), s in sorted(seconds.items()) if s > 0]
     return {"from": rfc3339(start), "to": rfc3339(end), "rows": out, "devices": devices}

@@ -3,15 +3,17 @@
 One rule serves usage, the hourly rollups, the idle-claim report's wasted device-hours and the shared-usage
 report, so that their device-hours agree:
 
-- a span of time in which one allocation holds a device is billed to it whole;
+- a span of time in which one allocation holds a device is billed to it whole; so is a span in which one claim
+  holds it through several allocation results (two requests of the claim given shares of one device): the device's
+  time is the claim's, as with one result, and is divided among its results by their fractions (else equally);
 - a span in which several allocations hold a device that allows multiple allocations (consumable capacity) is
   billed by each allocation's ``consumedCapacity`` fraction of the device's ``capacity`` when every one of them
   states one (the capacity nobody consumed is nobody's, so the span is billed in part); when they state more
   than the device has (over-committed shares, bad data), the fractions are scaled down to add up to the span,
   so a device is never billed more than its own time;
-- otherwise the span is divided equally among them (shares that state no capacity, a double booking of a
-  device that allows one allocation, whatever its results state, one claim listing a device twice): rows then
-  add up to the device's time.
+- otherwise the span is divided equally among them (shares that state no capacity or all state none of it, a
+  double booking of a device that allows one allocation, whatever its results state): rows then add up to the
+  device's time.
 
 An allocation's fraction is the largest ``consumedCapacity`` / ``capacity`` ratio over the capacities the
 device publishes (the bottleneck dimension: a share of 40Gi of 80Gi memory and 10 of 100 compute holds half
@@ -35,9 +37,10 @@ from ledger.types import JSONValue
 G = TypeVar("G", bound=Hashable)
 """A group the split bills device-seconds to (a usage row's key)."""
 
-Interval = tuple[datetime, datetime, G, float | None]
-"""``(start, end, group, fraction)`` of one allocation of a device: ``start < end`` (aware), ``fraction``
-from :func:`capacity_fraction` (``None`` when the allocation states no usable ``consumedCapacity``)."""
+Interval = tuple[datetime, datetime, G, float | None, Hashable]
+"""``(start, end, group, fraction, claim)`` of one allocation of a device: ``start < end`` (aware), ``fraction``
+from :func:`capacity_fraction` (``None`` when the allocation states no usable ``consumedCapacity``), ``claim`` the
+ResourceClaim holding it (any value equal for the results of one claim, such as ``(cluster, claim_uid)``)."""
 
 
 def capacity_fraction(capacity: JSONValue, consumed: JSONValue, *, driver: str) -> Decimal | None:
@@ -70,24 +73,30 @@ def capacity_fraction(capacity: JSONValue, consumed: JSONValue, *, driver: str) 
     return best
 
 
-def span_fractions(fractions: Sequence[Decimal | None]) -> tuple[str, list[Decimal]]:
+def span_fractions(fractions: Sequence[Decimal | None],
+                   claims: Sequence[Hashable] | None = None) -> tuple[str, list[Decimal]]:
     """Split of one span of a device among the ``n`` allocations covering it.
 
     Args:
         fractions: each allocation's :func:`capacity_fraction`, in allocation order.
+        claims: each allocation's claim, in the same order (``None``: each a claim of its own).
 
     Returns:
-        ``("consumedCapacity", fractions)`` when ``n > 1`` and every fraction is known (scaled down to add up
-        to 1 when they add up to more); ``("whole", [1])`` for one allocation (``[]`` for none); else
-        ``("equal", [1/n] * n)``.
+        ``("whole", [1])`` for one allocation (``[]`` for none), and for allocations of one claim alone ``("whole",
+        ...)`` with the span divided among them by their fractions when every one is known and they add up to more
+        than 0, else equally (weights adding up to 1); ``("consumedCapacity", fractions)`` when ``n > 1``, every
+        fraction is known and they add up to more than 0 (scaled down to add up to 1 when they add up to more);
+        else ``("equal", [1/n] * n)``.
     """
     n = len(fractions)
     if n <= 1:
         return "whole", [Decimal(1)] * n
     known = [f for f in fractions if f is not None]
-    if len(known) < n:
+    total = sum(known, Decimal(0)) if len(known) == n else Decimal(0)  # 0: nothing to weigh the allocations by
+    if claims is not None and len(set(claims)) == 1:
+        return "whole", [f / total for f in known] if total > 0 else [Decimal(1) / n] * n
+    if total == 0:
         return "equal", [Decimal(1) / n] * n
-    total = sum(known, Decimal(0))
     return "consumedCapacity", [f / total for f in known] if total > 1 else known
 
 
@@ -106,20 +115,20 @@ def shares(intervals: Sequence[Interval[G]]) -> Iterator[tuple[datetime, datetim
     order = sorted(range(len(intervals)), key=lambda i: intervals[i][0])
     latest_end: datetime | None = None
     for i in order:  # no two intervals overlap (the usual case): each is billed whole, as it is
-        s, e, _, _ = intervals[i]
+        s, e, _, _, _ = intervals[i]
         if latest_end is not None and s < latest_end:
             break
         latest_end = e if latest_end is None else max(latest_end, e)
     else:
         for i in order:
-            s, e, g, _ = intervals[i]
+            s, e, g, _, _ = intervals[i]
             yield s, e, g, 1.0
         return
     # A sweep over the cut points with the intervals covering the current span: an interval covers [lo, hi) when
     # it starts at or before lo and ends at or after hi (both are cut points), so the covering ones are those
     # started by lo that have not ended by it. Kept in input order, as the spans' shares are added up.
-    cuts = sorted({t for s, e, _, _ in intervals for t in (s, e)})
-    fractions = [None if f is None else Decimal(repr(f)) for _, _, _, f in intervals]
+    cuts = sorted({t for s, e, _, _, _ in intervals for t in (s, e)})
+    fractions = [None if f is None else Decimal(repr(f)) for _, _, _, f, _ in intervals]
     active: list[int] = []
     started = 0
     for lo, hi in pairwise(cuts):
@@ -133,7 +142,7 @@ def shares(intervals: Sequence[Interval[G]]) -> Iterator[tuple[datetime, datetim
             yield lo, hi, intervals[active[0]][2], 1.0
             continue
         covering = sorted(active)
-        _, weights = span_fractions([fractions[i] for i in covering])
+        _, weights = span_fractions([fractions[i] for i in covering], [intervals[i][4] for i in covering])
         for i, w in zip(covering, weights, strict=True):
             yield lo, hi, intervals[i][2], float(w)
 

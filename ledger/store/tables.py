@@ -278,7 +278,8 @@ def _hourly_usage(name: str, *, node: bool, seconds_comment: str) -> Table:
 
 
 SECONDS_COMMENT = ("allocated device-seconds in the hour; concurrent allocations of a device split it by their "
-                   "consumedCapacity fractions when all state one, else equally (migration 0011)")
+                   "consumedCapacity fractions when all state one, else equally; one claim alone is billed it whole "
+                   "(migration 0012)")
 """The comment of ``usage_rollups.device_seconds``: the split of ``ledger.projections.split``."""
 
 usage_rollups = _hourly_usage("usage_rollups", node=True, seconds_comment=SECONDS_COMMENT)

@@ -165,6 +165,65 @@ def test_usage_its_rollups_and_the_shared_report_bill_consumable_shares_alike(
         ("a", at(0), 1800.0), ("a", at(60), 1800.0), ("b", at(0), 900.0), ("b", at(60), 900.0)]
 
 
+def test_a_claim_alone_on_a_device_through_two_shares_is_billed_the_whole_device_everywhere(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # "pair" (team b) holds eth0 (100G) over [0, 120 min) through two 30G shares, and no other claim holds it: the
+    # claim alone holds the device, as one 60G share would, so it is billed the NIC's two hours, an hour to each
+    # share. The rule billed 2 x 30G / 100G x 2 h = 1.2 device-hours, where one 60G share was billed 2.0.
+    replay(ledger, tmp_path, [
+        namespace("net-b", "b"), nic(multi=True),
+        nic_claim("pair", "net-b", [share("5d0c4c39-0000-4000-8000-000000000041", "30G"),
+                                    share("5d0c4c39-0000-4000-8000-000000000042", "30G")])])
+
+    assert billed(ledger) == {"net-b": 2.0}
+    assert wasted(ledger) == {"pair": 2.0}
+    assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+    with ledger.db.reading() as conn:
+        hourly = conn.execute(text("SELECT team, hour, device_seconds FROM usage_rollups ORDER BY hour")).all()
+    assert [tuple(row) for row in hourly] == [("b", at(0), 3600.0), ("b", at(60), 3600.0)]
+    window: Any = services.shared_usage(ledger.db, start=at(0), end=REPORT_AT, cluster=ledger.cluster)
+    assert [(row["team"], row["deviceHours"]) for row in window["rows"]] == [("b", 2.0)]
+    instant: Any = services.shared(ledger.db, at=at(90), cluster=ledger.cluster)
+    [held] = instant["devices"]
+    assert (held["split"], [x["fraction"] for x in held["allocations"]]) == ("whole", [0.5, 0.5])
+
+
+def test_shares_that_all_consume_nothing_split_the_device_equally(ledger: LedgerHandle, tmp_path: Path) -> None:
+    # Two claims each state "0" of eth0's bandwidth: no fraction to weigh them by, so each is billed half of the
+    # NIC's two hours (1.0), where both were billed nothing.
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"), nic(multi=True),
+        nic_claim("none-a", "net-a", [share("5d0c4c39-0000-4000-8000-000000000051", "0")]),
+        nic_claim("none-b", "net-b", [share("5d0c4c39-0000-4000-8000-000000000052", "0")])])
+
+    assert billed(ledger) == {"net-a": 1.0, "net-b": 1.0}
+    assert wasted(ledger) == {"none-a": 1.0, "none-b": 1.0}
+
+
+def test_a_team_whose_shares_consumed_nothing_beside_others_has_no_row_in_any_usage_answer(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # "idle" (team a) states 0 of eth0's bandwidth beside "half" (team b, 50G): team a is billed nothing, team b
+    # 0.5 x 2 h = 1.0. Usage from the rollups left team a out, while the stepped series, a team-limited token's
+    # usage and the shared report listed it with 0.0.
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"), nic(multi=True),
+        nic_claim("idle", "net-a", [share("5d0c4c39-0000-4000-8000-000000000061", "0")]),
+        nic_claim("half", "net-b", [share("5d0c4c39-0000-4000-8000-000000000062", "50G")])])
+
+    def rows(body: Any) -> list[tuple[str, float]]:
+        return [(row["team"], row["deviceHours"]) for row in body["rows"]]
+
+    plain = services.usage(ledger.db, start=at(0), end=REPORT_AT, group_by="team", cluster=ledger.cluster)
+    stepped = services.usage(ledger.db, start=at(0), end=REPORT_AT, group_by="team", cluster=ledger.cluster,
+                             step=timedelta(hours=1))
+    limited = services.usage(ledger.db, start=at(0), end=REPORT_AT, group_by="team", cluster=ledger.cluster,
+                             teams=["a", "b"])
+    window = services.shared_usage(ledger.db, start=at(0), end=REPORT_AT, cluster=ledger.cluster)
+    assert rows(plain) == rows(limited) == rows(window) == [("b", 1.0)]
+    assert rows(stepped) == [("b", 0.5), ("b", 0.5)]
+    assert wasted(ledger) == {"idle": 0.0, "half": 1.0}  # each idle claim keeps its row, with what it wasted
+
+
 def test_a_share_stating_more_than_any_float_is_billed_as_the_whole_device_not_a_crash(
         ledger: LedgerHandle, tmp_path: Path) -> None:
     # "1e400" of the NIC's 100G was a ratio past any float: usage, the idle report and the rollups failed with

@@ -32,7 +32,7 @@ def test_every_revision_downgrades_to_an_empty_database_and_upgrades_again(ledge
 
 def test_upgrading_to_0005_fills_the_rollup_by_team_from_the_hours_already_rolled(ledger: LedgerHandle) -> None:
     ledger.replay(HISTORIES / "seed-lab.jsonl")
-    schema.downgrade(ledger.engine, "0010")  # 0011's downgrade would empty the rollups on the way down
+    schema.downgrade(ledger.engine, "0010")  # 0011's and 0012's downgrades would empty the rollups on the way down
     assert services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"),
                                  end=parse_time("2026-11-02T12:00:00Z")) == 3
     written = ledger.rows("usage_rollups_by_team")
@@ -43,19 +43,23 @@ def test_upgrading_to_0005_fills_the_rollup_by_team_from_the_hours_already_rolle
     schema.upgrade(ledger.engine)
 
 
-def test_upgrading_to_0011_empties_the_rollups_and_the_next_run_rolls_every_hour_again(ledger: LedgerHandle) -> None:
-    # The rolled hours were summed by the equal split; 0011 deletes them so that the hourly job sums them again by
-    # the consumedCapacity split, from the first allocation on (nothing rolled means it starts there).
+@pytest.mark.parametrize("below", ["0010", "0011"])
+def test_upgrading_past_a_change_of_the_split_empties_the_rollups_and_the_next_run_rolls_every_hour_again(
+        ledger: LedgerHandle, below: str) -> None:
+    # The rolled hours were summed by an older split (0011: the equal split; 0012: a claim alone on a device billed
+    # by its results' fractions); each deletes them so that the hourly job sums them again by the new one, from the
+    # first allocation on (nothing rolled means it starts there).
     ledger.replay(HISTORIES / "seed-lab.jsonl")
     end = parse_time("2026-11-02T12:00:00Z")
     assert services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"), end=end) == 3
     rolled = {t: [r[:-1] for r in ledger.rows(t)] for t in ("usage_rollups", "usage_rollups_by_team")}
     assert all(rolled.values())
-    schema.downgrade(ledger.engine, "0010")
+    schema.downgrade(ledger.engine, below)
     assert {t: ledger.rows(t) for t in rolled} == {t: [] for t in rolled}  # the downgrade empties them too
     services.rollup_usage(ledger.db, start=parse_time("2026-11-02T09:00:00Z"), end=end)
-    schema.upgrade(ledger.engine)
+    schema.upgrade(ledger.engine, f"{int(below) + 1:04d}")
     assert {t: ledger.rows(t) for t in rolled} == {t: [] for t in rolled}
+    schema.upgrade(ledger.engine)
     assert sum(chunk.hours for chunk in services.rollup_chunks(ledger.db, end=end)) >= 3
     # The seed lab has no consumedCapacity shares, so the hours come back as they were (row ids and times aside).
     assert {t: [r[:-1] for r in ledger.rows(t)] for t in rolled} == rolled
