@@ -345,8 +345,13 @@ def interrupt_said(message: str) -> Iterator[None]:
     running and the transaction rolls back at once, releasing its locks, where the default action ended the
     process and left its server session holding them until the server noticed.
 
+    A database or ledger error that no interrupt caused leaves the block with what was kept as a note
+    (``stopped`` in place of "interrupted", :func:`reported_errors` writes it under the error): a replay that a
+    ``lock_timeout`` or a lost connection stopped keeps its committed batches as one that Ctrl-C stopped does.
+
     Raises:
         typer.Exit: code 130 (Ctrl-C) or 143 (SIGTERM), after the message.
+        LedgerError, SQLAlchemyError: from the block, with the note.
     """
     with sigterm_raises():
         try:
@@ -356,6 +361,7 @@ def interrupt_said(message: str) -> Iterator[None]:
         except (LedgerError, SQLAlchemyError) as e:
             cause = interrupt_behind(e)
             if cause is None:
+                e.add_note("stopped" + message.removeprefix("interrupted"))
                 raise
             _say_stopped(message, cause)
 
@@ -399,7 +405,8 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
 
     An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt`` (one SIGTERM
     caused, as :class:`~ledger.interrupts.Terminated`): the command's own handler, or
-    :class:`~ledger.cli_typer.LedgerCommand`, deals with it as with any Ctrl-C (or SIGTERM).
+    :class:`~ledger.cli_typer.LedgerCommand`, deals with it as with any Ctrl-C (or SIGTERM). The error's notes
+    (what a command kept, :func:`interrupt_said`) follow its line, one a line.
 
     Raises:
         typer.Exit: code 2, after the line is written.
@@ -413,22 +420,20 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
         state, refused = _sqlstate_behind(e) or ("", e)
         if state in TIMEOUTS:
             # Before the LedgerError branch: the services report a cancelled statement as "database unavailable".
-            typer.echo(f"error: the database cancelled a statement: {first_line(refused)} ({TIMEOUTS[state]})",
-                       err=True)
-            raise typer.Exit(2) from e
-        if isinstance(e, LedgerError):
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from e
-        if isinstance(e, OperationalError):
+            line = f"the database cancelled a statement: {first_line(refused)} ({TIMEOUTS[state]})"
+        elif isinstance(e, LedgerError):
+            line = str(e)
+        elif isinstance(e, OperationalError):
             # Unreachable server, bad credentials, database missing: say so without a traceback.
-            typer.echo(f"error: cannot use the database: {first_line(e)}", err=True)
-            raise typer.Exit(2) from e
-        if isinstance(e, ProgrammingError):
+            line = f"cannot use the database: {first_line(e)}"
+        elif isinstance(e, ProgrammingError):
             # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
             hint = f" ({rights})" if state == INSUFFICIENT_PRIVILEGE else ""
-            typer.echo(f"error: the database refused: {first_line(e)}{hint}", err=True)
-            raise typer.Exit(2) from e
-        raise
+            line = f"the database refused: {first_line(e)}{hint}"
+        else:
+            raise
+        typer.echo("\n".join([f"error: {line}", *getattr(e, "__notes__", ())]), err=True)
+        raise typer.Exit(2) from e
 
 
 TIMEOUTS: Mapping[str, str] = {

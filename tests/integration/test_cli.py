@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from ledger.cli import app
 from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.testing.pg import create_database, drop_database, temporary_data_dir
 from tests.factories import CLI, taken_port
+from tests.paths import HISTORIES
+
+SEED = HISTORIES / "seed-lab.jsonl"
 
 
 def _url(engine: Engine) -> str:
@@ -411,3 +415,43 @@ def test_a_statement_the_server_cancels_for_a_timeout_is_said_with_what_to_do(
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: the database cancelled a statement: {cancelled} (")
     assert f"PGOPTIONS='-c {setting}=0'" in line
+
+
+def test_a_replay_stopped_by_a_lock_timeout_in_its_catch_up_says_its_lines_are_kept(ledger_engine: Engine) -> None:
+    # Another session holds a read model (claims) while the replay's read models catch up: the server's
+    # lock_timeout cancels the catch-up. The lines were committed before it; the error said only the cancel.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    with ledger_engine.connect() as blocker:
+        blocker.execute(text("LOCK TABLE claims IN ACCESS EXCLUSIVE MODE"))
+        result = subprocess.run([*CLI, "replay", str(SEED), "--database-url", url], capture_output=True, text=True,
+                                timeout=120, env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
+        blocker.rollback()
+    assert result.returncode == 2, result.stderr
+    error, kept = result.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
+    assert kept == ("stopped after every line was recorded: the read models catch up on the next command that reads "
+                    "them, and tables not analyzed yet are left to autovacuum")
+    with ledger_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39  # seed-lab.jsonl's lines
+    again = subprocess.run([*CLI, "replay", str(SEED), "--database-url", url], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "39 lines: 0 recorded, 39 already recorded, 0 rejected" in again.stderr
+
+
+def test_a_rebuild_stopped_by_a_lock_timeout_says_it_rolled_back(ledger_engine: Engine) -> None:
+    # The rebuild, with no patience, queues at once for a read model another session holds, and the server's
+    # lock_timeout cancels it: the whole rebuild rolls back, and the error says so under the cancel.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    code = ("from ledger.projections import runner; runner.TRUNCATE_LOCK_PATIENCE_S = 0.0; "
+            "from ledger.cli import main; main()")
+    with ledger_engine.connect() as blocker:
+        blocker.execute(text("LOCK TABLE device_allocations IN ACCESS SHARE MODE"))
+        result = subprocess.run([sys.executable, "-c", code, "rebuild", "--database-url", url], capture_output=True,
+                                text=True, timeout=120, env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
+        blocker.rollback()
+    assert result.returncode == 2, result.stderr
+    error, kept = result.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
+    assert kept == "stopped: the rebuild rolled back; the read models are as they were"
