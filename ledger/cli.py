@@ -521,10 +521,15 @@ CATCH_UP_LABEL = "events applied"
 or more."""
 
 
-def _catch_up_read_models(db: LedgerDatabase) -> None:
-    """Catch the read models up after a replay, saying so on stderr when there are many events to apply (after a
-    large replay this takes seconds, with nothing else to show), and what the statistics refresh that follows a
-    bulk catch-up did (:func:`ledger.services.catch_up`)."""
+def catch_up_read_models(db: LedgerDatabase) -> None:
+    """Catch the read models up (after a replay, before ``serve`` listens), saying so on stderr when there are
+    :data:`PROGRESS_MIN_LINES` events or more to apply (a large backlog takes seconds to minutes, with nothing else
+    to show), with a progress bar on a terminal, and what the statistics refresh that follows a bulk catch-up did
+    (:func:`ledger.services.catch_up`).
+
+    Raises:
+        LedgerError: as :func:`ledger.services.catch_up` (the batches applied before stay applied).
+    """
     lag = services.events_to_apply(db)
     if lag >= PROGRESS_MIN_LINES:
         err.print(f"read models: applying {lag:,} events ...")
@@ -747,7 +752,7 @@ def replay(
                     progress=progress, catch_up=False)
             with interrupt_said("interrupted after every line was recorded: the read models catch up on the next "
                                 "command that reads them, and tables not analyzed yet are left to autovacuum"):
-                _catch_up_read_models(db)
+                catch_up_read_models(db)
     _print_report(report)
     if report.rejected:
         raise typer.Exit(1)

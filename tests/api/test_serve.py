@@ -254,3 +254,34 @@ def test_an_unset_token_variable_is_named_with_the_configuration_file_it_comes_f
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (f"error: {path}: api.tokens[chargeback]: environment variable "
                                      "DRA_LEDGER_TEST_UNSET_TOKEN is unset or shorter than 16 characters")
+
+
+def test_serve_says_how_many_events_it_applies_before_it_listens(ledger: LedgerHandle,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # A ledger whose read models are behind (the seed lab's 51 events recorded, none applied) stands for one far
+    # behind: serve caught it up for ~40 s without a word before it listened. uvicorn is stopped where it would
+    # start listening; what serve said before is what an operator sees.
+    import uvicorn
+
+    from ledger import services
+    from tests.paths import HISTORIES
+
+    class Listening(Exception):
+        pass
+
+    def listening(*args: object, **kwargs: object) -> None:
+        raise Listening
+
+    assert services.replay_files(ledger.db, [HISTORIES / "seed-lab.jsonl"], cluster=ledger.cluster,
+                                 catch_up=False).events == 51
+    monkeypatch.setattr(cli, "PROGRESS_MIN_LINES", 10)  # 51 events stand for a large backlog
+    monkeypatch.setattr(uvicorn, "run", listening)
+    with pytest.raises(Listening):
+        serve_api(Settings(database_url=ledger.db.url), host="127.0.0.1", port=free_port(), allow_open=False)
+
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "read models: applying 51 events ..."
+    assert said[-2].startswith("read models: 51 events applied in ")
+    assert said[-1].startswith("dra-ledger API on http://127.0.0.1:")
+    assert services.events_to_apply(ledger.db) == 0
