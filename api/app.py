@@ -67,6 +67,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     config: str
     """The configuration ``serve`` read and checked, as JSON (``LedgerConfig.model_dump_json(by_alias=True)``):
     every worker, one started after the file changed too, answers with the same tokens, teams and prices."""
+    session_name: str = "dra-ledger serve"
+    """The ``application_name`` of the worker's database sessions (:data:`ledger.store.postgres.SESSION_NAME`):
+    the command that started it, as that command's own sessions are named."""
 
     def to_json(self) -> str:
         """The spec as the JSON text :func:`create_app_for_worker` reads."""
@@ -95,8 +98,8 @@ def create_app_for_worker() -> Litestar:
         config = LedgerConfig.model_validate_json(spec.config)
     except ValidationError as e:
         raise Invalid(f"{WORKER_SPEC_ENV}: not a configuration: {e}") from e
-    return create_app(db=LedgerDatabase.from_url(spec.database_url), config=config, cluster=spec.cluster,
-                      reports=ReportSlots(spec.report_slots))
+    return create_app(db=LedgerDatabase.from_url(spec.database_url, session_name=spec.session_name), config=config,
+                      cluster=spec.cluster, reports=ReportSlots(spec.report_slots))
 
 
 def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:

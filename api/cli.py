@@ -15,6 +15,7 @@ from ledger.config import check_cluster_name, load_config
 from ledger.embedded import require_port
 from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
+from ledger.store.postgres import SESSION_NAME
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = cli.DEMO_PORT
@@ -109,7 +110,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     # would hold other tokens than its siblings), through the environment they inherit.
     # JSON carries every value a LedgerConfig takes (its numbers are finite; a test round-trips deploy/ledger.toml).
     os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster, report_slots=report_slots,
-                                             config=config.model_dump_json(by_alias=True)).to_json()
+                                             config=config.model_dump_json(by_alias=True),
+                                             session_name=SESSION_NAME.get()).to_json()
     db.dispose()
     uvicorn.run("api.app:create_app_for_worker", factory=True, workers=workers, host=host, port=port,
                 log_level="info", http=HTTP_PROTOCOL)

@@ -191,9 +191,10 @@ class LedgerDatabase:
     them free."""
 
     @classmethod
-    def from_url(cls, url: str) -> LedgerDatabase:
-        """Open the database at ``url`` (``postgresql://`` or ``postgresql+psycopg://``)."""
-        return cls(engine=pg.make_engine(url))
+    def from_url(cls, url: str, *, session_name: str | None = None) -> LedgerDatabase:
+        """Open the database at ``url`` (``postgresql://`` or ``postgresql+psycopg://``); its sessions are named
+        ``session_name`` (default :data:`ledger.store.postgres.SESSION_NAME`)."""
+        return cls(engine=pg.make_engine(url, session_name=session_name))
 
     @property
     def url(self) -> str:

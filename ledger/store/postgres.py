@@ -68,10 +68,11 @@ API's and the watch workers'. Sent as libpq's ``fallback_application_name``: an 
 or the ``PGAPPNAME`` environment variable wins. The server keeps the first 63 bytes."""
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, session_name: str | None = None) -> Engine:
     """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver.
 
-    ``json`` and ``jsonb`` columns are decoded by :func:`decode_jsonb`; sessions are named :data:`SESSION_NAME`.
+    ``json`` and ``jsonb`` columns are decoded by :func:`decode_jsonb`; sessions are named ``session_name``, by
+    default :data:`SESSION_NAME` (a worker process of ``serve`` is handed its command's name).
 
     Raises:
         Invalid: ``url`` is not a PostgreSQL URL (the ledger needs PostgreSQL: tstzrange, GiST, jsonb).
@@ -84,7 +85,7 @@ def make_engine(url: str) -> Engine:
                       " (the ledger needs PostgreSQL)")
     try:
         return create_engine(url, pool_pre_ping=True, json_deserializer=decode_jsonb,
-                             connect_args={"fallback_application_name": SESSION_NAME.get()})
+                             connect_args={"fallback_application_name": session_name or SESSION_NAME.get()})
     except ArgumentError as e:
         raise Invalid(f"the database URL cannot be parsed: {e}") from e
 

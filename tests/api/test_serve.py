@@ -12,6 +12,7 @@ import httpx
 import pytest
 import typer
 from litestar.testing import TestClient
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_worker
@@ -93,6 +94,10 @@ def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(se
     with served_api("--workers", "2", "--cluster", seeded.cluster, database_url=seeded.db.url) as server:
         workers = [pid for pid, command in _children(server.process.pid).items() if "spawn_main" in command]
         served = [httpx.get(server.base + url, timeout=30) for url in urls for _ in range(4)]
+        with seeded.engine.connect() as conn:  # the workers' pooled sessions, named for the command as serve's are
+            named = set(conn.execute(text(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()")).scalars())
         # h11's limit on a request head still incomplete past 16 KiB, before any token or route: a 1 MiB header
         # (many reads) is refused; the server closes the connection, so the client may see the 400 or a reset.
         try:
@@ -102,6 +107,8 @@ def test_serving_with_two_workers_answers_from_two_processes_what_one_answers(se
             big_head = type(e).__name__
     output = server.output
     assert len(workers) == 2, (workers, output)
+    # serve's own engine is disposed before the workers start, and this test's sessions carry the default name.
+    assert named - {"dra-ledger"} == {"dra-ledger serve"}
     assert big_head in (400, "ReadError", "WriteError", "RemoteProtocolError"), big_head
     assert "2 worker processes" in output
     with TestClient(create_app(db=seeded.db, config=DEFAULT, cluster=seeded.cluster)) as client:
