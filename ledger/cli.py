@@ -405,8 +405,8 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
 
     An error that Ctrl-C caused (:func:`caused_by_ctrl_c`) is raised again as ``KeyboardInterrupt`` (one SIGTERM
     caused, as :class:`~ledger.interrupts.Terminated`): the command's own handler, or
-    :class:`~ledger.cli_typer.LedgerCommand`, deals with it as with any Ctrl-C (or SIGTERM). The error's notes
-    (what a command kept, :func:`interrupt_said`) follow its line, one a line.
+    :class:`~ledger.cli_typer.LedgerCommand`, deals with it as with any Ctrl-C (or SIGTERM). The notes of the
+    error and of the errors in its chain (what a command kept, :func:`interrupt_said`) follow its line, one a line.
 
     Raises:
         typer.Exit: code 2, after the line is written.
@@ -432,7 +432,10 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
             line = f"the database refused: {first_line(e)}{hint}"
         else:
             raise
-        typer.echo("\n".join([f"error: {line}", *getattr(e, "__notes__", ())]), err=True)
+        # The notes of every error in the chain: the services may raise a new error from the one a note was added to
+        # (unavailable_as_error). A note is written once, however many links carry it.
+        notes = dict.fromkeys(note for link in error_chain(e) for note in getattr(link, "__notes__", ()))
+        typer.echo("\n".join([f"error: {line}", *notes]), err=True)
         raise typer.Exit(2) from e
 
 
@@ -1620,7 +1623,9 @@ def main() -> None:
 
     Ctrl-C while the plugins load (their imports take a second or two), or while Typer builds the commands from
     their signatures, ends the process with exit code 130 and one line, as Ctrl-C inside a command does, instead
-    of a traceback of whatever was running. (Inside a command, Click or the command itself handles it first.)
+    of a traceback of whatever was running; SIGTERM then (:class:`~ledger.interrupts.Terminated`, raised once
+    :mod:`ledger.entry` has installed its handler) with 143 and ``terminated (SIGTERM)``. (Inside a command, Click
+    or the command itself handles them first.)
     """
     # The pool logs the failed reset of a connection that Ctrl-C left mid-COPY with a traceback; the command says
     # "interrupted" itself. (A filter applies to the records of its own logger: the pool class's.)
@@ -1628,6 +1633,9 @@ def main() -> None:
     try:
         _load_plugins()
         app()
+    except Terminated:  # a KeyboardInterrupt too: SIGTERM is said as such, with its own exit code
+        typer.echo("terminated (SIGTERM)", err=True)
+        raise SystemExit(SIGTERM_EXIT) from None
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         raise SystemExit(130) from None

@@ -134,7 +134,7 @@ def argument_usage(argument: TyperArgument) -> str:
 
 def command_name(ctx: Context) -> str:
     """``dra-ledger`` and the names of the command and its groups (``dra-ledger db upgrade``), however the program
-    was started (``python -m ledger``, a test runner's ``prog_name``)."""
+    was started (``python -c 'from ledger.cli import main; main()'``, a test runner's ``prog_name``)."""
     names: list[str] = []
     while ctx.parent is not None:
         names.insert(0, ctx.info_name or "")

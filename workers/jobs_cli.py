@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from sqlalchemy.exc import SQLAlchemyError
 
 from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
-from ledger.interrupts import SIGTERM_EXIT
+from ledger.interrupts import SIGTERM_EXIT, Terminated
 from ledger.recorded import parse_query_time
 from ledger.settings import Settings
 from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
@@ -132,10 +133,16 @@ def register(app: typer.Typer) -> None:
                 try:
                     with _rollup_progress() as progress:
                         counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated))
+                except Terminated:  # before the run installed its own handler (ledger.entry's)
+                    typer.echo(f"terminated (SIGTERM): {kept}", err=True)
+                    raise typer.Exit(SIGTERM_EXIT) from None
                 except KeyboardInterrupt:
                     # asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit.
                     typer.echo(f"interrupted: {kept}", err=True)
                     raise typer.Exit(130) from None
+                except (LedgerError, SQLAlchemyError) as e:  # a lost connection, a timeout: said under the error
+                    e.add_note(f"stopped: {kept}")
+                    raise
                 except asyncio.CancelledError:
                     if not terminated.is_set():
                         raise

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -439,6 +440,39 @@ def test_a_replay_stopped_by_a_lock_timeout_in_its_catch_up_says_its_lines_are_k
     assert "39 lines: 0 recorded, 39 already recorded, 0 rejected" in again.stderr
 
 
+def test_a_replay_whose_connection_is_lost_while_it_records_says_its_batches_are_kept(ledger_engine: Engine) -> None:
+    # Recording waits for a lock on observations that another session holds; an administrator then ends the
+    # replay's session (pg_terminate_backend). The services raise "database unavailable" from the lost connection,
+    # and the note saying what was kept was on the error they raised it from: the error line came alone.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    with ledger_engine.connect() as blocker, ledger_engine.connect() as watcher:
+        blocker.execute(text("LOCK TABLE observations IN ACCESS EXCLUSIVE MODE"))
+        replay = subprocess.Popen([*CLI, "replay", str(SEED), "--database-url", url], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            pid = None
+            deadline = time.monotonic() + 60  # the process's start on a busy machine, not a timing assertion
+            while pid is None and replay.poll() is None and time.monotonic() < deadline:
+                pid = watcher.execute(text("SELECT pid FROM pg_locks WHERE relation = 'observations'::regclass "
+                                           "AND NOT granted")).scalar()
+                watcher.rollback()
+                time.sleep(0.05)
+            assert pid is not None, "the replay never waited for observations"
+            watcher.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            watcher.rollback()
+            _, stderr = replay.communicate(timeout=120)
+        finally:
+            if replay.poll() is None:
+                replay.kill()
+                replay.communicate()
+        blocker.rollback()
+    assert replay.returncode == 2, stderr
+    error, kept = stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: database unavailable: "), error
+    assert kept == ("stopped: the batches committed so far are kept; run the same command again to record the rest "
+                    "(lines already recorded are skipped)")
+
+
 def test_a_rebuild_stopped_by_a_lock_timeout_says_it_rolled_back(ledger_engine: Engine) -> None:
     # The rebuild, with no patience, queues at once for a read model another session holds, and the server's
     # lock_timeout cancels it: the whole rebuild rolls back, and the error says so under the cancel.
@@ -455,3 +489,20 @@ def test_a_rebuild_stopped_by_a_lock_timeout_says_it_rolled_back(ledger_engine: 
     error, kept = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
     assert kept == "stopped: the rebuild rolled back; the read models are as they were"
+
+
+def test_jobs_once_stopped_by_a_lock_timeout_says_the_hours_rolled_so_far_are_kept(ledger_engine: Engine) -> None:
+    # Another session holds the rolled hours' table; the server's lock_timeout cancels the rollup. The error line
+    # came alone, where SIGTERM and Ctrl-C said what was kept.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    with ledger_engine.connect() as blocker:
+        blocker.execute(text("LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE"))
+        result = subprocess.run([*CLI, "jobs", "--once", "--database-url", url], capture_output=True, text=True,
+                                timeout=120, env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
+        blocker.rollback()
+    assert result.returncode == 2, result.stderr
+    error, kept = result.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
+    assert kept == ("stopped: the rollup hours committed so far are kept; run `dra-ledger jobs --once` again to roll "
+                    "up the rest (it resumes from the last rolled hour)")

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 import psycopg
 import pytest
+import typer
 from sqlalchemy import Engine, QueuePool, text
 from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
@@ -355,3 +356,19 @@ def test_a_database_error_that_sigterm_caused_before_the_rebuild_began_says_term
 
     assert result.exit_code == 143
     assert result.output.splitlines() == ["terminated (SIGTERM)"]
+
+
+def test_what_a_command_kept_is_said_when_the_services_raise_their_own_error_from_the_one_it_was_noted_on(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A replay's lines are recorded inside interrupt_said, which notes what was kept on the error leaving it; the
+    # services.applying block around it (unavailable_as_error) then raises "database unavailable" from a lost
+    # connection. The note was on the error the new one was raised from, and only the new one's notes were said.
+    from ledger.store.database import unavailable_as_error
+
+    with pytest.raises(typer.Exit) as exited, cli.reported_errors(), unavailable_as_error(), \
+            cli.interrupt_said("interrupted: the batches committed so far are kept"):
+        raise OperationalError("COPY observations FROM STDIN", None, psycopg.OperationalError("the connection is lost"))
+
+    assert exited.value.exit_code == 2
+    assert capsys.readouterr().err.splitlines() == ["error: database unavailable: the connection is lost",
+                                                    "stopped: the batches committed so far are kept"]

@@ -44,7 +44,7 @@ def test_a_commands_sessions_are_named_for_the_command_and_only_while_it_runs(le
     url = _url(ledger_engine)
     app = _probe_app(url)
     runner = CliRunner()
-    result = runner.invoke(app, ["report", "probe"], prog_name="python -m ledger")
+    result = runner.invoke(app, ["report", "probe"], prog_name="python -c ...")
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "dra-ledger report probe"  # the program's name, not how it was started
     assert _session_name(url) == "dra-ledger"  # the name went with the command

@@ -293,15 +293,17 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
     assert capsys.readouterr().err == "interrupted\n"
 
 
-def test_sigterm_while_the_cli_imports_is_one_line_and_exit_code_143() -> None:
+@pytest.mark.parametrize("module", ["ledger.cli", "api.cli"])
+def test_sigterm_while_the_cli_imports_is_one_line_and_exit_code_143(module: str) -> None:
     # A pod stopped, or a CronJob's deadline, in the second the CLI imports: the default action ended the process
-    # without a word (exit status -15). The signal is sent by the process to itself at the import of ledger.cli.
-    code = """
+    # without a word (exit status -15); once the handler was in, one during the plugins' imports (api.cli) was said
+    # as Ctrl-C ("interrupted", 130). The signal is sent by the process to itself at the import of ``module``.
+    code = f"""
 import importlib.abc, os, signal, sys
 
 class SignalledImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, *_):
-        if name == "ledger.cli":
+        if name == {module!r}:
             os.kill(os.getpid(), signal.SIGTERM)
 
 sys.meta_path.insert(0, SignalledImport())
