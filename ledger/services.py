@@ -1499,8 +1499,9 @@ def shared(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,
 
 
 def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster: str | None = None,
-                 config: LedgerConfig = DEFAULT) -> JSONObject:
-    """Chargeback of shared device-hours over ``[start, end)``, split by consumed capacity else equally.
+                 config: LedgerConfig = DEFAULT, now: datetime | None = None) -> JSONObject:
+    """Chargeback of shared device-hours over ``[start, end)``, split by consumed capacity else equally; as in
+    :func:`usage`, nothing after ``now`` (aware; ``None``: the database's ``now()``) counts.
 
     Body: ``{"from", "to", "rows": [{"team", "deviceClass", "driver", "deviceHours"}], "devices":
     [{"driver", "pool", "device", "sharedHours", "billedDeviceHours"}]}``; see
@@ -1511,7 +1512,8 @@ def shared_usage(db: LedgerDatabase, *, start: datetime, end: datetime, cluster:
         Invalid: ``start`` is not before ``end``.
     """
     with db.reading() as conn:
-        return sharing.shared_usage(conn, start=start, end=end, cluster=cluster, overrides=config.teams.overrides)
+        return sharing.shared_usage(conn, start=start, end=end, cluster=cluster, overrides=config.teams.overrides,
+                                    now=now)
 
 
 def pending(db: LedgerDatabase, *, at: datetime, cluster: str | None = None,

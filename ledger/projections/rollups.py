@@ -253,7 +253,8 @@ def rollup_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     stamp = now or datetime.now(UTC)
     rows = [{"cluster": c, "hour": hour, "team": k[0], "namespace": k[1], "device_class": k[2] or None,
              "model": k[3] or None, "node": k[4] or None, "driver": k[5], "device_seconds": s, "computed_at": stamp}
-            for (c, hour, k), s in sorted(seconds.items(), key=lambda i: (i[0][0], str(i[0][1]), i[0][2]))]
+            for (c, hour, k), s in sorted(seconds.items(), key=lambda i: (i[0][0], str(i[0][1]), i[0][2]))
+            if s > 0]  # a team billed nothing (shares that consumed 0 beside others) has no row, as in usage
     if rows:
         conn.execute(text(
             "INSERT INTO usage_rollups (cluster, hour, team, namespace, device_class, model, node, driver, "

@@ -38,7 +38,7 @@ from ledger.projections.counter_sets import (
     counters_fit,
     over_committed,
 )
-from ledger.projections.queries import NO_OVERRIDES, consumers_at, read_team_book, rfc3339
+from ledger.projections.queries import NO_OVERRIDES, consumers_at, present, read_team_book, rfc3339
 from ledger.projections.split import (
     Interval,
     allocation_fraction,
@@ -201,14 +201,15 @@ def _counter_sets(conn: Connection, *, at: datetime, inventory: Sequence[object]
 
 
 def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: str | None = None,
-                 overrides: Mapping[str, str] = NO_OVERRIDES) -> JSONObject:
+                 overrides: Mapping[str, str] = NO_OVERRIDES, now: datetime | None = None) -> JSONObject:
     """Chargeback of shared devices over ``[start, end)``: each shared device-hour split among its holders.
 
     While more than one allocation holds a device, each elementary span of time goes to the
     allocations by :mod:`ledger.projections.split` (their ``consumedCapacity`` fractions of the device's
     capacity when every one of them states one, the capacity nobody consumed staying unbilled; else
     equally), the split usage bills. Spans with a single holder are not shared and not listed. Source:
-    ``device_allocations`` (not ``adminAccess``) clipped to the window, capacities from ``device_inventory``
+    ``device_allocations`` (not ``adminAccess``) clipped to the window and to ``now`` (default the database's
+    ``now()``: hours that have not happened are not billed, as in usage), capacities from ``device_inventory``
     as :func:`ledger.projections.split.split_columns` reads them. Hours are billed to the namespace's team in
     ``overrides`` (``[teams] overrides``, applied to the whole window) when it has one, else to the recorded team.
 
@@ -223,10 +224,10 @@ def shared_usage(conn: Connection, *, start: datetime, end: datetime, cluster: s
     """
     if not start < end:
         raise Invalid(f"from ({rfc3339(start)}) must be before to ({rfc3339(end)})")
-    params = {"start": start, "end": end, "cluster": cluster}
+    params = {"start": start, "end": end, "cluster": cluster, "now": now}
     rows = conn.execute(text(
         "SELECT a.cluster, a.driver, a.pool, a.device, a.team, a.namespace, a.device_class, a.claim_uid, "
-        " greatest(lower(a.valid), :start) AS s, least(coalesce(upper(a.valid), :end), :end) AS e, "
+        " greatest(lower(a.valid), :start) AS s, " + present("a.valid") + " AS e, "
         + split_columns("a") + " FROM device_allocations a WHERE NOT a.admin_access AND NOT isempty(a.valid) "
         " AND a.valid && tstzrange(:start, :end, '[)')" + _cluster_filter(cluster, "a")), params).all()
     per_device: dict[tuple[str, str, str, str], list[Interval[tuple[str, str, str]]]] = defaultdict(list)

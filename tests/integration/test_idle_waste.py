@@ -188,6 +188,24 @@ def test_a_claim_alone_on_a_device_through_two_shares_is_billed_the_whole_device
     assert (held["split"], [x["fraction"] for x in held["allocations"]]) == ("whole", [0.5, 0.5])
 
 
+def test_shared_device_hours_of_a_window_reaching_past_now_stop_at_now_as_usage_does(ledger: LedgerHandle,
+                                                                                      tmp_path: Path) -> None:
+    # Two claims of teams a and b hold eth0 (100G) from minute 0 on, never released, 50G each. Asked at minute 90
+    # for [0, 240 min), shared_usage billed each 0.5 x 4 h = 2.0 device-hours, two hours of them not yet happened;
+    # usage bills each 0.5 x 1.5 h = 0.75.
+    replay(ledger, tmp_path, [
+        namespace("net-a", "a"), namespace("net-b", "b"), nic(multi=True),
+        nic_claim("left-a", "net-a", [share("5d0c4c39-0000-4000-8000-000000000071", "50G")]),
+        nic_claim("left-b", "net-b", [share("5d0c4c39-0000-4000-8000-000000000072", "50G")])])
+
+    window: Any = services.shared_usage(ledger.db, start=at(0), end=at(240), cluster=ledger.cluster, now=at(90))
+    assert [(row["team"], row["deviceHours"]) for row in window["rows"]] == [("a", 0.75), ("b", 0.75)]
+    assert [(d["sharedHours"], d["billedDeviceHours"]) for d in window["devices"]] == [(1.5, 1.5)]
+    usage: Any = services.usage(ledger.db, start=at(0), end=at(240), group_by="team", cluster=ledger.cluster,
+                                now=at(90))
+    assert [(row["team"], row["deviceHours"]) for row in usage["rows"]] == [("a", 0.75), ("b", 0.75)]
+
+
 def test_shares_that_all_consume_nothing_split_the_device_equally(ledger: LedgerHandle, tmp_path: Path) -> None:
     # Two claims each state "0" of eth0's bandwidth: no fraction to weigh them by, so each is billed half of the
     # NIC's two hours (1.0), where both were billed nothing.
@@ -222,6 +240,16 @@ def test_a_team_whose_shares_consumed_nothing_beside_others_has_no_row_in_any_us
     assert rows(plain) == rows(limited) == rows(window) == [("b", 1.0)]
     assert rows(stepped) == [("b", 0.5), ("b", 0.5)]
     assert wasted(ledger) == {"idle": 0.0, "half": 1.0}  # each idle claim keeps its row, with what it wasted
+    # The hourly rollups (and so reporting.team_usage_hourly, Grafana's) held a 0-second row for team a.
+    assert [chunk.hours for chunk in services.rollup_chunks(ledger.db, end=REPORT_AT)] == [2]
+    with ledger.db.reading() as conn:
+        for table in ("usage_rollups", "usage_rollups_by_team"):
+            hourly = conn.execute(text(f"SELECT team, hour, device_seconds FROM {table} ORDER BY hour")).all()
+            assert [tuple(row) for row in hourly] == [("b", at(0), 1800.0), ("b", at(60), 1800.0)]
+        assert conn.execute(text("SELECT count(*) FROM reporting.team_usage_hourly WHERE team = 'a'")).scalar() == 0
+    rolled = services.usage_from_rollups(ledger.db, start=at(0), end=REPORT_AT, group_by="team",
+                                         cluster=ledger.cluster)
+    assert rows(rolled) == [("b", 1.0)]
 
 
 def test_a_share_stating_more_than_any_float_is_billed_as_the_whole_device_not_a_crash(
