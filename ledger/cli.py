@@ -385,6 +385,18 @@ class CtrlCResetFilter(logging.Filter):
         return error is None or not caused_by_ctrl_c(error)
 
 
+class IgnoredErrorFilter(logging.Filter):
+    """Drops psycopg's "error ignored ..." warnings (``error ignored in rollback of ...``, ``error ignored terminating
+    <psycopg.Pipeline ...>``): psycopg logs them when a rollback or a pipeline's end fails while another error is
+    already on its way out (the connection was lost), and the command says that error itself, on one line, with
+    what was kept; the warning printed before it was noise. Installed on the ``psycopg`` logger by :func:`main`;
+    every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` for a warning whose message starts "error ignored ", else ``True``."""
+        return not (isinstance(record.msg, str) and record.msg.startswith("error ignored "))
+
+
 TABLE_RIGHTS = ("this role lacks a right on the ledger's tables: run the command as the role that owns them (the one "
                 "that ran `dra-ledger db upgrade`) or as one granted what SECURITY.md grants; `ledger_reader` may read "
                 "only the `reporting` views")
@@ -1630,6 +1642,7 @@ def main() -> None:
     # The pool logs the failed reset of a connection that Ctrl-C left mid-COPY with a traceback; the command says
     # "interrupted" itself. (A filter applies to the records of its own logger: the pool class's.)
     logging.getLogger(f"{QueuePool.__module__}.{QueuePool.__name__}").addFilter(CtrlCResetFilter())
+    logging.getLogger("psycopg").addFilter(IgnoredErrorFilter())
     try:
         _load_plugins()
         app()

@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from ledger import cli, services
-from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, app, caused_by_ctrl_c
+from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, IgnoredErrorFilter, app, caused_by_ctrl_c
 from ledger.errors import StoreUnavailable
 from ledger.interrupts import Terminated
 from ledger.store.database import LedgerDatabase
@@ -176,6 +176,7 @@ def test_the_cli_filters_the_logger_its_engines_pool_logs_to(ledger_engine: Engi
     monkeypatch.setattr(sys, "argv", ["dra-ledger"])
     logger = logging.getLogger(f"{QueuePool.__module__}.{QueuePool.__name__}")
     monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(logging.getLogger("psycopg"), "filters", [])
     cli.main()
 
     db = services.open_ledger(cli.settings_from(_url(ledger_engine), None))
@@ -183,6 +184,20 @@ def test_the_cli_filters_the_logger_its_engines_pool_logs_to(ledger_engine: Engi
     pool_logger = getattr(db.engine.pool.logger, "logger", db.engine.pool.logger)  # SQLAlchemy may wrap it
     assert pool_logger is logger
     assert [type(f) for f in logger.filters] == [CtrlCResetFilter]
+    assert [type(f) for f in logging.getLogger("psycopg").filters] == [IgnoredErrorFilter]
+
+
+def test_psycopgs_ignored_errors_are_not_logged_and_its_other_warnings_are(caplog: pytest.LogCaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # psycopg logs these (psycopg/transaction.py, _pipeline.py, _copy.py) when a rollback or a pipeline's end fails
+    # while an error is already on its way out, a lost connection: a trial's `jobs --once` printed the pipeline's
+    # before its own one-line error.
+    psycopg_logger = logging.getLogger("psycopg")
+    monkeypatch.setattr(psycopg_logger, "filters", [IgnoredErrorFilter()])
+    psycopg_logger.warning("error ignored in rollback of %s: %s", "<psycopg.Transaction>", "the connection is lost")
+    psycopg_logger.warning("error ignored terminating %r: %s", "<psycopg.Pipeline [BAD]>", "the connection is lost")
+    psycopg_logger.warning("another warning of psycopg")
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg"] == ["another warning of psycopg"]
 
 
 def test_a_rebuild_interrupted_says_it_rolled_back_and_one_interrupted_after_its_commit_says_what_is_left(
