@@ -43,6 +43,11 @@ async def _run_forever(settings: Settings, config_path: Path | None, cluster: st
         scheduler.shutdown(wait=False)
 
 
+ROLLUP_KEPT = ("the rollup hours committed so far are kept; run `dra-ledger jobs --once` again to roll up the rest "
+               "(it resumes from the last rolled hour)")
+"""What an interrupted or failed ``jobs --once`` keeps: each rollup chunk commits on its own
+(:func:`ledger.services.rollup_chunks`)."""
+
 ROLLUP_PROGRESS_MIN_HOURS = 1000
 """A ``--once`` run rolling up at least this many hours shows a progress bar on a terminal (as ``replay``
 does for long files); the hourly run, an hour or two, shows none."""
@@ -76,9 +81,13 @@ async def _run_once(settings: Settings, config_path: Path | None, cluster: str |
         typer.echo(f"warning: the ledger holds no event of cluster {cluster!r}: nothing to roll up or count",
                    err=True)
         return {"hours": 0, "idleClaims": 0, "quotaRows": 0, "pendingClasses": 0, "occupancyCountRows": 0}
-    hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
-    counts = await run_snapshots(db, config=config, cluster=cluster)
-    written = await run_occupancy_counts(db, cluster=cluster)
+    try:
+        hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
+        counts = await run_snapshots(db, config=config, cluster=cluster)
+        written = await run_occupancy_counts(db, cluster=cluster)
+    except (LedgerError, SQLAlchemyError) as e:  # a lost connection, a timeout: what was kept is said under the error
+        e.add_note(f"stopped: {ROLLUP_KEPT}")
+        raise
     return {"hours": hours, **counts, "occupancyCountRows": sum(written.values())}
 
 
@@ -128,8 +137,7 @@ def register(app: typer.Typer) -> None:
         with cli.reported_errors():
             if once:
                 terminated = asyncio.Event()
-                kept = ("the rollup hours committed so far are kept; run `dra-ledger jobs --once` again to roll up "
-                        "the rest (it resumes from the last rolled hour)")
+                kept = ROLLUP_KEPT
                 try:
                     with _rollup_progress() as progress:
                         counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated))
@@ -140,9 +148,6 @@ def register(app: typer.Typer) -> None:
                     # asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit.
                     typer.echo(f"interrupted: {kept}", err=True)
                     raise typer.Exit(130) from None
-                except (LedgerError, SQLAlchemyError) as e:  # a lost connection, a timeout: said under the error
-                    e.add_note(f"stopped: {kept}")
-                    raise
                 except asyncio.CancelledError:
                     if not terminated.is_set():
                         raise
