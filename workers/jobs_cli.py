@@ -62,7 +62,7 @@ def _rollup_progress() -> Iterator[Callable[[services.RollupChunk], None]]:
 
 async def _run_once(settings: Settings, config_path: Path | None, cluster: str | None,
                     rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None],
-                    terminated: asyncio.Event) -> dict[str, int]:
+                    terminated: asyncio.Event, kept: Callable[[], str]) -> dict[str, int]:
     # SIGTERM (a CronJob's deadline, a pod stopped) cancels the run as asyncio.run's Ctrl-C does: between rollup
     # chunks, the chunk in flight committing first. `terminated` tells the caller which signal it was.
     task, loop = asyncio.current_task(), asyncio.get_running_loop()
@@ -86,7 +86,7 @@ async def _run_once(settings: Settings, config_path: Path | None, cluster: str |
         counts = await run_snapshots(db, config=config, cluster=cluster)
         written = await run_occupancy_counts(db, cluster=cluster)
     except (LedgerError, SQLAlchemyError) as e:  # a lost connection, a timeout: what was kept is said under the error
-        e.add_note(f"stopped: {ROLLUP_KEPT}")
+        e.add_note(f"stopped: {kept()}")
         raise
     return {"hours": hours, **counts, "occupancyCountRows": sum(written.values())}
 
@@ -137,21 +137,36 @@ def register(app: typer.Typer) -> None:
         with cli.reported_errors():
             if once:
                 terminated = asyncio.Event()
-                kept = ROLLUP_KEPT
+                committed: list[datetime] = []  # the end of each rollup chunk committed, oldest first
+
+                def kept() -> str:
+                    # A plain run resumes from the last rolled hour; one recomputing from --rollup-from must be told
+                    # where to go on, since the last rolled hour may lie past the hours it has not reached yet.
+                    if start is None:
+                        return ROLLUP_KEPT
+                    resume = (committed[-1] if committed else start).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    return (f"the rollup hours committed so far are kept; run `dra-ledger jobs --once --rollup-from "
+                            f"{resume}` to recompute the rest (without --rollup-from it would resume from the last "
+                            "rolled hour, past them)")
+
                 try:
-                    with _rollup_progress() as progress:
-                        counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated))
+                    with _rollup_progress() as bar:
+                        def progress(chunk: services.RollupChunk) -> None:
+                            committed.append(chunk.end)
+                            bar(chunk)
+
+                        counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated, kept))
                 except Terminated:  # before the run installed its own handler (ledger.entry's)
-                    typer.echo(f"terminated (SIGTERM): {kept}", err=True)
+                    typer.echo(f"terminated (SIGTERM): {kept()}", err=True)
                     raise typer.Exit(SIGTERM_EXIT) from None
                 except KeyboardInterrupt:
                     # asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit.
-                    typer.echo(f"interrupted: {kept}", err=True)
+                    typer.echo(f"interrupted: {kept()}", err=True)
                     raise typer.Exit(130) from None
                 except asyncio.CancelledError:
                     if not terminated.is_set():
                         raise
-                    typer.echo(f"terminated (SIGTERM): {kept}", err=True)
+                    typer.echo(f"terminated (SIGTERM): {kept()}", err=True)
                     raise typer.Exit(SIGTERM_EXIT) from None
                 typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
                            f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "

@@ -506,3 +506,22 @@ def test_jobs_once_stopped_by_a_lock_timeout_says_the_hours_rolled_so_far_are_ke
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
     assert kept == ("stopped: the rollup hours committed so far are kept; run `dra-ledger jobs --once` again to roll "
                     "up the rest (it resumes from the last rolled hour)")
+
+
+def test_jobs_once_with_rollup_from_stopped_names_the_hour_to_go_on_from(ledger_engine: Engine) -> None:
+    # A run recomputing from --rollup-from told the operator to run `jobs --once` again, which resumes from the last
+    # rolled hour, past the hours the stopped run never reached: they stayed as they were. Nothing was committed
+    # here (the lock_timeout comes first), so it must name the hour it was asked to start from.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    with ledger_engine.connect() as blocker:
+        blocker.execute(text("LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE"))
+        result = subprocess.run([*CLI, "jobs", "--once", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url",
+                                 url], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
+        blocker.rollback()
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "stopped: the rollup hours committed so far are kept; run `dra-ledger jobs --once --rollup-from "
+        "2026-11-02T09:00:00Z` to recompute the rest (without --rollup-from it would resume from the last rolled "
+        "hour, past them)")
