@@ -137,14 +137,14 @@ def register(app: typer.Typer) -> None:
         with cli.reported_errors():
             if once:
                 terminated = asyncio.Event()
-                committed: list[datetime] = []  # the end of each rollup chunk committed, oldest first
+                committed: datetime | None = None  # the end of the last rollup chunk committed
 
                 def kept() -> str:
                     # A plain run resumes from the last rolled hour; one recomputing from --rollup-from must be told
                     # where to go on, since the last rolled hour may lie past the hours it has not reached yet.
                     if start is None:
                         return ROLLUP_KEPT
-                    resume = (committed[-1] if committed else start).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    resume = (committed or start).strftime("%Y-%m-%dT%H:%M:%SZ")
                     return (f"the rollup hours committed so far are kept; run `dra-ledger jobs --once --rollup-from "
                             f"{resume}` to recompute the rest (without --rollup-from it would resume from the last "
                             "rolled hour, past them)")
@@ -152,7 +152,8 @@ def register(app: typer.Typer) -> None:
                 try:
                     with _rollup_progress() as bar:
                         def progress(chunk: services.RollupChunk) -> None:
-                            committed.append(chunk.end)
+                            nonlocal committed
+                            committed = chunk.end
                             bar(chunk)
 
                         counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated, kept))

@@ -398,6 +398,18 @@ def test_replay_reads_a_pipe_once_and_records_every_line(ledger_engine: Engine) 
     assert b"39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended" in result.stderr
 
 
+def _while_locked(engine: Engine, lock: str, argv: list[str], setting: str) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (a Python command line) while another session of ``engine`` holds ``lock`` (a ``LOCK TABLE``
+    statement) in an open transaction, with ``setting`` (``lock_timeout=300``, say) for the command's sessions."""
+    with engine.connect() as blocker:
+        blocker.execute(text(lock))
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "PGOPTIONS": f"-c {setting}"})
+        finally:
+            blocker.rollback()
+
+
 @pytest.mark.parametrize(("setting", "cancelled"), [
     ("lock_timeout", "canceling statement due to lock timeout"),
     ("statement_timeout", "canceling statement due to statement timeout")])
@@ -407,11 +419,8 @@ def test_a_statement_the_server_cancels_for_a_timeout_is_said_with_what_to_do(
     # lost connection: the line must say the server cancelled it and name the setting, where it said "database
     # unavailable".
     url = ledger_engine.url.render_as_string(hide_password=False)
-    with ledger_engine.connect() as blocker:
-        blocker.execute(text("LOCK TABLE events IN ACCESS EXCLUSIVE MODE"))
-        result = subprocess.run([*CLI, "rebuild", "--database-url", url], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PGOPTIONS": f"-c {setting}=300"})
-        blocker.rollback()
+    result = _while_locked(ledger_engine, "LOCK TABLE events IN ACCESS EXCLUSIVE MODE",
+                           [*CLI, "rebuild", "--database-url", url], f"{setting}=300")
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: the database cancelled a statement: {cancelled} (")
@@ -422,11 +431,8 @@ def test_a_replay_stopped_by_a_lock_timeout_in_its_catch_up_says_its_lines_are_k
     # Another session holds a read model (claims) while the replay's read models catch up: the server's
     # lock_timeout cancels the catch-up. The lines were committed before it; the error said only the cancel.
     url = ledger_engine.url.render_as_string(hide_password=False)
-    with ledger_engine.connect() as blocker:
-        blocker.execute(text("LOCK TABLE claims IN ACCESS EXCLUSIVE MODE"))
-        result = subprocess.run([*CLI, "replay", str(SEED), "--database-url", url], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
-        blocker.rollback()
+    result = _while_locked(ledger_engine, "LOCK TABLE claims IN ACCESS EXCLUSIVE MODE",
+                           [*CLI, "replay", str(SEED), "--database-url", url], "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     error, kept = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
@@ -480,11 +486,8 @@ def test_a_rebuild_stopped_by_a_lock_timeout_says_it_rolled_back(ledger_engine: 
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
     code = ("from ledger.projections import runner; runner.TRUNCATE_LOCK_PATIENCE_S = 0.0; "
             "from ledger.cli import main; main()")
-    with ledger_engine.connect() as blocker:
-        blocker.execute(text("LOCK TABLE device_allocations IN ACCESS SHARE MODE"))
-        result = subprocess.run([sys.executable, "-c", code, "rebuild", "--database-url", url], capture_output=True,
-                                text=True, timeout=120, env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
-        blocker.rollback()
+    result = _while_locked(ledger_engine, "LOCK TABLE device_allocations IN ACCESS SHARE MODE",
+                           [sys.executable, "-c", code, "rebuild", "--database-url", url], "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     error, kept = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
@@ -496,11 +499,8 @@ def test_jobs_once_stopped_by_a_lock_timeout_says_the_hours_rolled_so_far_are_ke
     # came alone, where SIGTERM and Ctrl-C said what was kept.
     url = ledger_engine.url.render_as_string(hide_password=False)
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
-    with ledger_engine.connect() as blocker:
-        blocker.execute(text("LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE"))
-        result = subprocess.run([*CLI, "jobs", "--once", "--database-url", url], capture_output=True, text=True,
-                                timeout=120, env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
-        blocker.rollback()
+    result = _while_locked(ledger_engine, "LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE",
+                           [*CLI, "jobs", "--once", "--database-url", url], "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     error, kept = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
@@ -514,12 +514,9 @@ def test_jobs_once_with_rollup_from_stopped_names_the_hour_to_go_on_from(ledger_
     # here (the lock_timeout comes first), so it must name the hour it was asked to start from.
     url = ledger_engine.url.render_as_string(hide_password=False)
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
-    with ledger_engine.connect() as blocker:
-        blocker.execute(text("LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE"))
-        result = subprocess.run([*CLI, "jobs", "--once", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url",
-                                 url], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PGOPTIONS": "-c lock_timeout=300"})
-        blocker.rollback()
+    result = _while_locked(ledger_engine, "LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE",
+                           [*CLI, "jobs", "--once", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url", url],
+                           "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "stopped: the rollup hours committed so far are kept; run `dra-ledger jobs --once --rollup-from "
