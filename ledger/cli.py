@@ -41,7 +41,7 @@ from ledger.cli_typer import LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
-from ledger.interrupts import SIGTERM_EXIT, Terminated, sigterm_raises
+from ledger.interrupts import SIGTERM_EXIT, Terminated, sigterm_raises, stopped_by
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
 from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time
@@ -367,11 +367,9 @@ def interrupt_said(message: str) -> Iterator[None]:
 
 
 def _say_stopped(message: str, cause: KeyboardInterrupt) -> NoReturn:
-    if isinstance(cause, Terminated):
-        err.print("terminated (SIGTERM)" + message.removeprefix("interrupted"), soft_wrap=True)
-        raise typer.Exit(SIGTERM_EXIT) from None
-    err.print(message, soft_wrap=True)
-    raise typer.Exit(130) from None
+    word, code = stopped_by(cause)
+    err.print(word + message.removeprefix("interrupted"), soft_wrap=True)
+    raise typer.Exit(code) from None
 
 
 class CtrlCResetFilter(logging.Filter):
@@ -1646,9 +1644,7 @@ def main() -> None:
     try:
         _load_plugins()
         app()
-    except Terminated:  # a KeyboardInterrupt too: SIGTERM is said as such, with its own exit code
-        typer.echo("terminated (SIGTERM)", err=True)
-        raise SystemExit(SIGTERM_EXIT) from None
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's Terminated, said as such with its own exit code
+        word, code = stopped_by(e)
+        typer.echo(word, err=True)
+        raise SystemExit(code) from None

@@ -27,7 +27,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
 from ledger.errors import shorten_repr
-from ledger.interrupts import SIGTERM_EXIT, Terminated
+from ledger.interrupts import stopped_by
 from ledger.store.postgres import SESSION_NAME
 
 if TYPE_CHECKING:
@@ -164,12 +164,10 @@ class LedgerCommand(TyperCommand):
         named = SESSION_NAME.set(command_name(ctx))
         try:
             return super().invoke(ctx)
-        except Terminated:
-            typer.echo("terminated (SIGTERM)", err=True)
-            raise typer.Exit(SIGTERM_EXIT) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's Terminated
+            word, code = stopped_by(e)
+            typer.echo(word, err=True)
+            raise typer.Exit(code) from None
         finally:
             SESSION_NAME.reset(named)  # engines made after the command (a test's, in the same process) are not its
 

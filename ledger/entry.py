@@ -18,15 +18,13 @@ def main() -> None:
     way out (the command's clean-up runs, and it says what was kept). The servers (``serve``, ``watch``, ``jobs``)
     install their own SIGTERM handling for a graceful stop.
     """
-    from ledger.interrupts import SIGTERM_EXIT, Terminated, sigterm_raises
+    from ledger.interrupts import sigterm_raises, stopped_by
 
     with sigterm_raises():
         try:
             from ledger.cli import main as run
-        except Terminated:
-            sys.stderr.write("terminated (SIGTERM)\n")
-            raise SystemExit(SIGTERM_EXIT) from None
-        except KeyboardInterrupt:
-            sys.stderr.write("interrupted\n")
-            raise SystemExit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's Terminated
+            word, code = stopped_by(e)
+            sys.stderr.write(f"{word}\n")
+            raise SystemExit(code) from None
         run()

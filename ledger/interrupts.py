@@ -35,6 +35,12 @@ class Terminated(KeyboardInterrupt):
     """
 
 
+def stopped_by(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """The word a command stopped by ``interrupt`` says and its exit code: ``("terminated (SIGTERM)", 143)`` for
+    :class:`Terminated`, else ``("interrupted", 130)`` (Ctrl-C), as a shell reports a process each signal killed."""
+    return ("terminated (SIGTERM)", SIGTERM_EXIT) if isinstance(interrupt, Terminated) else ("interrupted", 130)
+
+
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.

@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ledger import cli, services
 from ledger.config import load_config
 from ledger.errors import LedgerError
-from ledger.interrupts import SIGTERM_EXIT, Terminated
+from ledger.interrupts import SIGTERM_EXIT, stopped_by
 from ledger.recorded import parse_query_time
 from ledger.settings import Settings
 from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
@@ -157,13 +157,12 @@ def register(app: typer.Typer) -> None:
                             bar(chunk)
 
                         counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated, kept))
-                except Terminated:  # before the run installed its own handler (ledger.entry's)
-                    typer.echo(f"terminated (SIGTERM): {kept()}", err=True)
-                    raise typer.Exit(SIGTERM_EXIT) from None
-                except KeyboardInterrupt:
-                    # asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit.
-                    typer.echo(f"interrupted: {kept()}", err=True)
-                    raise typer.Exit(130) from None
+                except KeyboardInterrupt as e:
+                    # Ctrl-C: asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit;
+                    # or SIGTERM's Terminated, before the run installed its own handler (ledger.entry's).
+                    word, code = stopped_by(e)
+                    typer.echo(f"{word}: {kept()}", err=True)
+                    raise typer.Exit(code) from None
                 except asyncio.CancelledError:
                     if not terminated.is_set():
                         raise
