@@ -13,12 +13,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from signal import _HANDLER
     from sys import UnraisableHookArgs
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -46,9 +47,11 @@ def sigterm_raises() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.
 
     The default action ends the process at once and runs no clean-up. The first SIGTERM raises; later
-    ones until the block is left are ignored, so that a second signal cannot cut a clean-up short (SIGKILL
-    still ends it). The previous handler is restored on the way out. Outside the main thread, where Python
-    cannot install handlers, the block runs with SIGTERM as it was.
+    ones are ignored, so that a second signal cannot cut a clean-up short (SIGKILL still ends it). The previous
+    handler is restored on the way out, unless a SIGTERM was taken in the block or in one inside it (SIGTERM is
+    ignored then, :func:`_leave`): the process is on its way out, and a second signal in its last clean-up or its
+    exit ended it with the default action, status -15 in place of the exit code the first one chose. Outside the
+    main thread, where Python cannot install handlers, the block runs with SIGTERM as it was.
 
     Python runs a signal handler wherever the main thread is, a finalizer too (a ``__del__``, a weakref callback
     that the garbage collector calls), and an exception raised there cannot propagate: Python reports it as
@@ -86,4 +89,48 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         sys.unraisablehook = hook
+        _leave(previous)
+
+
+def _leave(previous: _HANDLER) -> None:
+    """Put back the SIGTERM handler ``previous`` on leaving a block that installed its own, unless SIGTERM is ignored
+    now: a handler of this module took a signal (it ignores later ones, so that the command's clean-up and its
+    "terminated" line are not cut short), and the command is ending; armed again, a second SIGTERM in the last
+    clean-up raised once more or, once the console script was done, ended the process with status -15."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def sigterm_calls(act: Callable[[], None]) -> Iterator[Callable[[], bool]]:
+    """While the block runs, the first SIGTERM calls ``act`` instead of raising (later ones are ignored, as with
+    :func:`sigterm_raises`); the block gets a function that says whether SIGTERM arrived.
+
+    For an event loop's main task: ``act`` cancels it, as ``asyncio.run`` does for Ctrl-C, so that the task stops
+    at its next ``await`` and what it awaited on a thread (a chunk committing) finishes first; a
+    :class:`Terminated` raised inside the loop would end it mid-step. ``act`` runs in the main thread between two
+    bytecodes, wherever it is, and must only schedule work: ``task.cancel()`` and
+    ``loop.call_soon_threadsafe(...)`` to wake the loop from its wait. (``loop.add_signal_handler`` would do the
+    same, but closing the loop sets SIGTERM back to the default action, not to the handler before it.) Outside the
+    main thread, the block runs with SIGTERM as it was.
+    """
+    arrived = False
+
+    def taken() -> bool:
+        return arrived
+
+    if threading.current_thread() is not threading.main_thread():
+        yield taken
+        return
+
+    def call(signum: int, frame: FrameType | None) -> None:
+        nonlocal arrived
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once, as terminate() in sigterm_raises
+        arrived = True
+        act()
+
+    previous = signal.signal(signal.SIGTERM, call)
+    try:
+        yield taken
+    finally:
+        _leave(previous)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -286,11 +287,17 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
 
     monkeypatch.delitem(sys.modules, "ledger.cli")
     monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
-    with pytest.raises(SystemExit) as exited:
-        entry.main()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            entry.main()
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)  # this test process's, and those of the processes it starts later
 
     assert exited.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
+    assert after is signal.SIG_IGN  # the console script is done: its teardown ignores SIGTERM
 
 
 @pytest.mark.parametrize("module", ["ledger.cli", "api.cli"])
