@@ -90,7 +90,9 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
             "in the configuration file or pass --allow-unauthenticated"
         )
     db = services.open_ledger(settings)
-    cli.catch_up_read_models(db)  # said, with its progress: a ledger far behind took ~40 s before listening, silent
+    # Said, with its progress: a ledger far behind took ~40 s before listening, silent; and so is what was kept when
+    # it stops there.
+    cli.catch_up_read_models(db, when="before the server listened")
     if cluster is not None and not services.has_events(db, cluster):
         # Served anyway (the workers may not have recorded it yet), but a mistyped name answers like an empty cluster.
         typer.echo(f"warning: the ledger holds no event of cluster {cluster!r} yet: every answer will be empty "

@@ -335,15 +335,16 @@ def caused_by_ctrl_c(error: BaseException) -> bool:
 
 
 @contextmanager
-def interrupt_said(message: str) -> Iterator[None]:
+def interrupt_said(message: str | Callable[[], str]) -> Iterator[None]:
     """Ctrl-C or SIGTERM inside the block: ``message`` on stderr and exit code 130 (Typer alone exits 130 without a
     word), also when the interrupt surfaced as a database error (:func:`caused_by_ctrl_c`).
 
-    ``message`` starts with "interrupted"; for SIGTERM (a ``kill``, a pod or a CI job stopped) that word reads
-    "terminated (SIGTERM)" and the exit code is 143. SIGTERM is a ``KeyboardInterrupt`` inside the block
-    (:func:`~ledger.interrupts.sigterm_raises`), so it takes Ctrl-C's way out: psycopg cancels the statement that is
-    running and the transaction rolls back at once, releasing its locks, where the default action ended the
-    process and left its server session holding them until the server noticed.
+    ``message`` is the text, or a function called when the block stops that gives it (what was kept may depend on
+    how far the block got: the hour a rollup reached). It starts with "interrupted"; for SIGTERM (a ``kill``, a pod
+    or a CI job stopped) that word reads "terminated (SIGTERM)" and the exit code is 143. SIGTERM is a
+    ``KeyboardInterrupt`` inside the block (:func:`~ledger.interrupts.sigterm_raises`), so it takes Ctrl-C's way out:
+    psycopg cancels the statement that is running and the transaction rolls back at once, releasing its locks, where
+    the default action ended the process and left its server session holding them until the server noticed.
 
     A database or ledger error that no interrupt caused leaves the block with what was kept as a note
     (``stopped`` in place of "interrupted", :func:`reported_errors` writes it under the error): a replay that a
@@ -353,22 +354,25 @@ def interrupt_said(message: str) -> Iterator[None]:
         typer.Exit: code 130 (Ctrl-C) or 143 (SIGTERM), after the message.
         LedgerError, SQLAlchemyError: from the block, with the note.
     """
+    def kept() -> str:
+        return (message if isinstance(message, str) else message()).removeprefix("interrupted")
+
     with sigterm_raises():
         try:
             yield
         except KeyboardInterrupt as e:
-            _say_stopped(message, e)
+            _say_stopped(kept(), e)
         except (LedgerError, SQLAlchemyError) as e:
             cause = interrupt_behind(e)
             if cause is None:
-                e.add_note("stopped" + message.removeprefix("interrupted"))
+                e.add_note("stopped" + kept())
                 raise
-            _say_stopped(message, cause)
+            _say_stopped(kept(), cause)
 
 
-def _say_stopped(message: str, cause: KeyboardInterrupt) -> NoReturn:
+def _say_stopped(kept: str, cause: KeyboardInterrupt) -> NoReturn:
     word, code = stopped_by(cause)
-    err.print(word + message.removeprefix("interrupted"), soft_wrap=True)
+    err.print(word + kept, soft_wrap=True)
     raise typer.Exit(code) from None
 
 
@@ -534,23 +538,42 @@ CATCH_UP_LABEL = "events applied"
 or more."""
 
 
-def catch_up_read_models(db: LedgerDatabase) -> None:
+def catch_up_read_models(db: LedgerDatabase, *, when: str) -> None:
     """Catch the read models up (after a replay, before ``serve`` listens), saying so on stderr when there are
     :data:`PROGRESS_MIN_LINES` events or more to apply (a large backlog takes seconds to minutes, with nothing else
     to show), with a progress bar on a terminal, and what the statistics refresh that follows a bulk catch-up did
     (:func:`ledger.services.catch_up`).
 
+    Ctrl-C, SIGTERM or a database error says what was kept (:func:`interrupt_said`), for the step it stopped in:
+    applying events (the batches applied stay, with their checkpoints) or, once every event is applied, the
+    statistics refresh (tables not analyzed are left to autovacuum). ``when`` places the step in the command
+    ("after every line was recorded", "before the server listened").
+
     Raises:
-        LedgerError: as :func:`ledger.services.catch_up` (the batches applied before stay applied).
+        typer.Exit: code 130 or 143, after the message.
+        LedgerError: as :func:`ledger.services.catch_up`, with what was kept as a note.
     """
     lag = services.events_to_apply(db)
     if lag >= PROGRESS_MIN_LINES:
         err.print(f"read models: applying {lag:,} events ...")
     started = time.monotonic()
     analyzed: list[tuple[Analyzed, float]] = []  # said after the read models' line, which it follows
-    with _progress(lag, CATCH_UP_LABEL) as progress:
+    caught_up = False
+
+    def analyzing() -> None:
+        nonlocal caught_up
+        caught_up = True
+
+    def kept() -> str:
+        if caught_up:
+            return f"interrupted {when}, with the read models caught up: tables not analyzed yet are left to autovacuum"
+        return (f"interrupted {when}, while applying events to the read models: the batches applied so far are kept "
+                "with their checkpoints; the next command that reads them applies the rest")
+
+    with interrupt_said(kept), _progress(lag, CATCH_UP_LABEL) as progress:
         applied = services.catch_up(db, progress=progress, built=_table_built() if lag >= PROGRESS_MIN_LINES else None,
-                                    statistics=lambda done, seconds: analyzed.append((done, seconds)))
+                                    statistics=lambda done, seconds: analyzed.append((done, seconds)),
+                                    analyzing=analyzing)
     if lag >= PROGRESS_MIN_LINES:
         applying = time.monotonic() - started - sum(seconds for _, seconds in analyzed)
         err.print(f"read models: {applied:,} events applied in {applying:.1f} s")
@@ -763,9 +786,7 @@ def replay(
                     db, files, cluster=cluster or settings.cluster, at=when,
                     settings=translator, batch_size=settings.batch_size,
                     progress=progress, catch_up=False)
-            with interrupt_said("interrupted after every line was recorded: the read models catch up on the next "
-                                "command that reads them, and tables not analyzed yet are left to autovacuum"):
-                catch_up_read_models(db)
+            catch_up_read_models(db, when="after every line was recorded")
     _print_report(report)
     if report.rejected:
         raise typer.Exit(1)

@@ -632,13 +632,14 @@ def open_ledger(settings: Settings) -> LedgerDatabase:
 
 
 def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics: Statistics | None = None,
-             wait: bool = True, until: int | None = None, built: runner.Built | None = None) -> int:
+             wait: bool = True, until: int | None = None, built: runner.Built | None = None,
+             analyzing: Callable[[], None] | None = None) -> int:
     """Bring every read model up to the newest event (table ``events``); returns how many events were applied.
 
     Once the catch-ups through ``db`` have applied :data:`ANALYZE_AFTER_EVENTS` or more since it last analyzed
     (:attr:`LedgerDatabase.unanalyzed_events`: a replay, ``serve`` or a watch worker after an outage, the jobs),
-    :func:`refresh_statistics` follows, which ``statistics`` is told about. Every catch-up of the services goes
-    through here.
+    :func:`refresh_statistics` follows, which ``analyzing`` is told of before it starts (every event is applied
+    by then) and ``statistics`` of once it is done. Every catch-up of the services goes through here.
 
     ``wait=False`` (the CLI's queries) does not wait for another process that is applying events itself, and
     ``until`` (a global position) stops there rather than follow events appended meanwhile (see
@@ -664,6 +665,8 @@ def catch_up(db: LedgerDatabase, *, progress: Progress | None = None, statistics
     db.unanalyzed_events += applied
     if db.unanalyzed_events >= ANALYZE_AFTER_EVENTS:
         db.unanalyzed_events = 0
+        if analyzing is not None:
+            analyzing()
         refresh_statistics(db, told=statistics)
     return applied
 

@@ -24,6 +24,7 @@ from typing import Literal
 import httpx
 import pytest
 import typer
+from sqlalchemy import Engine, text
 
 from ledger import cli
 from ledger.cli_typer import LedgerTyper
@@ -281,3 +282,15 @@ def config_error(tmp_path: Path, body: str) -> str:
     with pytest.raises(Invalid) as caught:
         load_config(path)
     return str(caught.value)
+
+
+def run_while_locked(engine: Engine, lock: str, argv: list[str], setting: str) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (a Python command line) while another session of ``engine`` holds ``lock`` (a ``LOCK TABLE``
+    statement) in an open transaction, with ``setting`` (``lock_timeout=300``, say) for the command's sessions."""
+    with engine.connect() as blocker:
+        blocker.execute(text(lock))
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "PGOPTIONS": f"-c {setting}"})
+        finally:
+            blocker.rollback()

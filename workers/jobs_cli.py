@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
 
 from ledger import cli, services
-from ledger.config import load_config
+from ledger.config import LedgerConfig, load_config
 from ledger.errors import LedgerError
-from ledger.interrupts import SIGTERM_EXIT, stopped_by
+from ledger.interrupts import Terminated, sigterm_calls
 from ledger.recorded import parse_query_time
 from ledger.settings import Settings
+from ledger.store.database import LedgerDatabase
 from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
 
 
@@ -60,34 +60,27 @@ def _rollup_progress() -> Iterator[Callable[[services.RollupChunk], None]]:
         yield lambda chunk: update(chunk.done_hours, chunk.total_hours)
 
 
-async def _run_once(settings: Settings, config_path: Path | None, cluster: str | None,
-                    rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None],
-                    terminated: asyncio.Event, kept: Callable[[], str]) -> dict[str, int]:
+async def _run_once(db: LedgerDatabase, config: LedgerConfig, cluster: str | None,
+                    rollup_from: datetime | None,
+                    progress: Callable[[services.RollupChunk], None]) -> dict[str, int]:
     # SIGTERM (a CronJob's deadline, a pod stopped) cancels the run as asyncio.run's Ctrl-C does: between rollup
-    # chunks, the chunk in flight committing first. `terminated` tells the caller which signal it was.
+    # chunks, the chunk in flight committing first; then it is raised as Terminated, said by interrupt_said.
     task, loop = asyncio.current_task(), asyncio.get_running_loop()
 
-    def terminate() -> None:
-        terminated.set()
+    def cancel() -> None:
         if task is not None:
             task.cancel()
+            loop.call_soon_threadsafe(lambda: None)  # wakes the loop from its wait, as asyncio.run does for Ctrl-C
 
-    with contextlib.suppress(NotImplementedError):  # not every platform lets asyncio handle signals
-        loop.add_signal_handler(signal.SIGTERM, terminate)
-    db = services.open_ledger(settings)
-    config = load_config(config_path)
-    if cluster is not None and not services.has_events(db, cluster):
-        # Nothing to do, and nothing done: --rollup-from made the rollup "recompute" its hours for nobody.
-        typer.echo(f"warning: the ledger holds no event of cluster {cluster!r}: nothing to roll up or count",
-                   err=True)
-        return {"hours": 0, "idleClaims": 0, "quotaRows": 0, "pendingClasses": 0, "occupancyCountRows": 0}
-    try:
-        hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
-        counts = await run_snapshots(db, config=config, cluster=cluster)
-        written = await run_occupancy_counts(db, cluster=cluster)
-    except (LedgerError, SQLAlchemyError) as e:  # a lost connection, a timeout: what was kept is said under the error
-        e.add_note(f"stopped: {kept()}")
-        raise
+    with sigterm_calls(cancel) as terminated:
+        try:
+            hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
+            counts = await run_snapshots(db, config=config, cluster=cluster)
+            written = await run_occupancy_counts(db, cluster=cluster)
+        except asyncio.CancelledError:
+            if terminated():
+                raise Terminated from None
+            raise
     return {"hours": hours, **counts, "occupancyCountRows": sum(written.values())}
 
 
@@ -136,38 +129,37 @@ def register(app: typer.Typer) -> None:
         # other commands say it (cli.reported_errors), never a traceback.
         with cli.reported_errors():
             if once:
-                terminated = asyncio.Event()
-                committed: datetime | None = None  # the end of the last rollup chunk committed
+                db = services.open_ledger(settings)
+                loaded = load_config(config)
+                if cluster is not None and not services.has_events(db, cluster):
+                    # Nothing to do, and nothing done: --rollup-from made the rollup "recompute" its hours for nobody.
+                    typer.echo(f"warning: the ledger holds no event of cluster {cluster!r}: nothing to roll up or "
+                               "count", err=True)
+                    counts = dict.fromkeys(["hours", "idleClaims", "quotaRows", "pendingClasses",
+                                            "occupancyCountRows"], 0)
+                else:
+                    committed: datetime | None = None  # the end of the last rollup chunk committed
 
-                def kept() -> str:
-                    # A plain run resumes from the last rolled hour; one recomputing from --rollup-from must be told
-                    # where to go on, since the last rolled hour may lie past the hours it has not reached yet.
-                    if start is None:
-                        return ROLLUP_KEPT
-                    resume = (committed or start).strftime("%Y-%m-%dT%H:%M:%SZ")
-                    return (f"the rollup hours committed so far are kept; run `dra-ledger jobs --once --rollup-from "
-                            f"{resume}` to recompute the rest (without --rollup-from it would resume from the last "
-                            "rolled hour, past them)")
+                    def kept() -> str:
+                        # A plain run resumes from the last rolled hour; one recomputing from --rollup-from must be
+                        # told where to go on, since the last rolled hour may lie past the hours not reached yet.
+                        if start is None:
+                            return f"interrupted: {ROLLUP_KEPT}"
+                        resume = (committed or start).strftime("%Y-%m-%dT%H:%M:%SZ")
+                        return ("interrupted: the rollup hours committed so far are kept; run `dra-ledger jobs --once "
+                                f"--rollup-from {resume}` to recompute the rest (without --rollup-from it would "
+                                "resume from the last rolled hour, past them)")
 
-                try:
-                    with _rollup_progress() as bar:
+                    # Ctrl-C: asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit,
+                    # then raises KeyboardInterrupt; SIGTERM does the same (_run_once). A lost connection or a
+                    # timeout: what was kept is noted under the error.
+                    with cli.interrupt_said(kept), _rollup_progress() as bar:
                         def progress(chunk: services.RollupChunk) -> None:
                             nonlocal committed
                             committed = chunk.end
                             bar(chunk)
 
-                        counts = asyncio.run(_run_once(settings, config, cluster, start, progress, terminated, kept))
-                except KeyboardInterrupt as e:
-                    # Ctrl-C: asyncio.run cancels the run between rollup chunks and lets the chunk in flight commit;
-                    # or SIGTERM's Terminated, before the run installed its own handler (ledger.entry's).
-                    word, code = stopped_by(e)
-                    typer.echo(f"{word}: {kept()}", err=True)
-                    raise typer.Exit(code) from None
-                except asyncio.CancelledError:
-                    if not terminated.is_set():
-                        raise
-                    typer.echo(f"terminated (SIGTERM): {kept()}", err=True)
-                    raise typer.Exit(SIGTERM_EXIT) from None
+                        counts = asyncio.run(_run_once(db, loaded, cluster, start, progress))
                 typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
                            f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "
                            f"{counts['occupancyCountRows']} occupancy count rows")

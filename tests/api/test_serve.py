@@ -23,7 +23,7 @@ from ledger.errors import Invalid, LedgerError
 from ledger.settings import Settings
 from ledger.store.database import LedgerDatabase
 from ledger.testing.handle import LedgerHandle
-from tests.factories import CLI, free_port, served_api, taken_port
+from tests.factories import CLI, free_port, run_while_locked, served_api, taken_port
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
@@ -292,3 +292,24 @@ def test_serve_says_how_many_events_it_applies_before_it_listens(ledger: LedgerH
     assert said[-2].startswith("read models: 51 events applied in ")
     assert said[-1].startswith("dra-ledger API on http://127.0.0.1:")
     assert services.events_to_apply(ledger.db) == 0
+
+
+def test_serve_stopped_while_it_applies_events_says_what_was_kept(ledger: LedgerHandle) -> None:
+    # The server's lock_timeout, with another session holding a read model, stops the catch-up serve runs before it
+    # listens: the error line came alone, where a replay stopped there says what was kept.
+    from ledger import services
+    from tests.paths import HISTORIES
+
+    assert services.replay_files(ledger.db, [HISTORIES / "seed-lab.jsonl"], cluster=ledger.cluster,
+                                 catch_up=False).events == 51
+    result = run_while_locked(ledger.db.engine, "LOCK TABLE claims IN ACCESS EXCLUSIVE MODE",
+                              [*CLI, "serve", "--port", str(free_port()), "--database-url", ledger.db.url],
+                              "lock_timeout=300")
+
+    assert result.returncode == 2, result.stderr
+    error, kept = result.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
+    assert kept == ("stopped before the server listened, while applying events to the read models: the batches "
+                    "applied so far are kept with their checkpoints; the next command that reads them applies the "
+                    "rest")
+    assert "dra-ledger API on" not in result.stderr

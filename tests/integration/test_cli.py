@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from ledger import cli
 from ledger.cli import app
 from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.testing.pg import create_database, drop_database, temporary_data_dir
-from tests.factories import CLI, taken_port
+from tests.factories import CLI, run_while_locked, taken_port
 from tests.paths import HISTORIES
 
 SEED = HISTORIES / "seed-lab.jsonl"
@@ -398,18 +397,6 @@ def test_replay_reads_a_pipe_once_and_records_every_line(ledger_engine: Engine) 
     assert b"39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended" in result.stderr
 
 
-def _while_locked(engine: Engine, lock: str, argv: list[str], setting: str) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (a Python command line) while another session of ``engine`` holds ``lock`` (a ``LOCK TABLE``
-    statement) in an open transaction, with ``setting`` (``lock_timeout=300``, say) for the command's sessions."""
-    with engine.connect() as blocker:
-        blocker.execute(text(lock))
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                                  env={**os.environ, "PGOPTIONS": f"-c {setting}"})
-        finally:
-            blocker.rollback()
-
-
 @pytest.mark.parametrize(("setting", "cancelled"), [
     ("lock_timeout", "canceling statement due to lock timeout"),
     ("statement_timeout", "canceling statement due to statement timeout")])
@@ -419,7 +406,7 @@ def test_a_statement_the_server_cancels_for_a_timeout_is_said_with_what_to_do(
     # lost connection: the line must say the server cancelled it and name the setting, where it said "database
     # unavailable".
     url = ledger_engine.url.render_as_string(hide_password=False)
-    result = _while_locked(ledger_engine, "LOCK TABLE events IN ACCESS EXCLUSIVE MODE",
+    result = run_while_locked(ledger_engine, "LOCK TABLE events IN ACCESS EXCLUSIVE MODE",
                            [*CLI, "rebuild", "--database-url", url], f"{setting}=300")
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
@@ -431,13 +418,14 @@ def test_a_replay_stopped_by_a_lock_timeout_in_its_catch_up_says_its_lines_are_k
     # Another session holds a read model (claims) while the replay's read models catch up: the server's
     # lock_timeout cancels the catch-up. The lines were committed before it; the error said only the cancel.
     url = ledger_engine.url.render_as_string(hide_password=False)
-    result = _while_locked(ledger_engine, "LOCK TABLE claims IN ACCESS EXCLUSIVE MODE",
+    result = run_while_locked(ledger_engine, "LOCK TABLE claims IN ACCESS EXCLUSIVE MODE",
                            [*CLI, "replay", str(SEED), "--database-url", url], "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     error, kept = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
-    assert kept == ("stopped after every line was recorded: the read models catch up on the next command that reads "
-                    "them, and tables not analyzed yet are left to autovacuum")
+    assert kept == ("stopped after every line was recorded, while applying events to the read models: the batches "
+                    "applied so far are kept with their checkpoints; the next command that reads them applies the "
+                    "rest")
     with ledger_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39  # seed-lab.jsonl's lines
     again = subprocess.run([*CLI, "replay", str(SEED), "--database-url", url], capture_output=True, text=True,
@@ -486,7 +474,7 @@ def test_a_rebuild_stopped_by_a_lock_timeout_says_it_rolled_back(ledger_engine: 
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
     code = ("from ledger.projections import runner; runner.TRUNCATE_LOCK_PATIENCE_S = 0.0; "
             "from ledger.cli import main; main()")
-    result = _while_locked(ledger_engine, "LOCK TABLE device_allocations IN ACCESS SHARE MODE",
+    result = run_while_locked(ledger_engine, "LOCK TABLE device_allocations IN ACCESS SHARE MODE",
                            [sys.executable, "-c", code, "rebuild", "--database-url", url], "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     error, kept = result.stderr.strip().splitlines()[-2:]
@@ -499,7 +487,7 @@ def test_jobs_once_stopped_by_a_lock_timeout_says_the_hours_rolled_so_far_are_ke
     # came alone, where SIGTERM and Ctrl-C said what was kept.
     url = ledger_engine.url.render_as_string(hide_password=False)
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
-    result = _while_locked(ledger_engine, "LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE",
+    result = run_while_locked(ledger_engine, "LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE",
                            [*CLI, "jobs", "--once", "--database-url", url], "lock_timeout=300")
     assert result.returncode == 2, result.stderr
     error, kept = result.stderr.strip().splitlines()[-2:]
@@ -514,7 +502,7 @@ def test_jobs_once_with_rollup_from_stopped_names_the_hour_to_go_on_from(ledger_
     # here (the lock_timeout comes first), so it must name the hour it was asked to start from.
     url = ledger_engine.url.render_as_string(hide_password=False)
     assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
-    result = _while_locked(ledger_engine, "LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE",
+    result = run_while_locked(ledger_engine, "LOCK TABLE usage_rollups IN ACCESS EXCLUSIVE MODE",
                            [*CLI, "jobs", "--once", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url", url],
                            "lock_timeout=300")
     assert result.returncode == 2, result.stderr

@@ -80,11 +80,33 @@ def test_ctrl_c_that_breaks_the_connection_during_a_replays_catch_up_says_interr
     result = CliRunner().invoke(app, ["replay", str(SEED), "--database-url", _url(ledger_engine)])
 
     assert result.exit_code == 130, result.output
-    assert result.output.startswith("interrupted after every line was recorded: the read models catch up on the "
-                                    "next command that reads them")
+    assert result.output.startswith("interrupted after every line was recorded, while applying events to the read "
+                                    "models: the batches applied so far are kept with their checkpoints; the next "
+                                    "command that reads them applies the rest")
     assert "error" not in result.output and "Traceback" not in result.output
     with ledger_engine.connect() as conn:  # the lines stay recorded; nothing was applied
         assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39
+
+
+def test_a_replay_interrupted_while_it_analyzes_says_the_read_models_are_caught_up(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every event was applied when Ctrl-C came in the statistics refresh that follows: the replay said the read
+    # models "catch up on the next command", which had nothing left to apply.
+    def interrupted(*args: object, **kwargs: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(services, "ANALYZE_AFTER_EVENTS", 10)  # the seed lab's events are a bulk load
+    monkeypatch.setattr(services, "refresh_statistics", interrupted)
+    result = CliRunner().invoke(app, ["replay", str(SEED), "--database-url", _url(ledger_engine)])
+
+    assert result.exit_code == 130, result.output
+    assert result.output.splitlines()[-1] == ("interrupted after every line was recorded, with the read models caught "
+                                              "up: tables not analyzed yet are left to autovacuum")
+    db = services.open_ledger(cli.settings_from(_url(ledger_engine), None))
+    try:
+        assert services.events_to_apply(db) == 0
+    finally:
+        db.dispose()
 
 
 def test_ctrl_c_that_breaks_the_connection_while_recording_says_run_again(
