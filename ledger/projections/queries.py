@@ -423,7 +423,13 @@ Why (measured at 61,000 devices): the statement's cost passes ``jit_above_cost``
 
 @contextmanager
 def _planner_settings(conn: Connection, settings: Mapping[str, str]) -> Iterator[None]:
-    """Apply ``settings`` (transaction-local ``set_config``) and restore the previous values on exit."""
+    """Apply ``settings`` (transaction-local ``set_config``) and restore the previous values when the block ends.
+
+    Restored only when the block ends normally: an error or an interrupt in it ends the transaction the settings
+    belong to (a failed statement leaves it unable to run the restore, whose own error then hid the first), and a
+    generator closed without its block ever running (a signal between its ``yield`` and the block) met a closed
+    connection in its clean-up, reported as "Exception ignored" with a traceback.
+    """
     names = list(settings)
     before = conn.execute(text("SELECT " + ", ".join(f"current_setting(:n{i})" for i in range(len(names)))),
                           {f"n{i}": n for i, n in enumerate(names)}).one()
@@ -431,10 +437,8 @@ def _planner_settings(conn: Connection, settings: Mapping[str, str]) -> Iterator
         conn.execute(text("SELECT " + ", ".join(f"set_config(:n{i}, :v{i}, true)" for i in range(len(names)))),
                      {**{f"n{i}": n for i, n in enumerate(names)}, **{f"v{i}": v for i, v in enumerate(values)}})
     apply([settings[n] for n in names])
-    try:
-        yield
-    finally:
-        apply([str(v) for v in before])
+    yield
+    apply([str(v) for v in before])
 
 
 def _page_devices(conn: Connection, *, at: datetime, scope: OccupancyScope, after: DeviceSortKey | None,
