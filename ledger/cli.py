@@ -37,11 +37,11 @@ from sqlalchemy.exc import OperationalError, ProgrammingError, SQLAlchemyError
 import ledger
 from ledger import services
 from ledger import simulate_bounds as bounds
-from ledger.cli_typer import LedgerTyper, choice_option
+from ledger.cli_typer import ANSWERED, LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
 from ledger.errors import Invalid, LedgerError, printable
-from ledger.interrupts import SIGTERM_EXIT, Terminated, sigterm_raises, stopped_by
+from ledger.interrupts import SIGTERM_EXIT, Terminated, error_chain, interrupt_behind, sigterm_raises, stopped_by
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
 from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time
@@ -306,22 +306,6 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
     return base.model_copy(update=updates)
 
 
-def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
-    """The ``KeyboardInterrupt`` (Ctrl-C, or :class:`~ledger.interrupts.Terminated` for SIGTERM) that is ``error`` or
-    in its chain (``__cause__``, else ``__context__``), or ``None``; see :func:`caused_by_ctrl_c` for why."""
-    return next((link for link in error_chain(error) if isinstance(link, KeyboardInterrupt)), None)
-
-
-def error_chain(error: BaseException) -> Iterator[BaseException]:
-    """``error``, then what caused it (``__cause__``, else ``__context__``), and so on; each once (a chain can loop)."""
-    seen: set[int] = set()
-    link: BaseException | None = error
-    while link is not None and id(link) not in seen:
-        yield link
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-
-
 def caused_by_ctrl_c(error: BaseException) -> bool:
     """Whether Ctrl-C (or SIGTERM, which :func:`~ledger.interrupts.sigterm_raises` turns into a ``KeyboardInterrupt``)
     is behind ``error``: a ``KeyboardInterrupt`` is ``error`` or in its chain (``__cause__``, else ``__context__``).
@@ -553,10 +537,6 @@ def catch_up_read_models(db: LedgerDatabase, *, when: str) -> None:
         typer.Exit: code 130 or 143, after the message.
         LedgerError: as :func:`ledger.services.catch_up`, with what was kept as a note.
     """
-    lag = services.events_to_apply(db)
-    if lag >= PROGRESS_MIN_LINES:
-        err.print(f"read models: applying {lag:,} events ...")
-    started = time.monotonic()
     analyzed: list[tuple[Analyzed, float]] = []  # said after the read models' line, which it follows
     caught_up = False
 
@@ -570,10 +550,17 @@ def catch_up_read_models(db: LedgerDatabase, *, when: str) -> None:
         return (f"interrupted {when}, while applying events to the read models: the batches applied so far are kept "
                 "with their checkpoints; the next command that reads them applies the rest")
 
-    with interrupt_said(kept), _progress(lag, CATCH_UP_LABEL) as progress:
-        applied = services.catch_up(db, progress=progress, built=_table_built() if lag >= PROGRESS_MIN_LINES else None,
-                                    statistics=lambda done, seconds: analyzed.append((done, seconds)),
-                                    analyzing=analyzing)
+    # From the first query: reading the checkpoints may wait for a lock too (and meet a lock_timeout, or Ctrl-C).
+    with interrupt_said(kept):
+        lag = services.events_to_apply(db)
+        if lag >= PROGRESS_MIN_LINES:
+            err.print(f"read models: applying {lag:,} events ...")
+        started = time.monotonic()
+        with _progress(lag, CATCH_UP_LABEL) as progress:
+            applied = services.catch_up(db, progress=progress,
+                                        built=_table_built() if lag >= PROGRESS_MIN_LINES else None,
+                                        statistics=lambda done, seconds: analyzed.append((done, seconds)),
+                                        analyzing=analyzing)
     if lag >= PROGRESS_MIN_LINES:
         applying = time.monotonic() - started - sum(seconds for _, seconds in analyzed)
         err.print(f"read models: {applied:,} events applied in {applying:.1f} s")
@@ -1656,16 +1643,48 @@ def main() -> None:
     their signatures, ends the process with exit code 130 and one line, as Ctrl-C inside a command does, instead
     of a traceback of whatever was running; SIGTERM then (:class:`~ledger.interrupts.Terminated`, raised once
     :mod:`ledger.entry` has installed its handler) with 143 and ``terminated (SIGTERM)``. (Inside a command, Click
-    or the command itself handles them first.)
+    or the command itself handles them first.) So does one that Typer ends with a silent exit code 130: while it
+    parses the command line, before the command runs. One that comes while the command's exit is on its way out
+    (its answer written, or its stop said) keeps the exit code the command chose, without a word.
     """
     # The pool logs the failed reset of a connection that Ctrl-C left mid-COPY with a traceback; the command says
     # "interrupted" itself. (A filter applies to the records of its own logger: the pool class's.)
     logging.getLogger(f"{QueuePool.__module__}.{QueuePool.__name__}").addFilter(CtrlCResetFilter())
     logging.getLogger("psycopg").addFilter(IgnoredErrorFilter())
+    ANSWERED.set(False)
     try:
         _load_plugins()
         app()
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's Terminated, said as such with its own exit code
-        word, code = stopped_by(e)
-        typer.echo(word, err=True)
-        raise SystemExit(code) from None
+    except SystemExit as e:
+        if (interrupt := _interrupt_typer_ended(e)) is None:
+            raise
+        _exit_interrupted(interrupt)
+    except BaseException as e:  # Ctrl-C, or SIGTERM's Terminated, bare or wrapped (an import's RuntimeError)
+        if (interrupt := interrupt_behind(e)) is None:
+            raise
+        _exit_interrupted(interrupt)
+
+
+def _interrupt_typer_ended(exited: SystemExit) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind ``exited``, when Typer made it of one: Typer turns a ``KeyboardInterrupt`` that
+    reaches it (outside :class:`~ledger.cli_typer.LedgerCommand`'s ``invoke``, which says its own) into
+    ``Exit(130)`` without a word, and that into ``SystemExit(130)``."""
+    ended = exited.__context__
+    if exited.code != 130 or not isinstance(ended, typer.Exit) or not isinstance(ended.__cause__, KeyboardInterrupt):
+        return None
+    return ended.__cause__
+
+
+def _exit_interrupted(interrupt: KeyboardInterrupt) -> NoReturn:
+    """Say ``interrupt`` (``interrupted`` with exit code 130, ``terminated (SIGTERM)`` with 143) and exit, unless it
+    came while the command's exit was on its way out (a ``typer.Exit`` in its context: the answer written and its
+    code 0 chosen, or its stop said) or after the command returned (:data:`~ledger.cli_typer.ANSWERED`): that exit
+    code stands, without a second word."""
+    chosen = next((link for link in error_chain(interrupt) if isinstance(link, typer.Exit)), None)
+    if chosen is not None:
+        raise SystemExit(chosen.exit_code) from None
+    if ANSWERED.get():
+        raise SystemExit(0) from None
+    word, code = stopped_by(interrupt)
+    typer.echo(word, err=True)
+    raise SystemExit(code) from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -142,6 +143,12 @@ def command_name(ctx: Context) -> str:
     return " ".join(["dra-ledger", *names])
 
 
+ANSWERED: ContextVar[bool] = ContextVar("ANSWERED", default=False)
+"""Whether the command returned (its answer written, exit code 0), set by :class:`LedgerCommand`: a Ctrl-C or
+SIGTERM that comes after it, while Click closes the command's context, leaves that exit code
+(:func:`ledger.cli.main`, which sets it to ``False`` first)."""
+
+
 class LedgerCommand(TyperCommand):
     """A ``dra-ledger`` command: flags without a type in ``--help``, arguments named as Click names them in the usage
     line (``FILE...``; Typer 0.29 wrote a required one ``{files}...``)."""
@@ -163,11 +170,14 @@ class LedgerCommand(TyperCommand):
         """
         named = SESSION_NAME.set(command_name(ctx))
         try:
-            return super().invoke(ctx)
+            answer = super().invoke(ctx)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM's Terminated
             word, code = stopped_by(e)
             typer.echo(word, err=True)
             raise typer.Exit(code) from None
+        else:
+            ANSWERED.set(True)
+            return answer
         finally:
             SESSION_NAME.reset(named)  # engines made after the command (a test's, in the same process) are not its
 

@@ -42,6 +42,27 @@ def stopped_by(interrupt: KeyboardInterrupt) -> tuple[str, int]:
     return ("terminated (SIGTERM)", SIGTERM_EXIT) if isinstance(interrupt, Terminated) else ("interrupted", 130)
 
 
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then what caused it (``__cause__``, else ``__context__``), and so on; each once (a chain can loop)."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        yield link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+
+
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The ``KeyboardInterrupt`` (Ctrl-C, or :class:`Terminated` for SIGTERM) that is ``error`` or in its chain
+    (:func:`error_chain`), or ``None``.
+
+    Why: an interrupt often surfaces as another error. Ctrl-C that stops psycopg mid-result can leave the
+    connection unable to roll back, and the rollback's error carries the interrupt only as its context; Python 3.11
+    wraps one raised while a class is made (in a ``__set_name__``, during an import) in a ``RuntimeError``.
+    """
+    return next((link for link in error_chain(error) if isinstance(link, KeyboardInterrupt)), None)
+
+
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process.

@@ -434,6 +434,20 @@ def test_a_replay_stopped_by_a_lock_timeout_in_its_catch_up_says_its_lines_are_k
     assert "39 lines: 0 recorded, 39 already recorded, 0 rejected" in again.stderr
 
 
+def test_a_replay_stopped_at_the_first_query_of_its_catch_up_says_its_lines_are_kept(ledger_engine: Engine) -> None:
+    # Reading the checkpoints (how many events to apply) waits for a lock too; it ran before the catch-up said what
+    # was kept, so the error line came alone.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    result = run_while_locked(ledger_engine, "LOCK TABLE checkpoints IN ACCESS EXCLUSIVE MODE",
+                              [*CLI, "replay", str(SEED), "--database-url", url], "lock_timeout=300")
+    assert result.returncode == 2, result.stderr
+    error, kept = result.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
+    assert kept.startswith("stopped after every line was recorded, while applying events to the read models: ")
+    with ledger_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39
+
+
 def test_a_replay_whose_connection_is_lost_while_it_records_says_its_batches_are_kept(ledger_engine: Engine) -> None:
     # Recording waits for a lock on observations that another session holds; an administrator then ends the
     # replay's session (pg_terminate_backend). The services raise "database unavailable" from the lost connection,

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from typer.testing import CliRunner
 
 from ledger.cli import app, render_quotas
+from ledger.cli_typer import LedgerCommand
 from ledger.config import load_config
 from ledger.errors import Invalid
+from ledger.interrupts import Terminated
 from ledger.types import JSONObject
 from tests.factories import config_error
 
@@ -259,6 +263,63 @@ def test_ctrl_c_while_typer_builds_the_commands_is_one_line_and_exit_code_130(
     assert capsys.readouterr().err == "interrupted\n"
 
 
+@pytest.mark.parametrize(("interrupt", "said", "code"), [(KeyboardInterrupt, "interrupted\n", 130),
+                                                         (Terminated, "terminated (SIGTERM)\n", 143)])
+def test_an_interrupt_while_typer_reads_the_command_line_is_said(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], interrupt: type[KeyboardInterrupt],
+        said: str, code: int) -> None:
+    # Before the command runs, Typer turns a KeyboardInterrupt (SIGTERM's Terminated too) into exit code 130 without
+    # a word: a SIGTERM then ended with 130 and nothing on stderr.
+    from ledger import cli
+
+    def interrupted(*_: object, **__: object) -> NoReturn:
+        raise interrupt
+
+    monkeypatch.setattr(cli, "_load_plugins", lambda: None)
+    monkeypatch.setattr(LedgerCommand, "make_context", interrupted)
+    monkeypatch.setattr(sys, "argv", ["dra-ledger", "occupancy"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+
+    assert (stopped.value.code, capsys.readouterr().err) == (code, said)
+
+
+def test_sigterm_after_the_command_answered_leaves_exit_code_0(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The answer written, SIGTERM lands while Click closes the command's context: Typer made it exit code 130
+    # without a word, for a complete answer.
+    from typer._click.core import Context
+
+    from ledger import cli
+
+    leave, invoke = Context.__exit__, LedgerCommand.invoke
+    returned = False
+
+    def answered(self: LedgerCommand, ctx: Context) -> object:
+        nonlocal returned
+        answer = invoke(self, ctx)
+        returned = True
+        return answer
+
+    def terminated(self: Context, *exc_info: object) -> None:
+        if returned and self.parent is not None:  # the command's context, once the command returned
+            raise Terminated
+        leave(self, *exc_info)  # type: ignore[arg-type]  # (type, value, traceback) as Python passes them
+
+    monkeypatch.setattr(cli, "_load_plugins", lambda: None)
+    monkeypatch.setattr(LedgerCommand, "invoke", answered)
+    monkeypatch.setattr(Context, "__exit__", terminated)
+    output = tmp_path / "h.jsonl"
+    monkeypatch.setattr(sys, "argv", ["dra-ledger", "simulate", "--nodes", "1", "--gpus-per-node", "1", "--hours",
+                                      "1", "--output", str(output)])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+
+    answer = json.loads(capsys.readouterr().out)
+    assert stopped.value.code == 0
+    assert answer["lines"] == len(output.read_text().splitlines())
+
+
 @pytest.mark.parametrize(("value", "taken"), [("9998-12-31T23:59:59.999999Z", True),
                                                ("9999-01-01T00:00:00Z", False),
                                                ("9999-12-31T23:59:59.999999Z", False)])
@@ -287,31 +348,42 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_code_130(monkeypatch:
 
     monkeypatch.delitem(sys.modules, "ledger.cli")
     monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
-    before = signal.getsignal(signal.SIGTERM)
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         with pytest.raises(SystemExit) as exited:
             entry.main()
-        after = signal.getsignal(signal.SIGTERM)
+        after = {signum: signal.getsignal(signum) for signum in before}
     finally:
-        signal.signal(signal.SIGTERM, before)  # this test process's, and those of the processes it starts later
+        for signum, handler in before.items():  # this test process's, and those of the processes it starts later
+            signal.signal(signum, handler)
 
     assert exited.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
-    assert after is signal.SIG_IGN  # the console script is done: its teardown ignores SIGTERM
+    assert set(after.values()) == {signal.SIG_IGN}  # the console script is done: its teardown ignores both
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "in-set-name"])
 @pytest.mark.parametrize("module", ["ledger.cli", "api.cli"])
-def test_sigterm_while_the_cli_imports_is_one_line_and_exit_code_143(module: str) -> None:
+def test_sigterm_while_the_cli_imports_is_one_line_and_exit_code_143(module: str, wrapped: bool) -> None:
     # A pod stopped, or a CronJob's deadline, in the second the CLI imports: the default action ended the process
     # without a word (exit status -15); once the handler was in, one during the plugins' imports (api.cli) was said
-    # as Ctrl-C ("interrupted", 130). The signal is sent by the process to itself at the import of ``module``.
+    # as Ctrl-C ("interrupted", 130). The signal is sent by the process to itself at the import of ``module``:
+    # bare, or from a __set_name__ (a class made while a module imports, as dataclass fields are), where Python 3.11
+    # wraps the exception in a RuntimeError: that one printed a traceback and exited 1.
+    send = "class Holder:\n                field = Named()" if wrapped else "os.kill(os.getpid(), signal.SIGTERM)"
     code = f"""
 import importlib.abc, os, signal, sys
+
+class Named:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1_000_000):
+            pass
 
 class SignalledImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, *_):
         if name == {module!r}:
-            os.kill(os.getpid(), signal.SIGTERM)
+            {send}
 
 sys.meta_path.insert(0, SignalledImport())
 sys.argv[0] = "dra-ledger"

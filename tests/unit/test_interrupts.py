@@ -138,3 +138,29 @@ main()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "teardown went on"
     assert done.stdout.splitlines()[0].startswith("dra-ledger ")
+
+
+def test_a_second_ctrl_c_as_the_command_exits_leaves_its_exit_code() -> None:
+    # The command has chosen its exit code (here the answer to --version, 0; after a first Ctrl-C, 130) when a
+    # second Ctrl-C comes: the KeyboardInterrupt it raised reached the top and the process ended by SIGINT (-2).
+    done = _run("""
+import os, signal, sys, time
+import ledger.cli
+
+answer = ledger.cli.main
+
+def main():
+    try:
+        answer()
+    finally:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+ledger.cli.main = main
+sys.argv = ["dra-ledger", "--version"]
+from ledger.entry import main
+main()
+""")
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("dra-ledger ")
