@@ -1588,10 +1588,12 @@ def demo(ctx: typer.Context, data_dir: DataDirOpt = None, url: UrlOpt = None,
               f"  {me} occupancy --at 2026-11-02T10:40:00Z --output json{same}\n"
               f"  {me} usage --from 2026-11-02T09:00:00Z --to 2026-11-02T12:00:00Z --group-by team{same}",
               soft_wrap=True)  # commands to copy: never broken across lines
-    if serve:
+    if serve and DEMO_FOLLOWUPS:
         with reported_errors():
             for followup in DEMO_FOLLOWUPS:
                 followup(settings, port)
+        # Said again once the API stops (Ctrl-C): the hint above is far up, under the API's request log.
+        err.print(f"API stopped; the seed-lab history stays in the ledger; {where}", soft_wrap=True)
 
 
 def _where_after_interrupt(settings: Settings, *, stop: str, named: str) -> str:

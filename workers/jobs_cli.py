@@ -61,8 +61,8 @@ def _rollup_progress() -> Iterator[Callable[[services.RollupChunk], None]]:
 
 
 async def _run_once(db: LedgerDatabase, config: LedgerConfig, cluster: str | None,
-                    rollup_from: datetime | None,
-                    progress: Callable[[services.RollupChunk], None]) -> dict[str, int]:
+                    rollup_from: datetime | None, progress: Callable[[services.RollupChunk], None],
+                    rolled_up: Callable[[], None]) -> dict[str, int]:
     # SIGTERM (a CronJob's deadline, a pod stopped) cancels the run as asyncio.run's Ctrl-C does: between rollup
     # chunks, the chunk in flight committing first; then it is raised as Terminated, said by interrupt_said.
     task, loop = asyncio.current_task(), asyncio.get_running_loop()
@@ -75,6 +75,7 @@ async def _run_once(db: LedgerDatabase, config: LedgerConfig, cluster: str | Non
     with sigterm_calls(cancel) as terminated:
         try:
             hours = await run_rollups(db, cluster=cluster, start=rollup_from, progress=progress)
+            rolled_up()
             counts = await run_snapshots(db, config=config, cluster=cluster)
             written = await run_occupancy_counts(db, cluster=cluster)
         except asyncio.CancelledError:
@@ -139,8 +140,17 @@ def register(app: typer.Typer) -> None:
                                             "occupancyCountRows"], 0)
                 else:
                     committed: datetime | None = None  # the end of the last rollup chunk committed
+                    done = False  # every hour rolled up; the snapshots and occupancy counts follow
+
+                    def rolled_up() -> None:
+                        nonlocal done
+                        done = True
 
                     def kept() -> str:
+                        if done:
+                            return ("interrupted after every hour was rolled up: the snapshots (idle claims, quotas, "
+                                    "pending demand) and occupancy counts not taken yet are taken by the next run of "
+                                    "the jobs")
                         # A plain run resumes from the last rolled hour; one recomputing from --rollup-from must be
                         # told where to go on, since the last rolled hour may lie past the hours not reached yet.
                         if start is None:
@@ -159,7 +169,7 @@ def register(app: typer.Typer) -> None:
                             committed = chunk.end
                             bar(chunk)
 
-                        counts = asyncio.run(_run_once(db, loaded, cluster, start, progress))
+                        counts = asyncio.run(_run_once(db, loaded, cluster, start, progress, rolled_up))
                 typer.echo(f"rolled up {counts['hours']} hour(s); snapshots: {counts['idleClaims']} idle claims, "
                            f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "
                            f"{counts['occupancyCountRows']} occupancy count rows")

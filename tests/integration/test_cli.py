@@ -290,6 +290,22 @@ def test_ctrl_c_while_the_demos_embedded_server_starts_says_whether_it_runs_and_
     assert "Traceback" not in result.output
 
 
+def test_the_demo_says_where_the_ledger_stays_once_its_api_stops(ledger_engine: Engine) -> None:
+    # Ctrl-C stops the API the demo serves; where the ledger stays was said only before it served, far up under the
+    # request log.
+    served: list[int] = []
+    cli.DEMO_FOLLOWUPS.append(lambda settings, port: served.append(port))  # an API that stops at once
+    try:
+        result = CliRunner().invoke(app, ["demo", "--database-url", _url(ledger_engine), "--port", "18472"])
+    finally:
+        cli.DEMO_FOLLOWUPS.pop()
+
+    assert result.exit_code == 0, result.output
+    assert served == [18472]
+    assert result.stderr.splitlines()[-1] == ("API stopped; the seed-lab history stays in the ledger; it is in the "
+                                              "database --database-url names")
+
+
 def test_the_demo_stops_before_replaying_when_its_api_port_is_taken(ledger_engine: Engine) -> None:
     served: list[int] = []
     cli.DEMO_FOLLOWUPS.append(lambda settings, port: served.append(port))  # what the API plugin adds
@@ -508,6 +524,23 @@ def test_jobs_once_stopped_by_a_lock_timeout_says_the_hours_rolled_so_far_are_ke
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
     assert kept == ("stopped: the rollup hours committed so far are kept; run `dra-ledger jobs --once` again to roll "
                     "up the rest (it resumes from the last rolled hour)")
+
+
+def test_jobs_once_stopped_after_its_rollups_says_every_hour_is_rolled_up(ledger_engine: Engine) -> None:
+    # The rollups committed, the snapshots stopped (a lock_timeout on the idle-claim snapshots): the note told the
+    # operator to recompute "the rest" of the hours, with none left, and did not say the snapshots were not taken.
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    result = run_while_locked(ledger_engine, "LOCK TABLE idle_claim_snapshots IN ACCESS EXCLUSIVE MODE",
+                              [*CLI, "jobs", "--once", "--rollup-from", "2026-11-02T09:00:00Z", "--database-url",
+                               url], "lock_timeout=300")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "stopped after every hour was rolled up: the snapshots (idle claims, quotas, pending demand) and occupancy "
+        "counts not taken yet are taken by the next run of the jobs")
+    with ledger_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM usage_rollups")).scalar_one() > 0
+        assert conn.execute(text("SELECT count(*) FROM idle_claim_snapshots")).scalar_one() == 0
 
 
 def test_jobs_once_with_rollup_from_stopped_names_the_hour_to_go_on_from(ledger_engine: Engine) -> None:
