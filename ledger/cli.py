@@ -396,7 +396,7 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
     """Turn the errors a command may meet into one line on stderr and exit code 2, never a traceback.
 
     ``LedgerError``: its message; ``OperationalError`` (unreachable server, bad credentials, missing database):
-    ``cannot use the database: <first line>``; ``ProgrammingError`` (refused SQL): ``the database refused: ...``,
+    ``database unavailable: <first line>``; ``ProgrammingError`` (refused SQL): ``the database refused: ...``,
     with the hint ``rights`` when the role lacks a right (SQLSTATE 42501); a statement the server cancelled (a
     ``statement_timeout`` or ``lock_timeout``, SQLSTATE 57014 or 55P03, however the services reported it):
     ``the database cancelled a statement: ...`` with what to do (:data:`TIMEOUTS`).
@@ -422,8 +422,9 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
         elif isinstance(e, LedgerError):
             line = str(e)
         elif isinstance(e, OperationalError):
-            # Unreachable server, bad credentials, database missing: say so without a traceback.
-            line = f"cannot use the database: {first_line(e)}"
+            # Unreachable server, bad credentials, database missing: say so without a traceback, in the words the
+            # services use for the same cause (StoreUnavailable), whichever layer met it.
+            line = f"database unavailable: {first_line(e)}"
         elif isinstance(e, ProgrammingError):
             # Refused SQL, e.g. `permission denied for schema public` when `db upgrade` lacks DDL rights.
             hint = f" ({rights})" if state == INSUFFICIENT_PRIVILEGE else ""

@@ -124,7 +124,7 @@ def test_serve_names_a_database_it_cannot_use_in_one_line_and_exits_2() -> None:
     result = subprocess.run([*CLI, "serve", "--port", str(free_port()), "--database-url",
                              "postgresql://nobody@127.0.0.1:1/none"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: database unavailable: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -160,7 +160,7 @@ def test_a_database_error_without_ctrl_c_is_still_reported_as_one(
     monkeypatch.setattr(services, "occupancy_all", occupancy_all)
     result = CliRunner().invoke(app, ["occupancy", "--database-url", _url(ledger_engine)])
 
-    assert (result.exit_code, result.output) == (2, f"error: cannot use the database: {IN_PROGRESS}\n")
+    assert (result.exit_code, result.output) == (2, f"error: database unavailable: {IN_PROGRESS}\n")
 
 
 def test_a_query_that_applies_many_events_shows_their_progress(

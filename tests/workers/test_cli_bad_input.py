@@ -161,7 +161,7 @@ def test_a_worker_names_a_database_it_cannot_reach_in_one_line_and_exits_2(tmp_p
 
     # They printed psycopg's traceback and exited 1, where every other command says one line.
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("error: cannot use the database: ") and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: database unavailable: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
