@@ -375,12 +375,19 @@ class IgnoredErrorFilter(logging.Filter):
     """Drops psycopg's "error ignored ..." warnings (``error ignored in rollback of ...``, ``error ignored terminating
     <psycopg.Pipeline ...>``): psycopg logs them when a rollback or a pipeline's end fails while another error is
     already on its way out (the connection was lost), and the command says that error itself, on one line, with
-    what was kept; the warning printed before it was noise. Installed on the ``psycopg`` logger by :func:`main`;
-    every other record passes."""
+    what was kept; the warning printed before it was noise. So is ``query cancellation interrupted
+    (KeyboardInterrupt): closing connection``, logged when a second Ctrl-C (or SIGTERM) cuts short the cancel
+    the first one sent: the command says it was interrupted. Installed on the ``psycopg`` logger by :func:`main`;
+    every other record passes (a cancellation that failed with an error is still logged)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """``False`` for a warning whose message starts "error ignored ", else ``True``."""
-        return not (isinstance(record.msg, str) and record.msg.startswith("error ignored "))
+        """``False`` for a warning whose message starts "error ignored ", or a cancellation an interrupt cut short,
+        else ``True``."""
+        if not isinstance(record.msg, str):
+            return True
+        if record.msg.startswith("query cancellation interrupted "):
+            return record.args not in (("KeyboardInterrupt",), (Terminated.__name__,))
+        return not record.msg.startswith("error ignored ")
 
 
 TABLE_RIGHTS = ("this role lacks a right on the ledger's tables: run the command as the role that owns them (the one "

@@ -218,8 +218,13 @@ def test_psycopgs_ignored_errors_are_not_logged_and_its_other_warnings_are(caplo
     monkeypatch.setattr(psycopg_logger, "filters", [IgnoredErrorFilter()])
     psycopg_logger.warning("error ignored in rollback of %s: %s", "<psycopg.Transaction>", "the connection is lost")
     psycopg_logger.warning("error ignored terminating %r: %s", "<psycopg.Pipeline [BAD]>", "the connection is lost")
+    # A second Ctrl-C (or SIGTERM) while psycopg cancels the statement the first one stopped (psycopg/connection.py)
+    # printed this above the command's "interrupted" line; one that an error cut short stays.
+    for cut_by in ("KeyboardInterrupt", "Terminated", "OperationalError"):
+        psycopg_logger.warning("query cancellation interrupted (%s): closing connection", cut_by)
     psycopg_logger.warning("another warning of psycopg")
-    assert [r.getMessage() for r in caplog.records if r.name == "psycopg"] == ["another warning of psycopg"]
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg"] == [
+        "query cancellation interrupted (OperationalError): closing connection", "another warning of psycopg"]
 
 
 def test_a_rebuild_interrupted_says_it_rolled_back_and_one_interrupted_after_its_commit_says_what_is_left(
