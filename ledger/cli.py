@@ -386,7 +386,7 @@ class IgnoredErrorFilter(logging.Filter):
         if not isinstance(record.msg, str):
             return True
         if record.msg.startswith("query cancellation interrupted "):
-            return record.args not in (("KeyboardInterrupt",), (Terminated.__name__,))
+            return record.args not in ((KeyboardInterrupt.__name__,), (Terminated.__name__,))
         return not record.msg.startswith("error ignored ")
 
 

@@ -88,29 +88,29 @@ def sigterm_raises() -> Iterator[None]:
         yield
         return
 
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up on the way out is not interrupted
+    def terminate() -> None:
         raise Terminated
 
     hook = sys.unraisablehook
+    with sigterm_calls(terminate):  # the once-then-ignored handler and its restore, shared with sigterm_calls
+        handler = signal.getsignal(signal.SIGTERM)
 
-    def lost_in_a_finalizer(unraisable: UnraisableHookArgs) -> None:
-        if isinstance(unraisable.exc_value, Terminated):
-            signal.signal(signal.SIGTERM, terminate)
-            # Sent from another thread: raised here, in the hook, it would be lost the same way. The main thread
-            # takes it at its first check after the finalizer has returned (within the interpreter's switch interval).
-            # (_thread: threading.Thread.start waits for the thread to run, and the signal would land in that wait.)
-            _thread.start_new_thread(os.kill, (os.getpid(), signal.SIGTERM))
-            return
-        hook(unraisable)
+        def lost_in_a_finalizer(unraisable: UnraisableHookArgs) -> None:
+            if isinstance(unraisable.exc_value, Terminated):
+                signal.signal(signal.SIGTERM, handler)
+                # Sent from another thread: raised here, in the hook, it would be lost the same way. The main thread
+                # takes it at its first check after the finalizer has returned (within the interpreter's switch
+                # interval). (_thread: threading.Thread.start waits for the thread to run, and the signal would land
+                # in that wait.)
+                _thread.start_new_thread(os.kill, (os.getpid(), signal.SIGTERM))
+                return
+            hook(unraisable)
 
-    previous = signal.signal(signal.SIGTERM, terminate)
-    sys.unraisablehook = lost_in_a_finalizer
-    try:
-        yield
-    finally:
-        sys.unraisablehook = hook
-        _leave(previous)
+        sys.unraisablehook = lost_in_a_finalizer
+        try:
+            yield
+        finally:
+            sys.unraisablehook = hook
 
 
 def _leave(previous: _HANDLER) -> None:
@@ -124,8 +124,9 @@ def _leave(previous: _HANDLER) -> None:
 
 @contextmanager
 def sigterm_calls(act: Callable[[], None]) -> Iterator[Callable[[], bool]]:
-    """While the block runs, the first SIGTERM calls ``act`` instead of raising (later ones are ignored, as with
-    :func:`sigterm_raises`); the block gets a function that says whether SIGTERM arrived.
+    """While the block runs, the first SIGTERM calls ``act`` (later ones are ignored, and stay ignored after the block:
+    :func:`_leave`); the block gets a function that says whether SIGTERM arrived. :func:`sigterm_raises` is this
+    with an ``act`` that raises :class:`Terminated`.
 
     For an event loop's main task: ``act`` cancels it, as ``asyncio.run`` does for Ctrl-C, so that the task stops
     at its next ``await`` and what it awaited on a thread (a chunk committing) finishes first; a
@@ -146,7 +147,7 @@ def sigterm_calls(act: Callable[[], None]) -> Iterator[Callable[[], bool]]:
 
     def call(signum: int, frame: FrameType | None) -> None:
         nonlocal arrived
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once, as terminate() in sigterm_raises
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up on the way out is not interrupted
         arrived = True
         act()
 
