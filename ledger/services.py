@@ -41,11 +41,11 @@ from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import locks, schema
+from ledger.store.cancel import StatementCancel
 from ledger.store.database import (
     AppendBatch,
     LedgerDatabase,
     PreparedAppend,
-    WriteCancel,
     lock_for_reading,
     unavailable_as_error,
 )
@@ -312,7 +312,7 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
     them first (as it cancels a sequential ingest's write), so a write stuck on the lock cannot hold it up.
     """
     in_flight: _InFlight | None = None
-    cancel: WriteCancel | None = None  # stops the latest write handed over (made before its submit)
+    cancel: StatementCancel | None = None  # stops the latest write handed over (made before its submit)
 
     def again(chunks: Sequence[Sequence[WatchLine | BrokenLine]]) -> None:
         # Lost a race: forget the translation of the batches in hand and ingest them again under the lock.
@@ -350,7 +350,7 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                         lost, in_flight = in_flight, None
                         again([lost.chunk, chunk])
                         continue
-                cancel = WriteCancel()
+                cancel = StatementCancel()
                 in_flight = _InFlight(chunk=chunk, report=chunk_report, touched=touched,
                                       written=writer.submit(db.write, cluster, rows, cancel),
                                       known={o.digest: o.error for o in observations})
@@ -376,7 +376,7 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
             raise
 
 
-def _stop_writes(writer: ThreadPoolExecutor, cancel: WriteCancel) -> None:
+def _stop_writes(writer: ThreadPoolExecutor, cancel: StatementCancel) -> None:
     """Cancel the latest write handed to ``writer`` (``cancel``'s) and return once every write handed over ended.
 
     ``writer`` has one worker, which runs writes in the order submitted: a no-op submitted now runs once they

@@ -13,8 +13,9 @@ Three jobs, each ``max_instances=1`` (a slow run is never overlapped by the next
   stores the idle-claim report, quota usage and pending demand (views ``reporting.idle_claims``,
   ``reporting.quota_usage``, ``reporting.pending_demand``).
 
-The database work is synchronous (SQLAlchemy Core), so each job runs it in a worker thread and the
-event loop stays free for the watches that share it. A failing run is logged by APScheduler and the
+The database work is synchronous (SQLAlchemy Core), so each job runs it in a worker thread
+(:func:`in_thread`) and the event loop stays free for the watches that share it; cancelling a job (Ctrl-C,
+SIGTERM, the scheduler's shutdown) cancels the statement its thread runs. A failing run is logged by APScheduler and the
 next tick tries again (projections and rollups are idempotent). ``dra-ledger watch`` starts this
 scheduler beside the watches; ``dra-ledger jobs`` runs it alone (``workers/jobs_cli.py``).
 """
@@ -22,9 +23,11 @@ scheduler beside the watches; ``dra-ledger jobs`` runs it alone (``workers/jobs_
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -35,6 +38,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ledger import services
 from ledger.config import LedgerConfig
 from ledger.store.database import LedgerDatabase
+from workers.threads import in_thread
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +77,15 @@ async def run_rollups(db: LedgerDatabase, *, cluster: str | None = None, clock: 
     ``start`` (default: the last rolled hour) recomputes from an earlier hour, e.g. after a rebuild. The
     hours are rolled up in bounded chunks (:func:`ledger.services.rollup_chunks`), each run in a worker
     thread and committed on its own; ``progress`` is called on the event loop after each. Cancelling the
-    task (the scheduler's shutdown, Ctrl-C under ``asyncio.run``) stops it between chunks: the chunk in
-    flight finishes and commits in its thread, none is started after it, and the next run resumes from the
-    last rolled hour.
+    task (the scheduler's shutdown, Ctrl-C under ``asyncio.run``) cancels the chunk in flight (:func:`in_thread`):
+    it rolls back unless it committed first, none is started after it, and the next run resumes from the last
+    rolled hour.
     """
     chunks = services.rollup_chunks(db, end=clock(), start=start, cluster=cluster)
     hours = 0
     # One chunk per thread hop: an await between chunks is where a cancellation lands. The generator holds
     # no transaction while suspended, and only one thread advances it at a time (each hop is awaited).
-    while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+    while (chunk := await in_thread(next, chunks, None)) is not None:
         hours = chunk.done_hours
         if progress is not None:
             progress(chunk)
@@ -94,7 +98,7 @@ async def run_occupancy_counts(db: LedgerDatabase, *, cluster: str | None = None
 
     See :func:`ledger.services.refresh_occupancy_counts` (table ``occupancy_counts``).
     """
-    written = await asyncio.to_thread(services.refresh_occupancy_counts, db, cluster=cluster)
+    written = await in_thread(services.refresh_occupancy_counts, db, cluster=cluster)
     if written:
         log.info("occupancy counts: %s row(s) written per cluster", written)
     return written
@@ -104,9 +108,27 @@ async def run_snapshots(db: LedgerDatabase, *, config: LedgerConfig, cluster: st
                         clock: Clock = utc_now) -> dict[str, int]:
     """Store the idle-claim, quota and pending-demand snapshots at the current time; returns row counts."""
     at = clock()
-    counts = await asyncio.to_thread(services.take_report_snapshots, db, at=at, config=config, cluster=cluster)
+    counts = await in_thread(services.take_report_snapshots, db, at=at, config=config, cluster=cluster)
     log.info("report snapshots at %s: %s", at.isoformat(), counts)
     return counts
+
+
+def _quiet_when_stopped(job: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
+    """``job`` as a scheduled job: cancelled because the process stops, it logs one line and returns.
+
+    Why: ``asyncio.run`` cancels the jobs still running as ``jobs`` or ``watch`` stops, and APScheduler logged the
+    cancel as the job's failure, with a traceback (it takes every exception of a job, so nothing else changes).
+    """
+
+    @functools.wraps(job)
+    async def run(**kwargs: Any) -> object:
+        try:
+            return await job(**kwargs)
+        except asyncio.CancelledError:
+            log.info("job %s stopped with the process: what it had not committed rolled back", job.__name__)
+            return None
+
+    return run
 
 
 def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSettings | None = None,
@@ -125,16 +147,18 @@ def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSe
         The scheduler, in UTC; call ``start()`` inside a running event loop and ``shutdown()`` to stop.
     """
     settings = settings or JobSettings()
+    run_rollups_, run_snapshots_, run_occupancy_counts_ = (
+        _quiet_when_stopped(job) for job in (run_rollups, run_snapshots, run_occupancy_counts))
     scheduler = AsyncIOScheduler(timezone=UTC, job_defaults={
         "max_instances": 1, "coalesce": True, "misfire_grace_time": settings.misfire_grace_s})
-    scheduler.add_job(run_rollups, CronTrigger(minute=settings.rollup_minute, timezone=UTC), id="usage-rollups",
+    scheduler.add_job(run_rollups_, CronTrigger(minute=settings.rollup_minute, timezone=UTC), id="usage-rollups",
                       name="hourly usage rollups", kwargs={"db": db, "cluster": cluster, "clock": clock},
                       max_instances=1, coalesce=True, replace_existing=True)
-    scheduler.add_job(run_snapshots, IntervalTrigger(seconds=settings.snapshot_interval_s, timezone=UTC),
+    scheduler.add_job(run_snapshots_, IntervalTrigger(seconds=settings.snapshot_interval_s, timezone=UTC),
                       id="report-snapshots", name="idle-claim, quota and pending-demand snapshots",
                       kwargs={"db": db, "config": config, "cluster": cluster, "clock": clock},
                       max_instances=1, coalesce=True, replace_existing=True)
-    scheduler.add_job(run_occupancy_counts, IntervalTrigger(seconds=settings.counts_interval_s, timezone=UTC),
+    scheduler.add_job(run_occupancy_counts_, IntervalTrigger(seconds=settings.counts_interval_s, timezone=UTC),
                       id="occupancy-counts", name="occupancy counts", kwargs={"db": db, "cluster": cluster},
                       max_instances=1, coalesce=True, replace_existing=True)
     return scheduler

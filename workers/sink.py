@@ -24,6 +24,7 @@ from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
 from workers.k8s.client import KubeSource, Listed, ListPage, MalformedEvent, Received
 from workers.settings import WatchSettings, backoff_delay_s
+from workers.threads import in_thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,7 +57,7 @@ async def keep_projections_current(sink: LedgerSink, *, settings: WatchSettings,
             continue
         now = sink.appended
         try:
-            applied = await asyncio.to_thread(services.catch_up, sink.db)
+            applied = await in_thread(services.catch_up, sink.db)  # a stop cancels a catch-up waiting on a lock
         except (Unavailable, ProjectionFailed) as e:
             delay_s = max(interval_s, backoff_delay_s(settings, failures))
             failures += 1

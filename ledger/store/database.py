@@ -7,11 +7,9 @@
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 from sqlalchemy import Connection, Engine, text
@@ -30,6 +28,7 @@ from ledger.errors import (
 from ledger.events import NewEvent, RecordedEvent
 from ledger.store import postgres as pg
 from ledger.store import schema, tables
+from ledger.store.cancel import StatementCancel
 from ledger.store.postgres import ObservationKey, ObservationRow, first_line
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
@@ -122,52 +121,8 @@ class PreparedAppend:
 
 
 class WriteCancelled(Exception):
-    """A :meth:`LedgerDatabase.write` asked to stop (:class:`WriteCancel`) before it began; nothing was written."""
-
-
-@dataclass(eq=False, slots=True)
-class WriteCancel:
-    """Stops a :meth:`LedgerDatabase.write` that another thread runs: a pipelined ingest's, on Ctrl-C.
-
-    Why: an interrupt reaches the main thread, never the writer's, so a write waiting for the append lock
-    (another session holds it) or in a stalled statement went on, and the interrupted ingest waited for it
-    without end. A sequential ingest stops at once there: psycopg cancels the statement the interrupted
-    thread waits in. :meth:`request` does that for the writer's thread.
-    """
-
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _connection: psycopg.Connection[Any] | None = None
-    _requested: bool = False
-
-    def request(self) -> None:
-        """Ask PostgreSQL to cancel the statement the write runs now (the transaction rolls back and the write
-        raises); a write not begun yet raises :class:`WriteCancelled` when it begins.
-
-        PostgreSQL ignores a request that reaches the write between two statements: send it again until the
-        write ended. A request that cannot be sent (the server unreachable) is dropped the same way.
-        """
-        with self._lock:  # the writer forgets the connection under this lock: never a request to a pooled one
-            self._requested = True
-            if self._connection is not None:
-                with suppress(psycopg.Error):
-                    self._connection.cancel_safe(timeout=CANCEL_TIMEOUT)
-
-    def _begin(self, connection: psycopg.Connection[Any]) -> None:
-        with self._lock:
-            if self._requested:
-                raise WriteCancelled("the write was cancelled before it began")
-            self._connection = connection
-
-    def _end(self) -> bool:
-        """Forget the connection; ``True`` when a cancel request may have been sent to it."""
-        with self._lock:
-            sent = self._requested and self._connection is not None
-            self._connection = None
-            return sent
-
-
-CANCEL_TIMEOUT = 5.0
-"""Seconds one cancel request may take to reach the server (psycopg ``cancel_safe``)."""
+    """A :meth:`LedgerDatabase.write` asked to stop (:class:`~ledger.store.cancel.StatementCancel`) before it began;
+    nothing was written."""
 
 
 @dataclass(slots=True)
@@ -279,7 +234,7 @@ class LedgerDatabase:
         with self.reading(read_models=False) as conn:
             return pg.load_entries(conn, cluster, keys)
 
-    def write(self, cluster: str, rows: PreparedAppend, cancel: WriteCancel | None = None) -> None:
+    def write(self, cluster: str, rows: PreparedAppend, cancel: StatementCancel | None = None) -> None:
         """Write ``rows`` (observations, events, translator state rows) in one transaction under the append
         lock: all of them commit or none. Safe to call from another thread than the translator's: it reads
         nothing but ``rows``, which the caller no longer changes. ``cancel`` lets the caller's thread stop it.
@@ -291,12 +246,14 @@ class LedgerDatabase:
             WriteCancelled: ``cancel`` was stopped before the write began; a cancel after raises what the
                 cancelled statement raised (psycopg's ``QueryCanceled``). Nothing was written either way.
         """
-        cancel = cancel if cancel is not None else WriteCancel()
+        cancel = cancel if cancel is not None else StatementCancel()
         with self.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            assert isinstance(raw, psycopg.Connection)
+            cancel.begin(raw)
             try:
-                raw = conn.connection.driver_connection
-                assert isinstance(raw, psycopg.Connection)
-                cancel._begin(raw)
+                if cancel.requested:  # after begin(): a request from now on reaches this connection's statements
+                    raise WriteCancelled("the write was cancelled before it began")
                 with conn.begin():
                     pg.lock_appends(conn)
                     try:
@@ -308,7 +265,7 @@ class LedgerDatabase:
                     pg.insert_events(conn, cluster, rows.events)
                     pg.save_state_rows(conn, cluster, rows.state)
             finally:
-                if cancel._end():
+                if cancel.end(raw):
                     # A cancel request may still be on its way to this session: never hand it back to the pool,
                     # where it could stop whatever statement runs on it next.
                     conn.invalidate()

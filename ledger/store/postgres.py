@@ -26,6 +26,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 
 from ledger.errors import Invalid, StreamConflict
 from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent
+from ledger.store.cancel import watch_engine
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition, StreamId, StreamPosition
 
@@ -72,7 +73,8 @@ def make_engine(url: str, *, session_name: str | None = None) -> Engine:
     """Create an engine for ``url``; ``postgresql://`` URLs are switched to the psycopg 3 driver.
 
     ``json`` and ``jsonb`` columns are decoded by :func:`decode_jsonb`; sessions are named ``session_name``, by
-    default :data:`SESSION_NAME` (a worker process of ``serve`` is handed its command's name).
+    default :data:`SESSION_NAME` (a worker process of ``serve`` is handed its command's name). Work run in a
+    thread under :meth:`ledger.store.cancel.StatementCancel.run` can be stopped from its caller's thread.
 
     Raises:
         Invalid: ``url`` is not a PostgreSQL URL (the ledger needs PostgreSQL: tstzrange, GiST, jsonb).
@@ -84,10 +86,12 @@ def make_engine(url: str, *, session_name: str | None = None) -> Engine:
         raise Invalid(f"the database URL must be postgresql://user@host:port/database, got {scheme or url!r}"
                       " (the ledger needs PostgreSQL)")
     try:
-        return create_engine(url, pool_pre_ping=True, json_deserializer=decode_jsonb,
-                             connect_args={"fallback_application_name": session_name or SESSION_NAME.get()})
+        engine = create_engine(url, pool_pre_ping=True, json_deserializer=decode_jsonb,
+                               connect_args={"fallback_application_name": session_name or SESSION_NAME.get()})
     except ArgumentError as e:
         raise Invalid(f"the database URL cannot be parsed: {e}") from e
+    watch_engine(engine)  # work in a thread can be stopped from its caller's (ledger.store.cancel)
+    return engine
 
 
 def constraint_of(error: IntegrityError) -> str | None:

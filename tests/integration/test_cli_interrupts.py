@@ -23,7 +23,7 @@ from ledger.cli import INTERRUPTED_APPLYING, CtrlCResetFilter, IgnoredErrorFilte
 from ledger.errors import StoreUnavailable
 from ledger.interrupts import Terminated
 from ledger.store.database import LedgerDatabase
-from tests.factories import signalled
+from tests.factories import CLI, signalled
 from tests.paths import HISTORIES
 
 SEED = HISTORIES / "seed-lab.jsonl"
@@ -414,3 +414,44 @@ def test_what_a_command_kept_is_said_when_the_services_raise_their_own_error_fro
     assert exited.value.exit_code == 2
     assert capsys.readouterr().err.splitlines() == ["error: database unavailable: the connection is lost",
                                                     "stopped: the batches committed so far are kept"]
+
+
+@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                      (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_a_signal_stops_jobs_once_while_its_snapshot_waits_for_a_lock_held_elsewhere(
+        ledger_engine: Engine, signum: int, code: int, said: str) -> None:
+    # The snapshot runs in a worker thread, which no signal reaches: with no lock_timeout, `jobs --once` stopped
+    # only once the other session let go of idle_claim_snapshots (never, while it held it), and the snapshot then
+    # committed under a line saying it was not taken. The signal must cancel the waiting statement at once.
+    url = _url(ledger_engine)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    with ledger_engine.connect() as holder, ledger_engine.connect() as watcher:
+        holder.execute(text("LOCK TABLE idle_claim_snapshots IN ACCESS EXCLUSIVE MODE"))
+        proc = subprocess.Popen(
+            [*CLI, "jobs", "--once", "--database-url", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not a shell's background job
+        waiting = 0
+        deadline = time.monotonic() + 60  # the process's start-up on a busy machine, not a timing assertion
+        while not waiting and proc.poll() is None and time.monotonic() < deadline:
+            waiting = watcher.execute(text(_WAITING_FOR_SNAPSHOTS)).scalar_one()
+            watcher.rollback()
+            time.sleep(0.05)
+        # Read while the holder still holds the lock: the process has ended, so the cancel, not the lock's
+        # release, let it go (before, this waited until timeout_s and the process was killed).
+        out, err = signalled(proc, signum, timeout_s=60)
+        still_waiting = watcher.execute(text(_WAITING_FOR_SNAPSHOTS)).scalar_one()
+        watcher.rollback()
+        holder.rollback()
+    assert waiting == 1, (out, err)
+    assert proc.returncode == code, err
+    assert still_waiting == 0
+    assert err.strip().splitlines() == [
+        f"{said} after every hour was rolled up: the snapshots (idle claims, quotas, pending demand) and occupancy "
+        "counts not taken yet are taken by the next run of the jobs"]
+    with ledger_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM usage_rollups")).scalar_one() > 0
+        assert conn.execute(text("SELECT count(*) FROM idle_claim_snapshots")).scalar_one() == 0
+
+
+_WAITING_FOR_SNAPSHOTS = ("SELECT count(*) FROM pg_locks WHERE relation = 'idle_claim_snapshots'::regclass "
+                          "AND NOT granted")

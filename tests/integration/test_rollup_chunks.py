@@ -185,11 +185,11 @@ def test_cancelling_the_rollup_job_stops_it_between_chunks(years_back: LedgerHan
         await run_rollups(years_back.db, clock=lambda: END, progress=progress)
 
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(main())  # returns once the chunk in flight, if any, has committed in its thread
+        asyncio.run(main())  # returns once the chunk in flight, if any, has committed or been cancelled
     hours = stored_hours(years_back.engine)["usage_rollups"]
     assert len(seen) == 2
-    # Chunks 1 and 2 committed; the third had started in its thread when the task was cancelled: whole or absent,
-    # and none after it.
+    # Chunks 1 and 2 committed; the third had started in its thread when the task was cancelled: whole (committed
+    # before the cancel reached it) or absent (cancelled), and none after it.
     assert hours[0] == FIRST_HOUR and len(hours) == (hours[-1] + HOUR - FIRST_HOUR) // HOUR
     assert seen[1].end <= hours[-1] + HOUR < floor_hour(END)
 

@@ -1,0 +1,47 @@
+"""Database work of the event loop's coroutines, run in worker threads that a cancel can stop.
+
+The ledger's database calls are synchronous (SQLAlchemy Core on psycopg), so the workers' coroutines hand them to
+threads; :func:`in_thread` is ``asyncio.to_thread`` plus a way to stop the thread's statements when the coroutine
+is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from ledger import services
+from ledger.store.cancel import StatementCancel
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+async def in_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``work(*args, **kwargs)`` in a worker thread (as ``asyncio.to_thread`` does) and return what it returns;
+    cancelled, cancel the statements it runs and return once its thread is done.
+
+    Why: a cancelled ``to_thread`` leaves its thread running, and ``asyncio.run`` waits for it as it ends. A rollup
+    chunk or a snapshot waiting for a lock (a ``rebuild`` holds the read models for minutes) kept an interrupted
+    ``jobs --once`` from exiting until the lock came free, without end where no ``lock_timeout`` is set. Now the
+    statement is cancelled at once and again every :data:`ledger.services.CANCEL_REPEAT` seconds (PostgreSQL
+    ignores a request that reaches the connection between two statements) until the thread is done: what it had
+    not committed rolls back (:mod:`ledger.store.cancel`).
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled, once the thread is done (its outcome is dropped: a
+            transaction that committed before the cancel stays committed).
+        Whatever ``work`` raises.
+    """
+    cancel = StatementCancel()
+    done = asyncio.ensure_future(asyncio.to_thread(cancel.run, work, *args, **kwargs))
+    # Read once done, so that an outcome dropped below is never reported as "exception was never retrieved".
+    done.add_done_callback(lambda task: task.cancelled() or task.exception())
+    try:
+        return await asyncio.shield(done)  # the caller's cancel reaches this await, not the thread's task
+    except asyncio.CancelledError:
+        while not done.done():
+            cancel.request()
+            await asyncio.wait([done], timeout=services.CANCEL_REPEAT)
+        raise
