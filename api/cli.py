@@ -63,6 +63,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
 
     from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app
     from api.deps import ReportSlots
+    from api.server import LifespanEndsOnCancel
 
     if cluster == "":
         raise LedgerError("--cluster is empty; leave it out to serve every cluster")
@@ -105,7 +106,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     typer.echo(f"dra-ledger API on http://{where}:{port}/v1 (OpenAPI at http://{where}:{port}/schema){served}",
                err=True)
     if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="info", http=HTTP_PROTOCOL)
+        uvicorn.run(LifespanEndsOnCancel(app), host=host, port=port, log_level="info", http=HTTP_PROTOCOL)
         return
     # uvicorn starts workers from an import string (a fresh interpreter each): hand them what this process
     # checked, the configuration as read here (not its path: a worker started later, after the file changed,
@@ -115,7 +116,7 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
                                              config=config.model_dump_json(by_alias=True),
                                              session_name=SESSION_NAME.get()).to_json()
     db.dispose()
-    uvicorn.run("api.app:create_app_for_worker", factory=True, workers=workers, host=host, port=port,
+    uvicorn.run("api.server:worker_app", factory=True, workers=workers, host=host, port=port,
                 log_level="info", http=HTTP_PROTOCOL)
 
 
