@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from api.app import WORKER_SPEC_ENV, WorkerSpec, create_app, create_app_for_worker
 from api.cli import register, serve_api
+from api.server import LifespanEndsOnCancel
 from ledger import cli
 from ledger.config import DEFAULT, LedgerConfig, load_config
 from ledger.errors import Invalid, LedgerError
@@ -205,7 +206,7 @@ def test_serving_a_cluster_the_ledger_holds_nothing_of_warns_and_serves(
     served: list[object] = []
     # Neither built nor run: a Litestar app sets up logging to the stderr of the moment, which capsys closes after.
     monkeypatch.setattr(api.app, "create_app", lambda **kwargs: kwargs["cluster"])
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(_app_in(app)))
     settings = Settings(database_url=ledger.db.url)
 
     serve_api(settings, host="127.0.0.1", port=free_port(), allow_open=False, cluster="nope")
@@ -216,6 +217,12 @@ def test_serving_a_cluster_the_ledger_holds_nothing_of_warns_and_serves(
     assert ("warning: the ledger holds no event of cluster 'nope' yet: every answer will be empty until something "
             "is recorded under that name") in err
     assert served == ["nope", ledger.cluster]  # served anyway: the workers may record it later
+
+
+def _app_in(served: object) -> object:
+    """What ``serve`` built the served app from: uvicorn is handed :func:`api.app.create_app`'s app in a wrapper."""
+    assert isinstance(served, LifespanEndsOnCancel)
+    return served.app
 
 
 def test_serve_and_quotas_warn_of_a_quota_for_a_cluster_the_ledger_never_recorded(
@@ -229,7 +236,7 @@ def test_serve_and_quotas_warn_of_a_quota_for_a_cluster_the_ledger_never_recorde
     ledger.replay(HISTORIES / "seed-lab.jsonl")
     served: list[object] = []
     monkeypatch.setattr(api.app, "create_app", lambda **kwargs: kwargs["cluster"])
-    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(app))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_: served.append(_app_in(app)))
     path = tmp_path / "ledger.toml"
     quota = '[[quotas]]\ncluster = "{}"\nteam = "vision"\nresourceName = "example.com/gpu"\nnominalQuota = 3\n'
     path.write_text(quota.format("lab-2") + quota.format(ledger.cluster) + quota.format("lab-0"))
