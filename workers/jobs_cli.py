@@ -25,6 +25,7 @@ from ledger.recorded import parse_query_time
 from ledger.settings import Settings
 from ledger.store.database import LedgerDatabase
 from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run_rollups, run_snapshots
+from workers.logs import configure_logging
 
 
 async def _run_forever(settings: Settings, config_path: Path | None, cluster: str | None) -> None:
@@ -174,4 +175,7 @@ def register(app: typer.Typer) -> None:
                            f"{counts['quotaRows']} quota rows, {counts['pendingClasses']} pending classes; "
                            f"{counts['occupancyCountRows']} occupancy count rows")
             else:
+                # A service's log, as `watch` writes it: each run of a job and what it did, with the time. Without
+                # it the process wrote nothing but bare warnings (its rollups and snapshots, and its stop, unseen).
+                configure_logging()
                 asyncio.run(_run_forever(settings, config, cluster))

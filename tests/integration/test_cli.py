@@ -557,3 +557,36 @@ def test_jobs_once_with_rollup_from_stopped_names_the_hour_to_go_on_from(ledger_
         "stopped: the rollup hours committed so far are kept; run `dra-ledger jobs --once --rollup-from "
         "2026-11-02T09:00:00Z` to recompute the rest (without --rollup-from it would resume from the last rolled "
         "hour, past them)")
+
+
+def test_the_long_running_jobs_write_a_timed_log_of_each_run_and_stop_on_sigterm(ledger_engine: Engine,
+                                                                                  tmp_path: Path) -> None:
+    # `dra-ledger jobs` (compose.yaml's `jobs` service) set up no logging: a run of a job, and what it did, left no
+    # line, where `watch` running the same scheduler logs each.
+    import os
+    import re
+    import signal
+
+    url = ledger_engine.url.render_as_string(hide_password=False)
+    assert CliRunner().invoke(app, ["replay", str(SEED), "--database-url", url]).exit_code == 0
+    log = tmp_path / "jobs.log"
+    ran = 'Job "occupancy counts'
+    with log.open("w") as out:
+        process = subprocess.Popen([*CLI, "jobs", "--database-url", url], stdout=subprocess.DEVNULL, stderr=out,
+                                   env={**os.environ, "LEDGER_JOBS_COUNTS_INTERVAL_S": "5"})
+    try:
+        deadline = time.monotonic() + 120  # the first run comes after 5 s; start-up on a busy machine besides
+        while ran not in log.read_text() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = log.read_text().splitlines()
+    assert process.returncode == 0, lines
+    executed = [line for line in lines if ran in line and "executed successfully" in line]
+    assert executed, lines
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO apscheduler\.executors\.default: "
+                        r'Job "occupancy counts \(trigger: interval\[0:00:05\].*" executed successfully', executed[0])
