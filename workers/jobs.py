@@ -113,12 +113,9 @@ async def run_snapshots(db: LedgerDatabase, *, config: LedgerConfig, cluster: st
     return counts
 
 
-def _quiet_when_stopped(job: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
-    """``job`` as a scheduled job: cancelled because the process stops, it logs one line and returns.
-
-    Why: ``asyncio.run`` cancels the jobs still running as ``jobs`` or ``watch`` stops, and APScheduler logged the
-    cancel as the job's failure, with a traceback (it takes every exception of a job, so nothing else changes).
-    """
+def _said_when_stopped(job: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
+    """``job`` as a scheduled job: cancelled because the process stops, it logs one line of its own (info) and
+    lets the cancel go on to APScheduler, whose record of it :class:`CancelledJobFilter` drops."""
 
     @functools.wraps(job)
     async def run(**kwargs: Any) -> object:
@@ -126,9 +123,27 @@ def _quiet_when_stopped(job: Callable[..., Awaitable[object]]) -> Callable[..., 
             return await job(**kwargs)
         except asyncio.CancelledError:
             log.info("job %s stopped with the process: what it had not committed rolled back", job.__name__)
-            return None
+            raise
 
     return run
+
+
+class CancelledJobFilter(logging.Filter):
+    """Drops APScheduler's "raised an exception" record of a job whose exception is ``asyncio.CancelledError``.
+
+    Why: ``asyncio.run`` cancels the jobs still running as ``jobs`` or ``watch`` stops, and APScheduler logged that
+    cancel as the job's failure, with a traceback; returning instead of raising made it log the run as "executed
+    successfully". The job says it was stopped itself (:func:`_said_when_stopped`). Decided by the exception's type,
+    on the executor's logger only: every other failure of a job is logged as before.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` for a record carrying a ``CancelledError``."""
+        return not (record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
+EXECUTOR_LOG = "apscheduler.executors.default"
+"""The logger of APScheduler's default executor, which runs the jobs (:class:`CancelledJobFilter` sits on it)."""
 
 
 def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSettings | None = None,
@@ -147,8 +162,11 @@ def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSe
         The scheduler, in UTC; call ``start()`` inside a running event loop and ``shutdown()`` to stop.
     """
     settings = settings or JobSettings()
+    executor_log = logging.getLogger(EXECUTOR_LOG)
+    if not any(isinstance(f, CancelledJobFilter) for f in executor_log.filters):
+        executor_log.addFilter(CancelledJobFilter())
     run_rollups_, run_snapshots_, run_occupancy_counts_ = (
-        _quiet_when_stopped(job) for job in (run_rollups, run_snapshots, run_occupancy_counts))
+        _said_when_stopped(job) for job in (run_rollups, run_snapshots, run_occupancy_counts))
     scheduler = AsyncIOScheduler(timezone=UTC, job_defaults={
         "max_instances": 1, "coalesce": True, "misfire_grace_time": settings.misfire_grace_s})
     scheduler.add_job(run_rollups_, CronTrigger(minute=settings.rollup_minute, timezone=UTC), id="usage-rollups",

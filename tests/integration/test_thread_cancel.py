@@ -21,7 +21,7 @@ from ledger.config import LedgerConfig
 from ledger.store.cancel import StatementCancel, ThreadCancelled
 from ledger.testing.handle import LedgerHandle
 from tests.paths import HISTORIES
-from workers.jobs import build_scheduler
+from workers.jobs import EXECUTOR_LOG, build_scheduler
 from workers.threads import in_thread
 
 GUARD_S = 60.0
@@ -209,3 +209,5 @@ def test_a_scheduled_job_waiting_for_a_lock_stops_with_the_process_with_one_line
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert [r.getMessage() for r in caplog.records if "stopped with the process" in r.getMessage()] == [
         "job run_occupancy_counts stopped with the process: what it had not committed rolled back"]
+    # Nor was the run said to have gone well (a job that returned after the cancel was "executed successfully").
+    assert not [r for r in caplog.records if r.name == EXECUTOR_LOG and "executed successfully" in r.getMessage()]
