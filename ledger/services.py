@@ -41,7 +41,7 @@ from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
 from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
 from ledger.settings import Settings
 from ledger.store import locks, schema
-from ledger.store.cancel import StatementCancel
+from ledger.store.cancel import CANCEL_REPEAT, StatementCancel
 from ledger.store.database import (
     AppendBatch,
     LedgerDatabase,
@@ -388,10 +388,6 @@ def _stop_writes(writer: ThreadPoolExecutor, cancel: StatementCancel) -> None:
         cancel.request()
         if wait([ended], timeout=CANCEL_REPEAT).done:
             return
-
-
-CANCEL_REPEAT = 0.25
-"""Seconds between two cancel requests of an interrupted pipelined ingest (:func:`_stop_writes`)."""
 
 
 def _settle(done: _InFlight, state: TranslatorState, report: IngestReport, progress: Progress | None, *,

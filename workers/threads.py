@@ -11,8 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from ledger import services
-from ledger.store.cancel import StatementCancel
+from ledger.store.cancel import CANCEL_REPEAT, StatementCancel
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -25,7 +24,7 @@ async def in_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) 
     Why: a cancelled ``to_thread`` leaves its thread running, and ``asyncio.run`` waits for it as it ends. A rollup
     chunk or a snapshot waiting for a lock (a ``rebuild`` holds the read models for minutes) kept an interrupted
     ``jobs --once`` from exiting until the lock came free, without end where no ``lock_timeout`` is set. Now the
-    statement is cancelled at once and again every :data:`ledger.services.CANCEL_REPEAT` seconds (PostgreSQL
+    statement is cancelled at once and again every :data:`~ledger.store.cancel.CANCEL_REPEAT` seconds (PostgreSQL
     ignores a request that reaches the connection between two statements) until the thread is done: what it had
     not committed rolls back (:mod:`ledger.store.cancel`).
 
@@ -43,5 +42,5 @@ async def in_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) 
     except asyncio.CancelledError:
         while not done.done():
             cancel.request()
-            await asyncio.wait([done], timeout=services.CANCEL_REPEAT)
+            await asyncio.wait([done], timeout=CANCEL_REPEAT)
         raise

@@ -33,6 +33,9 @@ T = TypeVar("T")
 
 CANCEL_TIMEOUT = 5.0
 """Seconds one cancel request may take to reach the server (psycopg ``cancel_safe``)."""
+CANCEL_REPEAT = 0.25
+"""Seconds between two cancel requests to work that has not ended yet (:func:`ledger.services.ingest`'s writer,
+:func:`workers.threads.in_thread`): PostgreSQL drops a request that reaches a connection between two statements."""
 
 
 class ThreadCancelled(BaseException):
@@ -66,7 +69,7 @@ class StatementCancel:
         the statement raises); from now on :attr:`requested` is ``True``.
 
         PostgreSQL ignores a request that reaches a connection between two statements: send it again until the
-        work ended (:data:`ledger.services.CANCEL_REPEAT`). A request that cannot be sent (the server unreachable,
+        work ended (every :data:`CANCEL_REPEAT` seconds). A request that cannot be sent (the server unreachable,
         or not answering within :data:`CANCEL_TIMEOUT` seconds) is dropped the same way.
         """
         with self._lock:  # the work forgets a connection under this lock: never a request to a pooled one
