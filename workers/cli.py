@@ -288,7 +288,7 @@ def register(app: typer.Typer) -> None:
             api_client = await api_client_for(kubeconfig, context)
             metrics = WorkerMetrics()
             sink = LedgerSink(db, cluster=settings.cluster, translator=translator, batch_size=settings.batch_size,
-                              metrics=metrics)
+                              metrics=metrics, stop_grace_s=watch_settings.stop_grace_s)
 
             async def ready() -> bool:
                 return await asyncio.to_thread(services.database_ready, db)

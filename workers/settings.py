@@ -11,6 +11,9 @@ import random
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+STOP_GRACE_S = 3.0
+"""Default of :attr:`WatchSettings.stop_grace_s`, s."""
+
 
 class WatchSettings(BaseSettings):
     """Timing and sizing of list/watch, backoff, leader election and health; ``LEDGER_WATCH_<FIELD>``."""
@@ -48,6 +51,12 @@ class WatchSettings(BaseSettings):
     catch_up_interval_s: float = 1.0
     """How often the leader brings the read models up to date after it appended events, s (projection
     catch-up, DESIGN §8); 0 = never (queries, ``dra-ledger rebuild`` or another process do it)."""
+    stop_grace_s: float = Field(default=STOP_GRACE_S, ge=0.0, allow_inf_nan=False)
+    """At a stop (SIGTERM, Ctrl-C) or when the Lease is lost, how long the append transaction in flight may go on
+    to commit before its statement is cancelled and it rolls back, s (its watch events are delivered again, so
+    nothing is lost). A write commits within milliseconds unless it waits for a lock held elsewhere. Kept below
+    ``lease_duration_s - renew_deadline_s`` (5 s by default), so that a former leader's write has ended before a
+    standby may take over, and well inside Kubernetes' 30 s ``terminationGracePeriodSeconds``."""
     health_host: str = "0.0.0.0"
     """Address of the /healthz, /readyz and /metrics server."""
     health_port: int = Field(default=8081, ge=-1, le=65535)

@@ -10,6 +10,7 @@ before the next write: what is in memory never runs ahead of what committed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,8 +24,8 @@ from ledger.store.database import LedgerDatabase
 from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
 from workers.k8s.client import KubeSource, Listed, ListPage, MalformedEvent, Received
-from workers.settings import WatchSettings, backoff_delay_s
-from workers.threads import in_thread
+from workers.settings import STOP_GRACE_S, WatchSettings, backoff_delay_s
+from workers.threads import in_thread, in_thread_with_grace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,11 +83,17 @@ def _report_catch_up_failure(error: Unavailable | ProjectionFailed, *, delay_s: 
 
 
 class LedgerSink:
-    """Stores watch bursts and relists with their resourceVersion checkpoint (one transaction each)."""
+    """Stores watch bursts and relists with their resourceVersion checkpoint (one transaction each).
+
+    ``stop_grace_s`` (s, >= 0): how long a write in flight when its coroutine is cancelled may go on to commit
+    before its statements are cancelled (``LEDGER_WATCH_STOP_GRACE_S``).
+    """
 
     def __init__(self, db: LedgerDatabase, *, cluster: str, translator: TranslatorSettings = TranslatorSettings(),
-                 batch_size: int = 1000, metrics: WorkerMetrics | None = None) -> None:
+                 batch_size: int = 1000, metrics: WorkerMetrics | None = None,
+                 stop_grace_s: float = STOP_GRACE_S) -> None:
         self.db = db
+        self._stop_grace_s = stop_grace_s
         self.cluster = cluster
         self._translator = translator
         self._batch_size = batch_size
@@ -107,15 +114,19 @@ class LedgerSink:
         self._state = None
 
     async def _write(self, call: Callable[[TranslatorState], T]) -> T:
-        # Invariant: one write at a time (shared translator state; one append transaction per cluster).
+        # Invariant: one write at a time (shared translator state; one append transaction per cluster). Cancelled
+        # (a stop, or the Lease lost), the write gets stop_grace_s to commit, then its statements are cancelled and
+        # it rolls back with its resourceVersion checkpoint (its events are delivered again after the next list or
+        # watch); either way in_thread_with_grace returns only once the thread is done, so no write overlaps and
+        # none outlives the leadership by more than the grace.
         async with self._lock:
-            task = asyncio.ensure_future(asyncio.to_thread(self._in_thread, call))
-            try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                # The thread cannot be stopped: keep the lock until it finished, so no write overlaps.
-                await asyncio.wait([task])
-                raise
+            return await in_thread_with_grace(functools.partial(self._in_thread, call), grace_s=self._stop_grace_s,
+                                              grace_over=self._cancelling)
+
+    def _cancelling(self) -> None:
+        log.warning("stopping: the append transaction in flight has not committed within %gs "
+                    "(LEDGER_WATCH_STOP_GRACE_S), so it is cancelled and rolls back; its watch events are recorded "
+                    "when they are delivered again", self._stop_grace_s)
 
     def _in_thread(self, call: Callable[[TranslatorState], T]) -> T:
         if self._state is None:

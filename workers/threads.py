@@ -8,6 +8,8 @@ is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -33,13 +35,40 @@ async def in_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) 
             transaction that committed before the cancel stays committed).
         Whatever ``work`` raises.
     """
+    return await in_thread_with_grace(functools.partial(work, *args, **kwargs), grace_s=0.0)
+
+
+async def in_thread_with_grace(work: Callable[[], T], *, grace_s: float,
+                               grace_over: Callable[[], None] | None = None) -> T:
+    """:func:`in_thread` for work worth finishing: cancelled, ``work`` first gets ``grace_s`` seconds to end on
+    its own, and only then are its statements cancelled. A second cancel meanwhile cuts the grace short.
+
+    Used for a watch worker's append transaction (:class:`workers.sink.LedgerSink`): at a stop it nearly always
+    commits within milliseconds, which spares delivering its batch again; one that waits for a lock held
+    elsewhere is cancelled after the grace, so the process stops and hands the Lease on.
+
+    Args:
+        grace_s: seconds, >= 0 (0: cancel the statements at once, as :func:`in_thread` does).
+        grace_over: called in the event loop when the work is still running as its statements are cancelled (to
+            say so); not called when the work ended within the grace.
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled, once the thread is done (what ``work`` committed
+            before its statements were cancelled stays committed).
+        Whatever ``work`` raises.
+    """
     cancel = StatementCancel()
-    done = asyncio.ensure_future(asyncio.to_thread(cancel.run, work, *args, **kwargs))
+    done = asyncio.ensure_future(asyncio.to_thread(cancel.run, work))
     # Read once done, so that an outcome dropped below is never reported as "exception was never retrieved".
     done.add_done_callback(lambda task: task.cancelled() or task.exception())
     try:
         return await asyncio.shield(done)  # the caller's cancel reaches this await, not the thread's task
     except asyncio.CancelledError:
+        if grace_s > 0:
+            with contextlib.suppress(asyncio.CancelledError):  # a second cancel: cancel the statements now
+                await asyncio.wait([done], timeout=grace_s)
+        if grace_over is not None and not done.done():
+            grace_over()
         while not done.done():
             cancel.request()
             await asyncio.wait([done], timeout=CANCEL_REPEAT)

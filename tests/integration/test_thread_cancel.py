@@ -8,8 +8,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -20,42 +19,10 @@ from ledger import services
 from ledger.config import LedgerConfig
 from ledger.store.cancel import StatementCancel, ThreadCancelled
 from ledger.testing.handle import LedgerHandle
+from tests.locks import GUARD_S, held, someone_waits_for_a_lock
 from tests.paths import HISTORIES
 from workers.jobs import EXECUTOR_LOG, build_scheduler
 from workers.threads import in_thread
-
-GUARD_S = 60.0
-"""Only against a hang: the holder lets go after this even when nothing cancelled the waiting statement."""
-
-
-@contextmanager
-def held(engine: Engine, statement: str) -> Iterator[threading.Event]:
-    """Hold what ``statement`` locks in another session's open transaction until the block ends (or
-    :data:`GUARD_S`); the event yielded is set once the holder has let go."""
-    locked, done, released = threading.Event(), threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with engine.connect() as conn, conn.begin():
-            conn.execute(text(statement))
-            locked.set()
-            done.wait(GUARD_S)
-        released.set()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert locked.wait(GUARD_S)
-        yield released
-    finally:
-        done.set()
-        holder.join()
-
-
-def someone_waits_for_a_lock(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        return bool(conn.execute(text(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-            "WHERE NOT l.granted AND a.datname = current_database()")).scalar_one())
 
 
 async def cancelled_once_waiting(engine: Engine, work: Callable[[], object]) -> None:

@@ -77,6 +77,16 @@ def test_the_worker_deployment_probes_its_health_port_and_names_itself_after_the
     assert deployment["spec"]["replicas"] >= 2  # a standby to take over
 
 
+def test_a_stopped_workers_write_ends_before_kubernetes_kills_it_and_before_a_standby_may_take_over() -> None:
+    # At SIGTERM the append transaction in flight gets stop_grace_s to commit, then is cancelled; the process then
+    # hands the Lease on. The grace must end inside the pod's termination grace and inside the time between the
+    # leader's last renewal deadline and a standby's takeover.
+    (deployment,) = [d for d in _by_kind("Deployment") if d["metadata"]["name"] == "dra-ledger-watch"]
+    defaults = WatchSettings()
+    assert 0 < defaults.stop_grace_s < deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] / 2
+    assert defaults.stop_grace_s < defaults.lease_duration_s - defaults.renew_deadline_s
+
+
 def test_a_manifest_with_a_typo_fails_validation() -> None:
     (deployment,) = [d for d in _by_kind("Deployment") if d["metadata"]["name"] == "dra-ledger-watch"]
     broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import pytest
 from sqlalchemy import text
 
 from ledger.recorded import WatchLine
@@ -39,8 +40,12 @@ _WROTE_EVENTS = text(
     "WHERE l.pid = :pid AND c.relname = 'events' AND l.mode = 'RowExclusiveLock'")
 
 
-def test_a_worker_killed_with_sigkill_mid_batch_and_restarted_leaves_the_ledger_identical(
-        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "exit_code"), [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 0)],
+                         ids=["SIGKILL", "SIGTERM"])
+def test_a_worker_stopped_mid_batch_and_restarted_leaves_the_ledger_identical(
+        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path, stop: signal.Signals, exit_code: int) -> None:
+    # SIGTERM: the batch waits for a lock this test holds until the worker has exited, so the worker stops only
+    # because its write is cancelled once LEDGER_WATCH_STOP_GRACE_S is over (it waited for the lock without end).
     clean, live = ledger_factory(), ledger_factory()
     clean.replay(SEED_LAB)
     lines = seed_lab()
@@ -73,9 +78,11 @@ def test_a_worker_killed_with_sigkill_mid_batch_and_restarted_leaves_the_ledger_
                             return bool(pids) and probe.execute(_WROTE_EVENTS, {"pid": pids[0]}).scalar() == 1
 
                     await eventually(blocked, "the worker blocked inside its batch, events already inserted")
-                    worker.send_signal(signal.SIGKILL)
-                    worker.wait(timeout=WAIT_S)
+                    worker.send_signal(stop)
+                    assert worker.wait(timeout=WAIT_S) == exit_code
                     conn.rollback()
+                said = (tmp_path / "doomed.log").read_text(encoding="utf-8")
+                assert ("the append transaction in flight has not committed" in said) == (stop == signal.SIGTERM)
                 assert stored_version(live.db, "ResourceClaim") < int(played[0].resource_version)
                 assert "ClaimAllocated" not in {e.type for e in live.events() if e.stream == claim_key}
                 worker = spawn_worker(server_url=server.url, database_url=live.db.url, directory=tmp_path,
