@@ -598,6 +598,8 @@ def _say_waiting(seconds: float) -> None:
 def _say_statistics(done: Analyzed, seconds: float) -> None:
     """Say on stderr what :func:`ledger.services.refresh_statistics` did, each failed table as a warning (the load
     it follows stays committed either way)."""
+    if done.unavailable is not None:
+        err.print(f"warning: statistics left to autovacuum: {done.unavailable}")
     if done.analyzed:
         noun = "table" if len(done.analyzed) == 1 else "tables"
         err.print(f"statistics: {len(done.analyzed)} {noun} analyzed for the query planner in {seconds:.1f} s")

@@ -779,20 +779,24 @@ Statistics = Callable[[Analyzed, float], None]
 
 def refresh_statistics(db: LedgerDatabase, *, told: Statistics | None = None) -> Analyzed | None:
     """``ANALYZE`` the ledger's tables (:meth:`LedgerDatabase.analyze`) after a bulk load, never failing it; ``told``
-    hears what was done, failed tables included (not when the connection failed); without it, what was done is
-    logged (info) and each failed table as a warning.
+    hears what was done, failed tables included, and why nothing was when the connection failed
+    (``Analyzed.unavailable``), so that a command says it in its place among its own lines; without it, what was
+    done is logged (info) and each failure as a warning.
 
     Returns:
         What was analyzed, skipped (tables the role may not analyze: neither their owner nor, from PostgreSQL 17,
         granted MAINTAIN) and failed (a lock not granted in time, a statement timeout),
-        or ``None`` when the connection failed (logged too). The load is committed either way; what was not
+        or ``None`` when the connection failed. The load is committed either way; what was not
         analyzed is left to autovacuum.
     """
     started = time.monotonic()
     try:
         done = db.analyze()
     except LedgerError as e:
-        log.warning("statistics left to autovacuum: %s", e)
+        if told is not None:
+            told(Analyzed(analyzed=(), skipped=(), unavailable=str(e)), time.monotonic() - started)
+        else:
+            log.warning("statistics left to autovacuum: %s", e)
         return None
     if told is not None:
         told(done, time.monotonic() - started)

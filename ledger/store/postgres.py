@@ -330,6 +330,9 @@ class Analyzed:
     failed: tuple[tuple[str, str], ...] = ()
     """(table, the first line of what the server said) of each ANALYZE refused: a lock not granted within
     :data:`ANALYZE_LOCK_TIMEOUT`, a statement timeout. The tables after it were still analyzed."""
+    unavailable: str | None = None
+    """Why no table was analyzed, when the database could not be reached or used (then the other fields are
+    empty); ``None`` otherwise."""
 
 
 ANALYZE_LOCK_TIMEOUT = "10s"

@@ -590,3 +590,29 @@ def test_the_long_running_jobs_write_a_timed_log_of_each_run_and_stop_on_sigterm
     assert executed, lines
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO apscheduler\.executors\.default: "
                         r'Job "occupancy counts \(trigger: interval\[0:00:05\].*" executed successfully', executed[0])
+
+
+def test_statistics_the_database_refused_are_said_after_the_events_applied(
+        ledger_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The statistics refresh follows the catch-up, so what it says follows the "events applied" line. When its
+    # connection failed, its warning was logged at once and came out before that line.
+    from ledger import services
+    from ledger.errors import StoreUnavailable
+    from ledger.store.database import LedgerDatabase
+
+    def unreachable(self: LedgerDatabase) -> object:
+        raise StoreUnavailable("connection refused")
+
+    monkeypatch.setattr(cli, "PROGRESS_MIN_LINES", 10)
+    monkeypatch.setattr(cli, "PLAIN_PROGRESS_FACTOR", 1)
+    monkeypatch.setattr(services, "ANALYZE_AFTER_EVENTS", 1)
+    monkeypatch.setattr(LedgerDatabase, "analyze", unreachable)
+    result = CliRunner().invoke(app, ["replay", str(HISTORIES / "seed-lab.jsonl"), "--database-url",
+                                      _url(ledger_engine)])
+
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if not line.startswith("replay lines:")]
+    assert lines[:2] == ["read models: applying 51 events ...", "events applied: 51 of 51"]
+    assert lines[2].startswith("read models: 51 events applied in ")
+    assert lines[3:] == ["warning: statistics left to autovacuum: connection refused",
+                         "39 lines: 39 recorded, 0 already recorded, 0 rejected; 51 events appended"]
