@@ -258,6 +258,19 @@ class _EncodedJsonbDumper(Dumper):
         return b"\x01" + obj
 
 
+class _EncodedJsonDumper(Dumper):
+    """A ``json`` value in ``COPY``'s binary format from JSON text the caller encoded already (UTF-8 bytes): the
+    binary input form of ``json`` is the text itself. Registered by oid only, as :class:`_EncodedJsonbDumper`."""
+
+    format = Format.BINARY
+    oid = psycopg.postgres.types["json"].oid
+
+    def dump(self, obj: object) -> Buffer:
+        """``obj`` (``bytes``: UTF-8 JSON text) as binary ``json``."""
+        assert isinstance(obj, bytes), "json columns of a binary COPY take encoded JSON (bytes)"
+        return obj
+
+
 def copy_binary_rows(conn: Connection, table: str, columns: Sequence[tuple[str, str]],
                      rows: Iterable[Sequence[object]]) -> None:
     """``COPY table (columns) FROM STDIN (FORMAT BINARY)`` in the caller's transaction.
@@ -267,8 +280,8 @@ def copy_binary_rows(conn: Connection, table: str, columns: Sequence[tuple[str, 
         table: the table written.
         columns: (column, PostgreSQL type name) pairs, in row order; the types must be the columns' own
             (binary COPY applies no cast).
-        rows: tuples in ``columns`` order. ``jsonb`` values are JSON text already encoded (``bytes``, see
-            :func:`json_bytes`); every other value is the Python value of its type (``str``, ``int``, aware
+        rows: tuples in ``columns`` order. ``json`` and ``jsonb`` values are JSON text already encoded (``bytes``,
+            see :func:`json_bytes`); every other value is the Python value of its type (``str``, ``int``, aware
             ``datetime``, ``uuid.UUID``) or ``None``.
 
     Why binary: the text format makes psycopg escape every string byte by byte and the server parse every
@@ -283,6 +296,7 @@ def copy_binary_rows(conn: Connection, table: str, columns: Sequence[tuple[str, 
     statement = f"COPY {table} ({', '.join(name for name, _ in columns)}) FROM STDIN (FORMAT BINARY)"
     with _driver_errors(raw, statement), raw.cursor() as cur:
         cur.adapters.register_dumper(None, _EncodedJsonbDumper)
+        cur.adapters.register_dumper(None, _EncodedJsonDumper)
         with cur.copy(statement) as copy:
             copy.set_types([kind for _, kind in columns])
             for row in rows:
@@ -398,7 +412,7 @@ def count_cluster_observations(conn: Connection, cluster: str) -> int:
 _OBSERVATION_COLUMNS = (("cluster", "text"), ("digest", "text"), ("status", "text"), ("kind", "text"),
                         ("api_version", "text"), ("namespace", "text"), ("name", "text"), ("uid", "text"),
                         ("resource_version", "text"), ("watch_type", "text"), ("observed_at", "timestamptz"),
-                        ("recorded_at", "timestamptz"), ("origin", "text"), ("error", "text"), ("body", "jsonb"))
+                        ("recorded_at", "timestamptz"), ("origin", "text"), ("error", "text"), ("body", "json"))
 
 
 def insert_observations(conn: Connection, cluster: str, rows: Sequence[ObservationRow]) -> None:
@@ -419,7 +433,7 @@ def insert_observations(conn: Connection, cluster: str, rows: Sequence[Observati
 
 _NEW_EVENT_COLUMNS = (("event_id", "uuid"), ("cluster", "text"), ("stream", "text"), ("stream_position", "int4"),
                       ("type", "text"), ("occurred_at", "timestamptz"), ("recorded_at", "timestamptz"),
-                      ("schema_version", "int4"), ("payload", "jsonb"), ("source", "jsonb"))
+                      ("schema_version", "int4"), ("payload", "jsonb"), ("source", "json"))
 
 
 def insert_events(conn: Connection, cluster: str, events: Sequence[NewEvent]) -> None:
@@ -609,7 +623,7 @@ def read_all(conn: Connection, *, after: GlobalPosition, limit: int, types: Iter
     if cluster is not None:
         where.append("cluster = :cluster")
         params["cluster"] = cluster
-    columns = _EVENT_COLUMNS if with_source else _EVENT_COLUMNS.replace(", source", ", '{}'::jsonb AS source")
+    columns = _EVENT_COLUMNS if with_source else _EVENT_COLUMNS.replace(", source", ", '{}'::json AS source")
     rows = conn.execute(text(f"SELECT {columns} FROM events WHERE {' AND '.join(where)} "
                              "ORDER BY global_position LIMIT :limit"), params).mappings().all()
     return [_recorded(r) for r in rows]
@@ -640,8 +654,8 @@ def as_json(value: object) -> str:
 
 def json_bytes(value: object) -> bytes:
     """Encode a decoded JSON value, or a Struct such as an event (its payload) or an :class:`EventSource`, as UTF-8
-    JSON text, the form the ``jsonb`` columns of :func:`copy_binary_rows` take (:func:`as_json` is the same text
-    as ``str``).
+    JSON text, the form the ``json`` and ``jsonb`` columns of :func:`copy_binary_rows` take (:func:`as_json` is the
+    same text as ``str``).
 
     msgspec's encoder: a Struct is written in C with its stored key spelling (``rename``), the object
     :func:`ledger.events.to_payload` builds and the ``events.source`` column holds (tested on every event of the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 
 from ledger import services
 from ledger.errors import Invalid
@@ -69,8 +69,8 @@ def test_upgrading_to_0006_keeps_every_observation_and_its_duplicate_check(ledge
     # The observations' unique key gains the receive time; rows stored under the old key must still be found
     # by the duplicate check, so that a history replayed again records nothing twice.
     history = HISTORIES / "seed-lab.jsonl"
+    ledger.replay(history)  # at the head: the append's binary COPY writes the head's column types only
     schema.downgrade(ledger.engine, "0005")
-    ledger.replay(history)
     stored = ledger.rows("observations")
     schema.upgrade(ledger.engine)
     assert ledger.rows("observations") == stored
@@ -80,6 +80,32 @@ def test_upgrading_to_0006_keeps_every_observation_and_its_duplicate_check(ledge
     with ledger.engine.connect() as conn:
         keys = {c["name"]: c["column_names"] for c in inspect(conn).get_unique_constraints("observations")}
     assert keys == {"observations_cluster_observed_at_digest_key": ["cluster", "observed_at", "digest"]}
+
+
+def test_upgrading_to_0013_stores_every_body_and_source_as_json_text_of_the_same_values(ledger: LedgerHandle) -> None:
+    # 0013 turns observations.body and events.source from jsonb into json: the values must come through as they
+    # were, both ways (rows written at the head, taken down to 0012 and up again), and a history replayed again
+    # must still record nothing twice.
+    history = HISTORIES / "seed-lab.jsonl"
+    ledger.replay(history)
+    observations, events = ledger.rows("observations"), ledger.events()
+
+    def types() -> set[str]:
+        with ledger.engine.connect() as conn:
+            return set(conn.execute(text(
+                "SELECT DISTINCT format('%s.%s %s', c.table_name, c.column_name, c.data_type) "
+                "FROM information_schema.columns c WHERE (c.table_name, c.column_name) IN "
+                "(('observations', 'body'), ('events', 'source'))")).scalars())
+
+    assert types() == {"observations.body json", "events.source json"}
+    schema.downgrade(ledger.engine, "0012")
+    assert types() == {"observations.body jsonb", "events.source jsonb"}
+    assert (ledger.rows("observations"), ledger.events()) == (observations, events)
+    schema.upgrade(ledger.engine)
+    assert types() == {"observations.body json", "events.source json"}
+    assert (ledger.rows("observations"), ledger.events()) == (observations, events)
+    again = services.ingest(ledger.db, read_history(history), cluster=ledger.cluster)
+    assert (again.recorded, again.duplicates) == (0, len(observations))
 
 
 def test_an_upgrade_refuses_a_server_older_than_the_schema_needs(ledger_engine: Engine,

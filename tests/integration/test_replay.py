@@ -181,7 +181,7 @@ def test_observation_and_event_rows_hold_each_line_and_event_as_json_objects(led
     ledger.replay(bad)
     with ledger.engine.connect() as conn:
         rows = conn.execute(text("SELECT origin, status, kind, name, uid, resource_version, watch_type, observed_at, "
-                                 "body, jsonb_typeof(body) AS shape FROM observations ORDER BY origin")).all()
+                                 "body, json_typeof(body) AS shape FROM observations ORDER BY origin")).all()
         event = conn.execute(text("SELECT stream, stream_position, type, schema_version, payload, source, "
                                   "jsonb_typeof(payload) AS shape FROM events ORDER BY global_position LIMIT 1")).one()
     first, broken, third = rows
