@@ -89,6 +89,13 @@ class ObservationConflict(Conflict):
     written. Raised by a batch translated ahead of its write, whose duplicate check ran before the append lock."""
 
 
+class StateConflict(Conflict):
+    """Another writer appended to the cluster after the translator state a batch was translated against was loaded
+    (table ``cluster_appends`` counted a commit this writer did not make); nothing of the batch was written. Raised
+    by a batch translated ahead of its write; a batch translated under the append lock loads the state again
+    instead."""
+
+
 class Invalid(LedgerError):
     """Input that the ledger cannot accept; the message says what and where."""
 

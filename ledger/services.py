@@ -272,7 +272,8 @@ def _load_if_stale(db: LedgerDatabase, cluster: str, state: TranslatorState) -> 
         sqlalchemy.exc.OperationalError: the database cannot be reached; ``state`` stays stale.
     """
     if state.stale:
-        state.entries = db.load_state(cluster).entries
+        fresh = db.load_state(cluster)
+        state.entries, state.appends = fresh.entries, fresh.appends
         state.stale = False
 
 
@@ -342,7 +343,9 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                                                 recorded_at=recorded_at, state=state, observations=observations,
                                                 events=events)
                 touched = set(state.dirty) | set(fetched)
-                rows = PreparedAppend(observations=observations, events=events, state=dirty_rows(state))
+                rows = PreparedAppend(observations=observations, events=events, state=dirty_rows(state),
+                                      appends=state.appends)
+                state.appends += 1  # the count once this batch commits: the next batch is translated against it
                 if in_flight is not None:
                     try:
                         _settle(in_flight, state, report, progress, later=touched)

@@ -22,6 +22,7 @@ from ledger.errors import (
     NoFreeConnection,
     ObservationConflict,
     ReadModelsRebuilding,
+    StateConflict,
     StatementCancelled,
     StoreUnavailable,
 )
@@ -30,6 +31,7 @@ from ledger.store import postgres as pg
 from ledger.store import schema, tables
 from ledger.store.cancel import StatementCancel
 from ledger.store.postgres import ObservationKey, ObservationRow, first_line
+from ledger.translator.entries import StateEntries
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
 
@@ -118,6 +120,8 @@ class PreparedAppend:
     observations: list[ObservationRow]
     events: list[NewEvent]
     state: pg.StateRows
+    appends: int
+    """The cluster's append count the batch was translated against (``TranslatorState.appends`` before it)."""
 
 
 class WriteCancelled(Exception):
@@ -199,17 +203,30 @@ class LedgerDatabase:
         does it once, before the state's next use): reloaded here, the stale copy stayed referenced while
         the fresh one loaded, and a caller that dropped the state anyway loaded it a second time.
 
+        Under the lock, before the batch is handed out, ``state`` is loaded again (in place, in this transaction)
+        when the cluster's append count is not the one it reflects: another writer committed since it was
+        loaded (a former leader's write that committed after this replica took the Lease; a replay beside a
+        watch). Translated against what that writer stored, no batch saves an entry older than it: a stale entry
+        written back on a line that appends no event (a ``resourceVersion`` moved) left ``translator_state``
+        behind its stream for good, and every later event of the object was refused as a ``StreamConflict``.
+
         Raises:
             StreamConflict: another writer appended to one of the batch's streams.
         """
         try:
             with self.engine.begin() as conn:
                 pg.lock_appends(conn)
+                if (stored := pg.read_appends(conn, cluster)) != state.appends:
+                    assert not state.dirty, "a batch begins with every change of the last one saved"
+                    state.entries = StateEntries()  # the stale copy goes before the fresh one loads
+                    state.entries = pg.load_state(conn, cluster).entries
+                    state.appends = stored
                 batch = AppendBatch(conn=conn, cluster=cluster)
                 yield batch
                 pg.insert_observations(conn, cluster, batch.observations)
                 pg.insert_events(conn, cluster, batch.events)
                 pg.save_state(conn, cluster, state)
+                state.appends = pg.count_append(conn, cluster)
         except BaseException:
             state.forget()
             raise
@@ -243,6 +260,8 @@ class LedgerDatabase:
             StreamConflict: another writer appended to one of the events' streams; nothing was written.
             ObservationConflict: another writer recorded one of the observations first (the batch's duplicate
                 check ran before this lock); nothing was written.
+            StateConflict: another writer appended to the cluster since ``rows`` were translated (the append
+                count is not ``rows.appends``); nothing was written.
             WriteCancelled: ``cancel`` was stopped before the write began; a cancel after raises what the
                 cancelled statement raised (psycopg's ``QueryCanceled``). Nothing was written either way.
         """
@@ -256,6 +275,8 @@ class LedgerDatabase:
                     raise WriteCancelled("the write was cancelled before it began")
                 with conn.begin():
                     pg.lock_appends(conn)
+                    if pg.read_appends(conn, cluster) != rows.appends:
+                        raise StateConflict("another writer appended to the cluster since this batch was translated")
                     try:
                         pg.insert_observations(conn, cluster, rows.observations)
                     except IntegrityError as e:
@@ -264,6 +285,7 @@ class LedgerDatabase:
                         raise ObservationConflict("another writer recorded an observation of this batch first") from e
                     pg.insert_events(conn, cluster, rows.events)
                     pg.save_state_rows(conn, cluster, rows.state)
+                    pg.count_append(conn, cluster)
             finally:
                 if cancel.end(raw):
                     # A cancel request may still be on its way to this session: never hand it back to the pool,

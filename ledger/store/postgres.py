@@ -484,17 +484,36 @@ def load_state(conn: Connection, cluster: str) -> TranslatorState:
     claims and pods (see :data:`EVICTED_PREFIXES`; :func:`load_entries` fetches one when a line needs it).
 
     Rows are streamed :data:`LOAD_ROWS` at a time and kept as JSON text (``StateEntries.load_json``):
-    neither the whole result nor the entries as objects are ever held at once.
+    neither the whole result nor the entries as objects are ever held at once. ``TranslatorState.appends`` is the
+    cluster's append count (table ``cluster_appends``), read before the rows.
     """
+    # The count first: outside the append lock each statement sees the commits before it, so rows read after the
+    # count hold at least what it counts. Read the other way round, a commit between the two would be counted
+    # without its rows, and no append would ever find this state out of date.
+    appends = read_appends(conn, cluster)
     result = conn.execute(
         text("SELECT key, state::text AS state FROM translator_state WHERE cluster = :c "
              "AND NOT (key LIKE ANY(:evicted) AND state ? 'deleted')"),
         {"c": cluster, "evicted": [f"{prefix}%" for prefix in EVICTED_PREFIXES]},
         execution_options={"yield_per": LOAD_ROWS})  # this statement only, not the caller's connection
-    state = TranslatorState()
+    state = TranslatorState(appends=appends)
     for key, body in result:
         state.entries.load_json(str(key), str(body))
     return state
+
+
+def read_appends(conn: Connection, cluster: str) -> int:
+    """The count of append transactions committed for ``cluster`` (table ``cluster_appends``); 0 for none."""
+    stored = conn.execute(text("SELECT appends FROM cluster_appends WHERE cluster = :c"), {"c": cluster}).scalar()
+    return int(stored or 0)
+
+
+def count_append(conn: Connection, cluster: str) -> int:
+    """Count one more append transaction of ``cluster`` in the caller's transaction, which holds the append lock;
+    returns the new count (>= 1)."""
+    return int(conn.execute(text(
+        "INSERT INTO cluster_appends (cluster, appends) VALUES (:c, 1) ON CONFLICT ON CONSTRAINT cluster_appends_pkey "
+        "DO UPDATE SET appends = cluster_appends.appends + 1 RETURNING appends"), {"c": cluster}).scalar_one())
 
 
 LOAD_ROWS = 2000

@@ -93,6 +93,16 @@ checkpoints = Table(
 )
 
 
+cluster_appends = Table(
+    "cluster_appends", metadata,
+    Column("cluster", Text, nullable=False),
+    Column("appends", BigInteger, nullable=False, comment="append transactions committed for the cluster"),
+    PrimaryKeyConstraint("cluster", name="cluster_appends_pkey"),
+)
+"""One counter per cluster, moved by every append transaction under the append lock: a writer whose translator
+state was loaded at another count knows that another writer (a former leader's late commit, a replay beside a
+watch) changed what is stored since, and loads the state again before it translates (migration 0014)."""
+
 watch_checkpoints = Table(
     "watch_checkpoints", metadata,
     Column("cluster", Text, nullable=False),

@@ -64,6 +64,10 @@ class TranslatorState:
     dirty: set[str] = field(default_factory=set)
     stale: bool = False
     """``True`` after :meth:`forget`: ``entries`` is empty and must be loaded again before any use."""
+    appends: int = 0
+    """The cluster's count of committed append transactions (table ``cluster_appends``) that ``entries`` reflect,
+    counting the batches translated and handed to a writer: an append that finds another count under its lock
+    knows another writer committed since, so ``entries`` may lag what is stored (``ledger.store.database``)."""
 
     def forget(self) -> None:
         """Drop every entry and mark the state stale (a write with it failed, so memory may hold changes that
@@ -72,6 +76,7 @@ class TranslatorState:
         self.entries = StateEntries()
         self.dirty.clear()
         self.stale = True
+        self.appends = 0
 
     def get(self, key: str) -> JSONObject | None:
         """Return a new copy of the entry for ``key`` (the caller may edit it freely), or ``None``."""
