@@ -172,11 +172,18 @@ def check_output(output: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _stopping_on_signals() -> AsyncIterator[asyncio.Event]:
+async def _stopping_on_signals(hurry: Callable[[], None] = lambda: None) -> AsyncIterator[asyncio.Event]:
+    """An event set by the first SIGTERM or SIGINT; each one after calls ``hurry`` (the sink's: no more grace)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def signalled() -> None:
+        if stop.is_set():
+            hurry()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     try:
         yield stop
     finally:
@@ -266,6 +273,9 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from e
         settings = cli.read_settings(Settings)
         watch_settings = cli.read_settings(WatchSettings)
+        if leader_election and (problem := watch_settings.grace_outlives_the_lease()) is not None:
+            typer.echo(f"error: bad setting: {problem}", err=True)
+            raise typer.Exit(2)
         if database_url:
             settings = settings.model_copy(update={"database_url": database_url})
         if data_dir:
@@ -308,7 +318,7 @@ def register(app: typer.Typer) -> None:
             try:  # the client is closed also when the health port cannot be listened on
                 if watch_settings.health_port >= 0:
                     await health.start(watch_settings.health_host, watch_settings.health_port)
-                async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
+                async with _stopping_on_signals(sink.hurry) as stop, _clock(clock_url) as clock:
                     await run_worker(api_client=api_client, sink=sink, settings=watch_settings, stop=stop,
                                      clock=clock, identity=identity, elect=leader_election,
                                      metrics=metrics, while_leading=[catch_up, *([report_jobs] if jobs else [])])

@@ -62,6 +62,18 @@ class WatchSettings(BaseSettings):
     health_port: int = Field(default=8081, ge=-1, le=65535)
     """Port of the health server (-1 to 65535: a TCP port); 0 = pick a free one, -1 = no health server."""
 
+    def grace_outlives_the_lease(self) -> str | None:
+        """Why :attr:`stop_grace_s` is unsafe with leader election, or ``None`` when it is below
+        ``lease_duration_s - renew_deadline_s``: a leader that lost its Lease stops renewing ``renew_deadline_s``
+        after its last renewal and a standby may take over at ``lease_duration_s``, so a longer grace would let a
+        former leader's write commit while the standby writes."""
+        margin = self.lease_duration_s - self.renew_deadline_s
+        if self.stop_grace_s < margin:
+            return None
+        return (f"LEDGER_WATCH_STOP_GRACE_S ({self.stop_grace_s:g} s) must be below LEDGER_WATCH_LEASE_DURATION_S - "
+                f"LEDGER_WATCH_RENEW_DEADLINE_S ({self.lease_duration_s:g} - {self.renew_deadline_s:g} = {margin:g} s) "
+                "with leader election, so that a former leader's write ends before a standby may take over")
+
 
 def backoff_delay_s(settings: WatchSettings, failures: int, *, retry_after_s: float | None = None,
                     rng: random.Random | None = None) -> float:

@@ -94,6 +94,7 @@ class LedgerSink:
                  stop_grace_s: float = STOP_GRACE_S) -> None:
         self.db = db
         self._stop_grace_s = stop_grace_s
+        self._hurry = asyncio.Event()
         self.cluster = cluster
         self._translator = translator
         self._batch_size = batch_size
@@ -121,12 +122,19 @@ class LedgerSink:
         # none outlives the leadership by more than the grace.
         async with self._lock:
             return await in_thread_with_grace(functools.partial(self._in_thread, call), grace_s=self._stop_grace_s,
-                                              grace_over=self._cancelling)
+                                              grace_over=self._cancelling, hurry=self._hurry)
+
+    def hurry(self) -> None:
+        """Give a write in flight at a stop no more grace (a second SIGTERM or Ctrl-C): its statements are cancelled
+        now, and a write cancelled later gets none either."""
+        self._hurry.set()
 
     def _cancelling(self) -> None:
-        log.warning("stopping: the append transaction in flight has not committed within %gs "
-                    "(LEDGER_WATCH_STOP_GRACE_S), so it is cancelled and rolls back; its watch events are recorded "
-                    "when they are delivered again", self._stop_grace_s)
+        why = ("a second signal came" if self._hurry.is_set() else
+               f"it has not committed within {self._stop_grace_s:g}s of the stop or the loss of the Lease "
+               "(LEDGER_WATCH_STOP_GRACE_S)")
+        log.warning("the append transaction in flight is cancelled, as %s; it rolls back, and its watch events are "
+                    "recorded when they are delivered again", why)
 
     def _in_thread(self, call: Callable[[TranslatorState], T]) -> T:
         if self._state is None:

@@ -39,9 +39,11 @@ async def in_thread(work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) 
 
 
 async def in_thread_with_grace(work: Callable[[], T], *, grace_s: float,
-                               grace_over: Callable[[], None] | None = None) -> T:
+                               grace_over: Callable[[], None] | None = None,
+                               hurry: asyncio.Event | None = None) -> T:
     """:func:`in_thread` for work worth finishing: cancelled, ``work`` first gets ``grace_s`` seconds to end on
-    its own, and only then are its statements cancelled. A second cancel meanwhile cuts the grace short.
+    its own, and only then are its statements cancelled. A second cancel meanwhile, or ``hurry`` set (before or
+    during the grace), cuts the grace short.
 
     Used for a watch worker's append transaction (:class:`workers.sink.LedgerSink`): at a stop it nearly always
     commits within milliseconds, which spares delivering its batch again; one that waits for a lock held
@@ -51,6 +53,8 @@ async def in_thread_with_grace(work: Callable[[], T], *, grace_s: float,
         grace_s: seconds, >= 0 (0: cancel the statements at once, as :func:`in_thread` does).
         grace_over: called in the event loop when the work is still running as its statements are cancelled (to
             say so); not called when the work ended within the grace.
+        hurry: set by whoever wants no grace any more (a second SIGTERM or Ctrl-C, which a process receives as
+            one more call of its handler, not as a second cancel of this coroutine).
 
     Raises:
         asyncio.CancelledError: the caller was cancelled, once the thread is done (what ``work`` committed
@@ -64,9 +68,13 @@ async def in_thread_with_grace(work: Callable[[], T], *, grace_s: float,
     try:
         return await asyncio.shield(done)  # the caller's cancel reaches this await, not the thread's task
     except asyncio.CancelledError:
-        if grace_s > 0:
-            with contextlib.suppress(asyncio.CancelledError):  # a second cancel: cancel the statements now
-                await asyncio.wait([done], timeout=grace_s)
+        if grace_s > 0 and not (hurry is not None and hurry.is_set()):
+            hurried = asyncio.ensure_future(hurry.wait() if hurry is not None else asyncio.Event().wait())
+            try:
+                with contextlib.suppress(asyncio.CancelledError):  # a second cancel: cancel the statements now
+                    await asyncio.wait([done, hurried], timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                hurried.cancel()
         if grace_over is not None and not done.done():
             grace_over()
         while not done.done():

@@ -44,7 +44,7 @@ CLUSTER = "default"
 FAST = WatchSettings(server_timeout_s=30, request_timeout_s=10.0, list_page_size=3, batch_size=50,
                      error_backoffs_s=(0.02, 0.05, 0.1), jitter=0.2, lease_name="dra-ledger-watch",
                      lease_namespace="dra-ledger", lease_duration_s=2, renew_deadline_s=1.2, retry_period_s=0.2,
-                     catch_up_interval_s=0.05, health_port=-1)
+                     catch_up_interval_s=0.05, stop_grace_s=0.5, health_port=-1)
 """Small timings: backoffs of tens of ms, a 2 s Lease, list pages of 3 (so paging is exercised), a projection
 catch-up every 50 ms."""
 
@@ -262,23 +262,25 @@ def kubeconfig(path: Path, url: str) -> Path:
 FAST_ENV = {
     "LEDGER_WATCH_SERVER_TIMEOUT_S": "30", "LEDGER_WATCH_REQUEST_TIMEOUT_S": "10",
     "LEDGER_WATCH_ERROR_BACKOFFS_S": "[0.02, 0.05, 0.1]", "LEDGER_WATCH_LEASE_DURATION_S": "2",
-    "LEDGER_WATCH_RENEW_DEADLINE_S": "1.2", "LEDGER_WATCH_RETRY_PERIOD_S": "0.2",
+    "LEDGER_WATCH_RENEW_DEADLINE_S": "1.2", "LEDGER_WATCH_RETRY_PERIOD_S": "0.2", "LEDGER_WATCH_STOP_GRACE_S": "0.5",
     "LEDGER_WATCH_HEALTH_HOST": "127.0.0.1",
 }
 
 
 def spawn_worker(*, server_url: str, database_url: str, directory: Path, identity: str,
-                 health_port: int = -1, elect: bool = True, jobs: bool = False) -> subprocess.Popen[bytes]:
+                 health_port: int = -1, elect: bool = True, jobs: bool = False,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``dra-ledger watch`` in a process of its own (receive times from the fake server's clock).
 
-    ``jobs``: also run the report jobs while leader (they use the wall clock, so off by default)."""
+    ``jobs``: also run the report jobs while leader (they use the wall clock, so off by default); ``env``: settings
+    over :data:`FAST_ENV`."""
     config = kubeconfig(directory / f"{identity}.kubeconfig", server_url)
     argv = [*CLI, "watch", "--kubeconfig", str(config),
             "--database-url", database_url, "--cluster", CLUSTER, "--identity", identity,
             "--health-port", str(health_port), "--clock-url", server_url,
             "--leader-election" if elect else "--no-leader-election", "--jobs" if jobs else "--no-jobs"]
     log = (directory / f"{identity}.log").open("ab")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **FAST_ENV})
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **FAST_ENV, **(env or {})})
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:

@@ -178,3 +178,24 @@ def test_watch_names_a_health_port_in_use_before_it_contacts_the_database_or_the
     assert result.output.strip().splitlines() == [
         f"error: cannot serve the health checks on 127.0.0.1:{port}: Address already in use; another process may hold "
         "the port: stop it or pass --health-port (-1: none)"]
+
+
+@pytest.mark.parametrize(("election", "grace", "refused"), [
+    ("--leader-election", "5", True), ("--leader-election", "4.9", False), ("--no-leader-election", "60", False)])
+def test_watch_refuses_a_stop_grace_that_could_outlive_the_lease_with_leader_election(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, election: str, grace: str, refused: bool) -> None:
+    # With the default Lease timings (15 s, renewed within 10 s) a standby may take over 5 s after the leader gave
+    # up: a grace of 5 s or more let a former leader's write commit while the standby wrote.
+    monkeypatch.setenv("LEDGER_WATCH_STOP_GRACE_S", grace)
+    config = kubeconfig(tmp_path / "kubeconfig.yaml", "http://127.0.0.1:1")  # never reached
+    result = _invoke(["watch", "--kubeconfig", str(config), election, "--health-port", "-1",
+                      "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+
+    assert result.exit_code == 2, result.output
+    said = result.output.strip().splitlines()
+    if refused:
+        assert said == ["error: bad setting: LEDGER_WATCH_STOP_GRACE_S (5 s) must be below "
+                        "LEDGER_WATCH_LEASE_DURATION_S - LEDGER_WATCH_RENEW_DEADLINE_S (15 - 10 = 5 s) with leader "
+                        "election, so that a former leader's write ends before a standby may take over"]
+    else:  # the grace passes; what stops the worker is the database, which the test never gives it
+        assert said[0].startswith("error: database unavailable: ")

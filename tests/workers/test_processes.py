@@ -40,12 +40,15 @@ _WROTE_EVENTS = text(
     "WHERE l.pid = :pid AND c.relname = 'events' AND l.mode = 'RowExclusiveLock'")
 
 
-@pytest.mark.parametrize(("stop", "exit_code"), [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 0)],
-                         ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize(("stop", "exit_code", "grace"), [(signal.SIGKILL, -signal.SIGKILL, None),
+                                                          (signal.SIGTERM, 0, None), (signal.SIGTERM, 0, "600")],
+                         ids=["SIGKILL", "SIGTERM", "SIGTERM twice"])
 def test_a_worker_stopped_mid_batch_and_restarted_leaves_the_ledger_identical(
-        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path, stop: signal.Signals, exit_code: int) -> None:
+        ledger_factory: Callable[[], LedgerHandle], tmp_path: Path, stop: signal.Signals, exit_code: int,
+        grace: str | None) -> None:
     # SIGTERM: the batch waits for a lock this test holds until the worker has exited, so the worker stops only
     # because its write is cancelled once LEDGER_WATCH_STOP_GRACE_S is over (it waited for the lock without end).
+    # With a grace of ten minutes, only a second SIGTERM can cut it short (it did nothing).
     clean, live = ledger_factory(), ledger_factory()
     clean.replay(SEED_LAB)
     lines = seed_lab()
@@ -59,7 +62,8 @@ def test_a_worker_stopped_mid_batch_and_restarted_leaves_the_ledger_identical(
             server = cluster.server
             server.advance(4)
             worker = spawn_worker(server_url=server.url, database_url=live.db.url, directory=tmp_path,
-                                  identity="doomed", elect=False)
+                                  identity="doomed", elect=False,
+                                  env={"LEDGER_WATCH_STOP_GRACE_S": grace} if grace else None)
             try:
                 await caught_up(live.db, server, timeout_s=WAIT_S * 2)  # includes the process start
                 await lockstep(server, live.db, lines=target - 4)
@@ -79,10 +83,14 @@ def test_a_worker_stopped_mid_batch_and_restarted_leaves_the_ledger_identical(
 
                     await eventually(blocked, "the worker blocked inside its batch, events already inserted")
                     worker.send_signal(stop)
+                    if grace is not None:
+                        await asyncio.sleep(0.5)
+                        assert worker.poll() is None  # waiting out its grace
+                        worker.send_signal(stop)
                     assert worker.wait(timeout=WAIT_S) == exit_code
                     conn.rollback()
                 said = (tmp_path / "doomed.log").read_text(encoding="utf-8")
-                assert ("the append transaction in flight has not committed" in said) == (stop == signal.SIGTERM)
+                assert ("the append transaction in flight is cancelled" in said) == (stop == signal.SIGTERM)
                 assert stored_version(live.db, "ResourceClaim") < int(played[0].resource_version)
                 assert "ClaimAllocated" not in {e.type for e in live.events() if e.stream == claim_key}
                 worker = spawn_worker(server_url=server.url, database_url=live.db.url, directory=tmp_path,

@@ -97,9 +97,9 @@ def test_a_write_waiting_for_a_lock_rolls_back_after_the_grace_and_is_recorded_o
 
     asyncio.run(scenario())
     assert_same_ledger(live, clean)
-    assert said(caplog) == ["stopping: the append transaction in flight has not committed within 0.2s "
-                            "(LEDGER_WATCH_STOP_GRACE_S), so it is cancelled and rolls back; its watch events are "
-                            "recorded when they are delivered again"]
+    assert said(caplog) == ["the append transaction in flight is cancelled, as it has not committed within 0.2s of "
+                            "the stop or the loss of the Lease (LEDGER_WATCH_STOP_GRACE_S); it rolls back, and its "
+                            "watch events are recorded when they are delivered again"]
 
 
 def test_a_write_that_can_commit_within_the_grace_commits(ledger_factory: Callable[[], LedgerHandle],
@@ -121,7 +121,10 @@ def test_a_write_that_can_commit_within_the_grace_commits(ledger_factory: Callab
     assert said(caplog) == []
 
 
-def test_a_second_cancel_cuts_the_grace_short(ledger_factory: Callable[[], LedgerHandle]) -> None:
+@pytest.mark.parametrize("again", ["cancel", "hurry"])
+def test_a_second_cancel_or_a_second_signal_cuts_the_grace_short(ledger_factory: Callable[[], LedgerHandle],
+                                                                  again: str) -> None:
+    # A second signal reaches `watch` as a second call of its handler (sink.hurry), not as a second cancel.
     live, _ = ledgers(ledger_factory)
     sink = LedgerSink(live.db, cluster=CLUSTER, stop_grace_s=GUARD_S)
 
@@ -131,7 +134,10 @@ def test_a_second_cancel_cuts_the_grace_short(ledger_factory: Callable[[], Ledge
             task.cancel()
             await asyncio.sleep(0.3)
             assert not task.done()  # waiting out its grace
-            task.cancel()
+            if again == "cancel":
+                task.cancel()
+            else:
+                sink.hurry()
             await ended(task)
             let_go_first = released.is_set()
         assert not let_go_first
