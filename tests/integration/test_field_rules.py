@@ -134,18 +134,21 @@ def test_concurrent_appends_to_one_stream_get_exactly_one_stream_conflict(ledger
                                                                          tmp_path: Path) -> None:
     cid = uid("claim")
     ledger.replay(history(tmp_path / "base.jsonl", [("ADDED", claim(name="c", claim_uid=cid), 0)]))
-    states = [ledger.db.load_state("default"), ledger.db.load_state("default")]  # both read position 1
+    states = [ledger.db.load_state("default"), ledger.db.load_state("default")]
+    # Each writer's events are translated before its append, against a state read at position 1 (as an event
+    # store's append_events(stream, expected=1, events) is called): the stream's unique position decides. (An
+    # append that translates under the lock loads a state another writer moved on again first: test_two_writers.)
+    translated = [translate(ledger.db.load_state("default"), Observation(
+        type="MODIFIED", object=claim(name="c", claim_uid=cid, results=[f"gpu-{i}"], allocated_at=1),
+        observed_at=at(1 + i), recorded_at=at(1 + i), digest=f"writer-{i}")) for i in range(2)]
     outcomes: list[str] = []
     barrier = threading.Barrier(2)
 
     def append(i: int) -> None:
-        obs = Observation(type="MODIFIED", object=claim(name="c", claim_uid=cid, results=[f"gpu-{i}"],
-                                                        allocated_at=1), observed_at=at(1 + i),
-                          recorded_at=at(1 + i), digest=f"writer-{i}")
         barrier.wait()
         try:
             with ledger.db.append("default", states[i]) as batch:
-                batch.events.extend(translate(states[i], obs))
+                batch.events.extend(translated[i])
             outcomes.append("ok")
         except StreamConflict:
             outcomes.append("conflict")
