@@ -172,18 +172,22 @@ def check_output(output: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _stopping_on_signals(hurry: Callable[[], None] = lambda: None) -> AsyncIterator[asyncio.Event]:
-    """An event set by the first SIGTERM or SIGINT; each one after calls ``hurry`` (the sink's: no more grace)."""
+async def _stopping_on_signals(first: Callable[[str], None] = lambda _: None,
+                               again: Callable[[], None] = lambda: None) -> AsyncIterator[asyncio.Event]:
+    """An event set by the first SIGTERM or SIGINT, which also calls ``first`` with the signal's name; each one after
+    calls ``again`` (the sink's: say the stop, then no more grace)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def signalled() -> None:
+    def signalled(sig: signal.Signals) -> None:
         if stop.is_set():
-            hurry()
+            again()
+        else:
+            first(sig.name)
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, signalled)
+        loop.add_signal_handler(sig, signalled, sig)
     try:
         yield stop
     finally:
@@ -318,7 +322,7 @@ def register(app: typer.Typer) -> None:
             try:  # the client is closed also when the health port cannot be listened on
                 if watch_settings.health_port >= 0:
                     await health.start(watch_settings.health_host, watch_settings.health_port)
-                async with _stopping_on_signals(sink.hurry) as stop, _clock(clock_url) as clock:
+                async with _stopping_on_signals(sink.stopping, sink.hurry) as stop, _clock(clock_url) as clock:
                     await run_worker(api_client=api_client, sink=sink, settings=watch_settings, stop=stop,
                                      clock=clock, identity=identity, elect=leader_election,
                                      metrics=metrics, while_leading=[catch_up, *([report_jobs] if jobs else [])])

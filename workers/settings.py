@@ -63,10 +63,14 @@ class WatchSettings(BaseSettings):
     """Port of the health server (-1 to 65535: a TCP port); 0 = pick a free one, -1 = no health server."""
 
     def grace_outlives_the_lease(self) -> str | None:
-        """Why :attr:`stop_grace_s` is unsafe with leader election, or ``None`` when it is below
-        ``lease_duration_s - renew_deadline_s``: a leader that lost its Lease stops renewing ``renew_deadline_s``
-        after its last renewal and a standby may take over at ``lease_duration_s``, so a longer grace would let a
-        former leader's write commit while the standby writes."""
+        """Why the Lease timings and :attr:`stop_grace_s` are unsafe with leader election, or ``None``: the renew
+        deadline must be below the Lease duration, and the grace below the difference. A leader that lost its Lease
+        stops renewing ``renew_deadline_s`` after its last renewal and a standby may take over at
+        ``lease_duration_s``, so a longer grace would let a former leader's write commit while the standby writes."""
+        if self.renew_deadline_s >= self.lease_duration_s:
+            return (f"LEDGER_WATCH_RENEW_DEADLINE_S ({self.renew_deadline_s:g} s) must be below "
+                    f"LEDGER_WATCH_LEASE_DURATION_S ({self.lease_duration_s:g} s), so that a leader steps down before "
+                    "a standby may take over")
         margin = self.lease_duration_s - self.renew_deadline_s
         if self.stop_grace_s < margin:
             return None

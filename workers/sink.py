@@ -95,6 +95,7 @@ class LedgerSink:
         self.db = db
         self._stop_grace_s = stop_grace_s
         self._hurry = asyncio.Event()
+        self._stopping = False
         self.cluster = cluster
         self._translator = translator
         self._batch_size = batch_size
@@ -124,15 +125,23 @@ class LedgerSink:
             return await in_thread_with_grace(functools.partial(self._in_thread, call), grace_s=self._stop_grace_s,
                                               grace_over=self._cancelling, hurry=self._hurry)
 
+    def stopping(self, cause: str) -> None:
+        """Say that the process stops (``cause``: what stops it, e.g. ``SIGTERM``) and what a write in flight gets."""
+        self._stopping = True
+        log.info("stopping (%s): an append transaction in flight gets up to %gs to commit (LEDGER_WATCH_STOP_GRACE_S); "
+                 "a second signal cancels it at once", cause, self._stop_grace_s)
+
     def hurry(self) -> None:
         """Give a write in flight at a stop no more grace (a second SIGTERM or Ctrl-C): its statements are cancelled
         now, and a write cancelled later gets none either."""
         self._hurry.set()
 
     def _cancelling(self) -> None:
-        why = ("a second signal came" if self._hurry.is_set() else
-               f"it has not committed within {self._stop_grace_s:g}s of the stop or the loss of the Lease "
-               "(LEDGER_WATCH_STOP_GRACE_S)")
+        if self._hurry.is_set():
+            why = "a second signal came"
+        else:
+            after = "the stop" if self._stopping else "the loss of the Lease"
+            why = f"it has not committed within {self._stop_grace_s:g}s of {after} (LEDGER_WATCH_STOP_GRACE_S)"
         log.warning("the append transaction in flight is cancelled, as %s; it rolls back, and its watch events are "
                     "recorded when they are delivered again", why)
 

@@ -121,7 +121,8 @@ class PreparedAppend:
     events: list[NewEvent]
     state: pg.StateRows
     appends: int
-    """The cluster's append count the batch was translated against (``TranslatorState.appends`` before it)."""
+    """The cluster's append count the batch was translated against (``TranslatorState.appends`` before it; the
+    write counts one more when ``state`` changes anything)."""
 
 
 class WriteCancelled(Exception):
@@ -225,8 +226,8 @@ class LedgerDatabase:
                 yield batch
                 pg.insert_observations(conn, cluster, batch.observations)
                 pg.insert_events(conn, cluster, batch.events)
-                pg.save_state(conn, cluster, state)
-                state.appends = pg.count_append(conn, cluster)
+                if pg.save_state(conn, cluster, state).changes:  # a bookmark's checkpoint alone counts for nothing
+                    state.appends = pg.count_append(conn, cluster)
         except BaseException:
             state.forget()
             raise
@@ -285,7 +286,8 @@ class LedgerDatabase:
                         raise ObservationConflict("another writer recorded an observation of this batch first") from e
                     pg.insert_events(conn, cluster, rows.events)
                     pg.save_state_rows(conn, cluster, rows.state)
-                    pg.count_append(conn, cluster)
+                    if rows.state.changes:
+                        pg.count_append(conn, cluster)
             finally:
                 if cancel.end(raw):
                     # A cancel request may still be on its way to this session: never hand it back to the pool,

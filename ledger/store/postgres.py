@@ -509,8 +509,8 @@ def read_appends(conn: Connection, cluster: str) -> int:
 
 
 def count_append(conn: Connection, cluster: str) -> int:
-    """Count one more append transaction of ``cluster`` in the caller's transaction, which holds the append lock;
-    returns the new count (>= 1)."""
+    """Count one more append transaction of ``cluster`` that changes ``translator_state``, in the caller's
+    transaction, which holds the append lock; returns the new count (>= 1)."""
     return int(conn.execute(text(
         "INSERT INTO cluster_appends (cluster, appends) VALUES (:c, 1) ON CONFLICT ON CONSTRAINT cluster_appends_pkey "
         "DO UPDATE SET appends = cluster_appends.appends + 1 RETURNING appends"), {"c": cluster}).scalar_one())
@@ -544,6 +544,12 @@ class StateRows:
     upserts: dict[str, str]
     deletes: list[str]
 
+    @property
+    def changes(self) -> bool:
+        """Whether the rows change ``translator_state`` at all (only such an append is counted in
+        ``cluster_appends``: one that changes nothing there cannot leave another writer's state behind)."""
+        return bool(self.upserts or self.deletes)
+
 
 def dirty_rows(state: TranslatorState) -> StateRows:
     """Snapshot the keys in ``state.dirty`` as rows to write, and clear ``dirty``."""
@@ -553,9 +559,12 @@ def dirty_rows(state: TranslatorState) -> StateRows:
     return StateRows(upserts=upserts, deletes=deletes)
 
 
-def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:
-    """Persist the keys in ``state.dirty`` (upsert, or delete when gone) and clear ``dirty``."""
-    save_state_rows(conn, cluster, dirty_rows(state))
+def save_state(conn: Connection, cluster: str, state: TranslatorState) -> StateRows:
+    """Persist the keys in ``state.dirty`` (upsert, or delete when gone), clear ``dirty`` and return the rows
+    written."""
+    rows = dirty_rows(state)
+    save_state_rows(conn, cluster, rows)
+    return rows
 
 
 def save_state_rows(conn: Connection, cluster: str, rows: StateRows) -> None:

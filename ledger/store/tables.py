@@ -96,12 +96,14 @@ checkpoints = Table(
 cluster_appends = Table(
     "cluster_appends", metadata,
     Column("cluster", Text, nullable=False),
-    Column("appends", BigInteger, nullable=False, comment="append transactions committed for the cluster"),
+    Column("appends", BigInteger, nullable=False,
+           comment="append transactions that changed the cluster's translator_state"),
     PrimaryKeyConstraint("cluster", name="cluster_appends_pkey"),
 )
-"""One counter per cluster, moved by every append transaction under the append lock: a writer whose translator
-state was loaded at another count knows that another writer (a former leader's late commit, a replay beside a
-watch) changed what is stored since, and loads the state again before it translates (migration 0014)."""
+"""One counter per cluster, moved under the append lock by every append transaction that changes its
+``translator_state``: a writer whose translator state was loaded at another count knows that another writer (a
+former leader's late commit, a replay beside a watch) changed what is stored since, and loads the state again
+before it translates (migration 0014)."""
 
 watch_checkpoints = Table(
     "watch_checkpoints", metadata,

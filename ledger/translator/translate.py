@@ -65,9 +65,10 @@ class TranslatorState:
     stale: bool = False
     """``True`` after :meth:`forget`: ``entries`` is empty and must be loaded again before any use."""
     appends: int = 0
-    """The cluster's count of committed append transactions (table ``cluster_appends``) that ``entries`` reflect,
-    counting the batches translated and handed to a writer: an append that finds another count under its lock
-    knows another writer committed since, so ``entries`` may lag what is stored (``ledger.store.database``)."""
+    """The cluster's count of committed append transactions that changed ``translator_state`` (table
+    ``cluster_appends``) that ``entries`` reflect, counting the batches translated and handed to a writer: an append
+    that finds another count under its lock knows another writer changed the stored state since, so ``entries``
+    may lag it (``ledger.store.database``)."""
 
     def forget(self) -> None:
         """Drop every entry and mark the state stale (a write with it failed, so memory may hold changes that

@@ -49,6 +49,23 @@ def test_a_writer_whose_state_another_writer_moved_on_records_every_later_event(
     assert_same_ledger(live, clean)
 
 
+def test_only_appends_that_change_the_translator_state_are_counted(ledger: LedgerHandle) -> None:
+    # A bookmark's checkpoint, or a batch of lines already recorded, changes no entry: counted, it made a second
+    # writer load its whole state again for nothing.
+    lines = seed_lab()
+    services.ingest(ledger.db, lines[:3], cluster=ledger.cluster, pipelined=False)
+    state = services.load_state(ledger.db, ledger.cluster)
+    assert state.appends == 1
+    services.record_watch_batch(ledger.db, [], cluster=ledger.cluster, state=state, checkpoint=services.WatchCheckpoint(
+        kind="Namespace", api_version="v1", resource_version="7"))
+    for pipelined in (False, True):
+        assert services.ingest(ledger.db, lines[:3], cluster=ledger.cluster, state=state,
+                               pipelined=pipelined).duplicates == 3
+    assert services.load_state(ledger.db, ledger.cluster).appends == state.appends == 1
+    services.ingest(ledger.db, lines[3:6], cluster=ledger.cluster, state=state)
+    assert services.load_state(ledger.db, ledger.cluster).appends == state.appends == 2
+
+
 def test_a_batch_translated_ahead_against_an_older_count_is_refused_whole(ledger: LedgerHandle) -> None:
     lines = seed_lab()
     stale = services.load_state(ledger.db, ledger.cluster)

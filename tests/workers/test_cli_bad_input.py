@@ -199,3 +199,19 @@ def test_watch_refuses_a_stop_grace_that_could_outlive_the_lease_with_leader_ele
                         "election, so that a former leader's write ends before a standby may take over"]
     else:  # the grace passes; what stops the worker is the database, which the test never gives it
         assert said[0].startswith("error: database unavailable: ")
+
+
+def test_watch_names_a_renew_deadline_not_below_the_lease_duration(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # It blamed the grace: "LEDGER_WATCH_STOP_GRACE_S (3 s) must be below ... (5 - 10 = -5 s)", even with a grace of 0.
+    monkeypatch.setenv("LEDGER_WATCH_LEASE_DURATION_S", "5")
+    monkeypatch.setenv("LEDGER_WATCH_RENEW_DEADLINE_S", "10")
+    monkeypatch.setenv("LEDGER_WATCH_STOP_GRACE_S", "0")
+    config = kubeconfig(tmp_path / "kubeconfig.yaml", "http://127.0.0.1:1")  # never reached
+    result = _invoke(["watch", "--kubeconfig", str(config), "--health-port", "-1",
+                      "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "error: bad setting: LEDGER_WATCH_RENEW_DEADLINE_S (10 s) must be below LEDGER_WATCH_LEASE_DURATION_S (5 s), "
+        "so that a leader steps down before a standby may take over"]

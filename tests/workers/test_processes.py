@@ -91,6 +91,9 @@ def test_a_worker_stopped_mid_batch_and_restarted_leaves_the_ledger_identical(
                     conn.rollback()
                 said = (tmp_path / "doomed.log").read_text(encoding="utf-8")
                 assert ("the append transaction in flight is cancelled" in said) == (stop == signal.SIGTERM)
+                if stop == signal.SIGTERM:
+                    assert "stopping (SIGTERM): an append transaction in flight gets up to " in said
+                    assert ("as a second signal came" if grace else "of the stop (LEDGER_WATCH_STOP_GRACE_S)") in said
                 assert stored_version(live.db, "ResourceClaim") < int(played[0].resource_version)
                 assert "ClaimAllocated" not in {e.type for e in live.events() if e.stream == claim_key}
                 worker = spawn_worker(server_url=server.url, database_url=live.db.url, directory=tmp_path,

@@ -52,9 +52,9 @@ def ledgers(ledger_factory: Callable[[], LedgerHandle]) -> tuple[LedgerHandle, L
     return live, clean
 
 
-def said(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """What the sink logged at WARNING and above."""
-    return [r.getMessage() for r in caplog.records if r.name == "workers.sink" and r.levelno >= logging.WARNING]
+def said(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> list[str]:
+    """What the sink logged at ``level`` and above."""
+    return [r.getMessage() for r in caplog.records if r.name == "workers.sink" and r.levelno >= level]
 
 
 def stored(handle: LedgerHandle) -> str:
@@ -80,12 +80,14 @@ async def ended(task: asyncio.Task[None]) -> None:
 
 def test_a_write_waiting_for_a_lock_rolls_back_after_the_grace_and_is_recorded_once_when_delivered_again(
         ledger_factory: Callable[[], LedgerHandle], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="workers.sink")
     live, clean = ledgers(ledger_factory)
     sink = LedgerSink(live.db, cluster=CLUSTER, stop_grace_s=0.2)
 
     async def scenario() -> None:
         with held(live.engine, HOLD) as released:
             task = await waiting_write(sink, live)
+            sink.stopping("SIGTERM")  # as `watch` says the first signal, before the stop cancels the write
             task.cancel()
             await ended(task)
             let_go_first = released.is_set()
@@ -97,9 +99,11 @@ def test_a_write_waiting_for_a_lock_rolls_back_after_the_grace_and_is_recorded_o
 
     asyncio.run(scenario())
     assert_same_ledger(live, clean)
-    assert said(caplog) == ["the append transaction in flight is cancelled, as it has not committed within 0.2s of "
-                            "the stop or the loss of the Lease (LEDGER_WATCH_STOP_GRACE_S); it rolls back, and its "
-                            "watch events are recorded when they are delivered again"]
+    assert said(caplog, logging.INFO) == [
+        "stopping (SIGTERM): an append transaction in flight gets up to 0.2s to commit (LEDGER_WATCH_STOP_GRACE_S); "
+        "a second signal cancels it at once",
+        "the append transaction in flight is cancelled, as it has not committed within 0.2s of the stop "
+        "(LEDGER_WATCH_STOP_GRACE_S); it rolls back, and its watch events are recorded when they are delivered again"]
 
 
 def test_a_write_that_can_commit_within_the_grace_commits(ledger_factory: Callable[[], LedgerHandle],
