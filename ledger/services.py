@@ -272,9 +272,7 @@ def _load_if_stale(db: LedgerDatabase, cluster: str, state: TranslatorState) -> 
         sqlalchemy.exc.OperationalError: the database cannot be reached; ``state`` stays stale.
     """
     if state.stale:
-        fresh = db.load_state(cluster)
-        state.entries, state.appends = fresh.entries, fresh.appends
-        state.stale = False
+        state.take(db.load_state(cluster))
 
 
 CONFLICT_RETRIES = 5

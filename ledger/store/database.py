@@ -31,7 +31,6 @@ from ledger.store import postgres as pg
 from ledger.store import schema, tables
 from ledger.store.cancel import StatementCancel
 from ledger.store.postgres import ObservationKey, ObservationRow, first_line
-from ledger.translator.entries import StateEntries
 from ledger.translator.translate import TranslatorState
 from ledger.types import GlobalPosition
 
@@ -217,11 +216,10 @@ class LedgerDatabase:
         try:
             with self.engine.begin() as conn:
                 pg.lock_appends(conn)
-                if (stored := pg.read_appends(conn, cluster)) != state.appends:
+                if pg.read_appends(conn, cluster) != state.appends:
                     assert not state.dirty, "a batch begins with every change of the last one saved"
-                    state.entries = StateEntries()  # the stale copy goes before the fresh one loads
-                    state.entries = pg.load_state(conn, cluster).entries
-                    state.appends = stored
+                    state.forget()  # the stale copy goes before the fresh one loads
+                    state.take(pg.load_state(conn, cluster))
                 batch = AppendBatch(conn=conn, cluster=cluster)
                 yield batch
                 pg.insert_observations(conn, cluster, batch.observations)

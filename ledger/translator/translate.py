@@ -79,6 +79,14 @@ class TranslatorState:
         self.stale = True
         self.appends = 0
 
+    def take(self, fresh: TranslatorState) -> None:
+        """Become ``fresh``, a state just loaded (``translator_state`` and its append count), in place: the one place
+        that knows every field a load fills, for the callers that hold this object (a stale state loaded again, or
+        one another writer moved on). ``dirty`` is cleared: nothing in ``fresh`` is unsaved."""
+        self.entries, self.appends = fresh.entries, fresh.appends
+        self.dirty.clear()
+        self.stale = False
+
     def get(self, key: str) -> JSONObject | None:
         """Return a new copy of the entry for ``key`` (the caller may edit it freely), or ``None``."""
         return self.entries.get(key)
