@@ -343,8 +343,7 @@ def _ingest_pipelined(db: LedgerDatabase, lines: Iterable[WatchLine | BrokenLine
                 touched = set(state.dirty) | set(fetched)
                 rows = PreparedAppend(observations=observations, events=events, state=dirty_rows(state),
                                       appends=state.appends)
-                if rows.state.changes:  # the count once this batch commits: the next batch is translated against it
-                    state.appends += 1
+                state.appends = rows.appends_after  # the next batch is translated against this one committed
                 if in_flight is not None:
                     try:
                         _settle(in_flight, state, report, progress, later=touched)

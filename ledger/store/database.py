@@ -120,8 +120,13 @@ class PreparedAppend:
     events: list[NewEvent]
     state: pg.StateRows
     appends: int
-    """The cluster's append count the batch was translated against (``TranslatorState.appends`` before it; the
-    write counts one more when ``state`` changes anything)."""
+    """The cluster's append count the batch was translated against (``TranslatorState.appends`` before it)."""
+
+    @property
+    def appends_after(self) -> int:
+        """The count once this batch committed: one more when ``state`` changes anything (the rule of
+        :func:`pg.save_state_rows`)."""
+        return self.appends + 1 if self.state.changes else self.appends
 
 
 class WriteCancelled(Exception):
@@ -224,8 +229,7 @@ class LedgerDatabase:
                 yield batch
                 pg.insert_observations(conn, cluster, batch.observations)
                 pg.insert_events(conn, cluster, batch.events)
-                if pg.save_state(conn, cluster, state).changes:  # a bookmark's checkpoint alone counts for nothing
-                    state.appends = pg.count_append(conn, cluster)
+                pg.save_state(conn, cluster, state)
         except BaseException:
             state.forget()
             raise
@@ -283,9 +287,7 @@ class LedgerDatabase:
                             raise
                         raise ObservationConflict("another writer recorded an observation of this batch first") from e
                     pg.insert_events(conn, cluster, rows.events)
-                    pg.save_state_rows(conn, cluster, rows.state)
-                    if rows.state.changes:
-                        pg.count_append(conn, cluster)
+                    pg.save_state_rows(conn, cluster, rows.state, appends=rows.appends)
             finally:
                 if cancel.end(raw):
                     # A cancel request may still be on its way to this session: never hand it back to the pool,

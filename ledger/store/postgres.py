@@ -509,8 +509,8 @@ def read_appends(conn: Connection, cluster: str) -> int:
 
 
 def count_append(conn: Connection, cluster: str) -> int:
-    """Count one more append transaction of ``cluster`` that changes ``translator_state``, in the caller's
-    transaction, which holds the append lock; returns the new count (>= 1)."""
+    """Count one more append transaction of ``cluster`` that changes ``translator_state`` (:func:`save_state_rows`),
+    in the caller's transaction, which holds the append lock; returns the new count (>= 1)."""
     return int(conn.execute(text(
         "INSERT INTO cluster_appends (cluster, appends) VALUES (:c, 1) ON CONFLICT ON CONSTRAINT cluster_appends_pkey "
         "DO UPDATE SET appends = cluster_appends.appends + 1 RETURNING appends"), {"c": cluster}).scalar_one())
@@ -559,16 +559,26 @@ def dirty_rows(state: TranslatorState) -> StateRows:
     return StateRows(upserts=upserts, deletes=deletes)
 
 
-def save_state(conn: Connection, cluster: str, state: TranslatorState) -> StateRows:
-    """Persist the keys in ``state.dirty`` (upsert, or delete when gone), clear ``dirty`` and return the rows
-    written."""
-    rows = dirty_rows(state)
-    save_state_rows(conn, cluster, rows)
-    return rows
+def save_state(conn: Connection, cluster: str, state: TranslatorState) -> None:
+    """Persist the keys in ``state.dirty`` (upsert, or delete when gone), clear ``dirty`` and move
+    ``state.appends`` to the cluster's count after this write (:func:`save_state_rows`)."""
+    state.appends = save_state_rows(conn, cluster, dirty_rows(state), appends=state.appends)
 
 
-def save_state_rows(conn: Connection, cluster: str, rows: StateRows) -> None:
-    """Upsert ``rows.upserts`` into ``translator_state`` and delete ``rows.deletes``, in the caller's transaction."""
+def save_state_rows(conn: Connection, cluster: str, rows: StateRows, *, appends: int) -> int:
+    """Upsert ``rows.upserts`` into ``translator_state`` and delete ``rows.deletes``, in the caller's transaction,
+    which holds the append lock; when they change anything, count the append in ``cluster_appends``.
+
+    The only writer of ``translator_state``, so the one place that counts its changes: an append that changes
+    nothing there (a bookmark's checkpoint, lines already recorded) cannot leave another writer's state behind, and
+    counted it made that writer load its whole state again for nothing.
+
+    Args:
+        appends: the cluster's count as read under this lock (:func:`read_appends`).
+
+    Returns:
+        The count after this write: ``appends + 1`` when the rows change anything, else ``appends``.
+    """
     # One statement per JSON document {key: entry} (one for most batches; see STATE_DOCUMENT_CHARS): the
     # entries are JSON text already, so a document is a join of strings, and the server parses it once. Passing
     # them as text[]/jsonb[] arrays instead cost the client an array-literal escape of every entry (7 % of an
@@ -581,6 +591,7 @@ def save_state_rows(conn: Connection, cluster: str, rows: StateRows) -> None:
     if rows.deletes:
         conn.execute(text("DELETE FROM translator_state WHERE cluster = :c AND key = ANY(:k)"),
                      {"c": cluster, "k": rows.deletes})
+    return count_append(conn, cluster) if rows.changes else appends
 
 
 STATE_DOCUMENT_CHARS = 16 * 2**20

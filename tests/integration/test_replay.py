@@ -592,7 +592,7 @@ def test_translator_state_rows_are_split_over_json_documents_of_bounded_size(
     assert all(len(d) <= 10_000 for d in documents if '"h' not in d)
     assert sorted(k for d in documents for k in json.loads(d)) == sorted(upserts)
     with ledger.engine.begin() as conn:
-        pg.save_state_rows(conn, ledger.cluster, pg.StateRows(upserts=upserts, deletes=[]))
+        pg.save_state_rows(conn, ledger.cluster, pg.StateRows(upserts=upserts, deletes=[]), appends=0)
     with ledger.engine.connect() as conn:
         rows = conn.execute(text("SELECT key, state::text FROM translator_state WHERE cluster = :c"),
                             {"c": ledger.cluster}).all()
