@@ -1,6 +1,6 @@
 """Typer as every ``dra-ledger`` command uses it: choices refused in plain words, flags and arguments shown cleanly.
 
-Why a module of its own: Typer 0.29 (which vendors Click and coerces values with pydantic) printed three things a
+Why a module of its own: Typer 0.29 (which vendors Click and coerces values with pydantic) printed or did four things a
 command line should not, and each is corrected here once for every command, ``ledger``'s and those that ``api`` and
 ``workers`` register (``ledger.cli.COMMAND_GROUP``), instead of at each option:
 
@@ -8,12 +8,15 @@ command line should not, and each is corrected here once for every command, ``le
   the ``ValueError`` Typer raises inside its validator (:func:`choice_option`);
 - every flag, ``--help`` included, showed ``<bool>`` in ``--help``, as if it took a value (:class:`LedgerCommand`,
   :class:`LedgerGroup`);
-- a required argument was written ``{files}...`` in the usage line (:class:`LedgerCommand`).
+- a required argument was written ``{files}...`` in the usage line (:class:`LedgerCommand`);
+- an option given twice (``--cluster a --cluster b``) kept the last value without a word
+  (:func:`refuse_repeated_options`).
 
 It also holds how a command ends on Ctrl-C or SIGTERM when it has nothing of its own to say
 (:class:`LedgerCommand`).
 
-Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the ``cls`` of a command or group.
+Only Typer's own hooks are used: ``parser=`` of an option, ``metavar``, and the ``cls`` of a command or group
+(whose Click methods, ``make_parser`` among them, are overridden).
 """
 
 from __future__ import annotations
@@ -149,9 +152,57 @@ SIGTERM that comes after it, while Click closes the command's context, leaves th
 (:func:`ledger.cli.main`, which sets it to ``False`` first)."""
 
 
+def refuse_repeated_options(ctx: Context, order: Iterable[Parameter]) -> None:
+    """Refuse an option given more than once when it takes one value (or is a flag).
+
+    Click keeps the last of the values and drops the others without a word: ``--cluster a --cluster b`` answered for
+    ``b`` alone, ``--at`` twice for the second instant, ``--serve --no-serve`` did not serve. Options that collect
+    several values (``multiple``) or count (``-v -v``) are left alone, and so are the eager ones (``--help``), which
+    end the command before anything is done.
+
+    Args:
+        ctx: the command's context, for the error.
+        order: the parameters in the order the command line gave them, one entry each time one was given (the third
+            value Click's option parser returns).
+
+    Raises:
+        click.UsageError: (Typer's vendored Click, by ``ctx.fail``) naming the option by all its names and saying how
+            many times it was given; Typer prints it in its error panel and exits with code 2.
+    """
+    counts: dict[str, tuple[TyperOption, int]] = {}
+    for param in order:
+        if (isinstance(param, TyperOption) and not (param.multiple or param.count or param.is_eager)
+                and param.name is not None):
+            seen = counts.get(param.name)
+            counts[param.name] = (param, seen[1] + 1 if seen else 1)
+    for param, times in counts.values():
+        if times > 1:
+            names = " / ".join(f"'{name}'" for name in [*param.opts, *param.secondary_opts])
+            ctx.fail(f"Option {names} was given {times} times; give it once.")
+
+
 class LedgerCommand(TyperCommand):
     """A ``dra-ledger`` command: flags without a type in ``--help``, arguments named as Click names them in the usage
-    line (``FILE...``; Typer 0.29 wrote a required one ``{files}...``)."""
+    line (``FILE...``; Typer 0.29 wrote a required one ``{files}...``), an option given twice refused
+    (:func:`refuse_repeated_options`)."""
+
+    def make_parser(self, ctx: Context) -> Any:
+        """Click's option parser for this command, whose ``parse_args`` also refuses a repeated option.
+
+        The parser is Click's own; only its result is checked, before any value is converted or any command runs.
+        """
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_once(args: list[str]) -> Any:
+            opts, rest, order = parse(args=args)
+            refuse_repeated_options(ctx, order)
+            return opts, rest, order
+
+        # The instance's method is replaced, not the class's: the parser's class lives in Typer's private vendored
+        # Click, which this module never imports at run time (see the TYPE_CHECKING import above).
+        parser.parse_args = parse_once  # type: ignore[method-assign]  # reason: above
+        return parser
 
     def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         show_flags_without_a_type(self.get_params(ctx))  # --help itself is made only when first asked for

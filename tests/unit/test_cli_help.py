@@ -3,7 +3,7 @@
 A bad choice names the option, the value and the choices in plain words (Typer 0.29 passed pydantic's
 ``Value error, `` prefix through); a flag shows no value type in ``--help`` (Typer's Rich help printed
 ``<bool>`` beside each, ``--help`` included); an argument shows its name in the usage line (``FILE...``, where
-Typer printed ``{files}...``).
+Typer printed ``{files}...``); an option that takes one value, given twice, is refused (Click kept the last).
 """
 
 from __future__ import annotations
@@ -93,6 +93,40 @@ def test_every_choice_option_of_every_command_refuses_a_bad_value_in_plain_words
                 assert message.endswith(f": 'bogus' is not one of {allowed}."), (words, message)
                 checked.append(f"{' '.join(words)} {option}")
     assert "occupancy --output" in checked and "report idle-claims --format" in checked  # the walk found them
+
+
+def test_every_option_of_every_command_given_twice_is_refused_naming_it() -> None:
+    checked = []
+    with plugin_commands() as plugins:
+        for words, app, command in every_command(plugins):
+            for param in command.params:
+                if not isinstance(param, TyperOption) or param.multiple or param.count or param.is_eager:
+                    continue
+                given = [param.opts[0]] if param.is_flag else [param.opts[0], "x"]
+                result = CliRunner().invoke(app, [*words, *given, *given], env=WIDE)
+                names = " / ".join(f"'{name}'" for name in [*param.opts, *param.secondary_opts])
+                assert result.exit_code == 2, (words, given, result.output)
+                assert error_message(result.output) == f"Option {names} was given 2 times; give it once.", words
+                checked.append(f"{' '.join(words)} {param.opts[0]}")
+    assert {"occupancy --at", "replay --cluster", "demo --serve", "watch --kubeconfig"} <= set(checked)
+
+
+@pytest.mark.parametrize("args", [
+    ["occupancy", "-o", "json", "--output", "table"],
+    ["demo", "--serve", "--no-serve"],
+])
+def test_an_option_given_by_two_of_its_names_counts_as_given_twice(args: list[str]) -> None:
+    result = CliRunner().invoke(cli.app, args, env=WIDE)
+
+    assert result.exit_code == 2, result.output
+    assert "was given 2 times; give it once." in error_message(result.output)
+
+
+def test_help_given_twice_still_shows_the_help() -> None:
+    result = CliRunner().invoke(cli.app, ["occupancy", "--help", "--help"], env=WIDE)
+
+    assert result.exit_code == 0, result.output
+    assert "Usage: root occupancy [OPTIONS]" in result.output
 
 
 def rows(text: str) -> list[str]:

@@ -42,8 +42,9 @@ def test_a_knob_past_its_bound_is_refused_and_the_old_file_is_kept(tmp_path: Pat
     out = tmp_path / "sim.jsonl"
     out.write_text("an earlier history\n", encoding="utf-8")
 
-    result = CliRunner().invoke(app, ["simulate", "--output", str(out), "--nodes", "1", "--hours", "1",
-                                      option, value], env=WIDE)
+    small = {"--nodes": "1", "--hours": "1", option: value}  # the option tried replaces its small default
+    result = CliRunner().invoke(app, ["simulate", "--output", str(out), *[w for o, v in small.items() for w in (o, v)]],
+                                env=WIDE)
 
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option}': Input should be {said}" in result.output
