@@ -45,27 +45,59 @@ def _describe(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def opt_str(obj: Mapping[str, JSONValue], path: str) -> str | None:
+LONGEST_NAME_BYTES = 317
+"""Longest string, in UTF-8 bytes, that :func:`opt_str` and :func:`req_str` return unless told otherwise.
+
+Kubernetes' longest identifier is a qualified name (a label or taint key: a 253-character DNS subdomain prefix,
+``/``, a 63-character name); object names are at most 253 characters, namespaces, drivers and device names 63. The
+strings read here are such identifiers (names, uids, drivers, pools, devices, nodes, requests, keys), and the ledger
+keys on them: they end up in b-tree indexes (``events.stream``, ``translator_state.key``, the read models' device
+and claim keys), whose rows PostgreSQL limits to about 2,700 bytes. A longer value (a hand-made object, a broken
+client) made the whole append batch fail with ``index row size exceeds maximum`` (or its projection's batch), so
+the good lines around it were never recorded; refused here, the one line is rejected with its field named. Three
+such fields of 317 bytes make a device key under 1 KB."""
+
+
+def opt_str(obj: Mapping[str, JSONValue], path: str, *, longest: int | None = LONGEST_NAME_BYTES) -> str | None:
     """Return the string at ``path`` or ``None`` when absent/null.
 
+    Args:
+        obj: a decoded Kubernetes object (or part of one).
+        path: dotted keys from ``obj``.
+        longest: the most UTF-8 bytes the string may take (:data:`LONGEST_NAME_BYTES`); ``None`` for a field that
+            is not an identifier (a CEL expression).
+
     Raises:
-        InvalidObject: the value exists but is not a string.
+        InvalidObject: the value exists but is not a string, or is longer than ``longest``.
     """
     value = _walk(obj, path)
     if value is _MISSING:
         return None
     if not isinstance(value, str):
         raise InvalidObject(path, f"expected a string, got {_describe(value)}")
+    if longest is not None and len(value) > longest // 4 and _utf8_length(value) > longest:
+        raise InvalidObject(path, f"{_utf8_length(value)} bytes long; a Kubernetes name or key is at most "
+                                  f"{longest} ({_describe(value)})")
     return value
 
 
-def req_str(obj: Mapping[str, JSONValue], path: str) -> str:
+def _utf8_length(value: str) -> int:
+    """Length of ``value`` in UTF-8 bytes (a lone surrogate, which JSON may carry, counts its three bytes)."""
+    return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+
+
+def req_str(obj: Mapping[str, JSONValue], path: str, *, longest: int | None = LONGEST_NAME_BYTES) -> str:
     """Return the non-empty string at ``path``.
 
+    Args:
+        obj: a decoded Kubernetes object (or part of one).
+        path: dotted keys from ``obj``.
+        longest: as for :func:`opt_str`.
+
     Raises:
-        InvalidObject: missing, null, empty or not a string.
+        InvalidObject: missing, null, empty, not a string, or longer than ``longest``.
     """
-    value = opt_str(obj, path)
+    value = opt_str(obj, path, longest=longest)
     if not value:
         raise InvalidObject(path, "required string is missing or empty")
     return value
@@ -168,5 +200,5 @@ def opt_time(obj: Mapping[str, JSONValue], path: str) -> datetime | None:
     Raises:
         InvalidObject: present but not a string or not RFC 3339 with a zone.
     """
-    value = opt_str(obj, path)
+    value = opt_str(obj, path, longest=None)  # any length: parse_k8s_time refuses what is no time
     return None if value is None else parse_k8s_time(value, path)

@@ -591,7 +591,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     _check_counts(requests)
     results = _results(obj, requests)
     consumers = _consumers(obj)
-    deletion = opt_str(obj, "metadata.deletionTimestamp")
+    deletion = opt_str(obj, "metadata.deletionTimestamp", longest=None)
     rv = opt_str(obj, "metadata.resourceVersion")
     state = em.state.take(key)
     observed = em.obs.observed_at
@@ -637,7 +637,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         em.state.put(key, {"pos": state["pos"], "deleted": True, "rv": rv})
         return
     if new_results is not None and state.get("results") is None:
-        stamp = opt_str(obj, "status.allocation.allocationTimestamp")
+        stamp = opt_str(obj, "status.allocation.allocationTimestamp", longest=None)
         released = state.get("released")
         not_before = max(created, datetime.fromisoformat(released)) if isinstance(released, str) else created
         at = _allocation_time(stamp, not_before=not_before, observed=observed, fallback=changed_at)
@@ -744,14 +744,14 @@ def _taint_rule_view(obj: JSONObject) -> tuple[JSONObject | None, JSONObject]:
             cels: list[JSONValue] = []
             for i, entry in enumerate(maps_in(obj, "spec.deviceSelector.selectors")):
                 try:
-                    expression = req_str(entry, "cel.expression")
+                    expression = req_str(entry, "cel.expression", longest=None)
                 except InvalidObject as e:
                     raise _within(f"spec.deviceSelector.selectors[{i}]", e) from e
                 cels.append({"cel": {"expression": expression}})
             selector["selectors"] = cels
     if not opt_map(obj, "spec.taint"):
         raise InvalidObject("spec.taint", "required mapping is missing or empty")
-    time_added = opt_str(obj, "spec.taint.timeAdded")
+    time_added = opt_str(obj, "spec.taint.timeAdded", longest=None)
     if time_added is not None:
         parse_k8s_time(time_added, "spec.taint.timeAdded")
     taint: JSONObject = {"key": req_str(obj, "spec.taint.key"), "value": opt_str(obj, "spec.taint.value"),

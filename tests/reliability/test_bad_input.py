@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import random
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -49,6 +51,12 @@ def _claim(s: Sandwich, name: str = "odd", *, uid: str | None = None, device: st
            allocated_at: float | None = None) -> JSONObject:
     return f.claim(name=name, namespace=s.namespace, claim_uid=uid or f.uid("claim"),
                    results=[device] if allocated_at is not None else None, allocated_at=allocated_at, pool=s.pool)
+
+
+def _random_letters(n: int) -> str:
+    """``n`` lowercase letters drawn at random (seeded: the same each run)."""
+    letters = random.Random(n)
+    return "".join(letters.choice(string.ascii_lowercase) for _ in range(n))
 
 
 def _without(obj: JSONObject, *keys: str) -> JSONObject:
@@ -305,6 +313,22 @@ CORPUS: dict[str, Case] = {
     "slice_with_10000_devices": Case(lambda s: [line("ADDED", _ten_thousand("big-" + s.pool), 5)], {},
                                      _check_pool_size_of("big-")),
     # --- names and values --------------------------------------------------------------------------------
+    # Random letters do not compress: a key this long made the whole batch fail in a b-tree index (PostgreSQL's
+    # row limit is about 2,700 bytes), so the lines around it were never recorded.
+    "namespace_name_of_12000_random_letters": Case(
+        lambda s: [line("ADDED", f.namespace(_random_letters(12_000), "t"), 5)],
+        {0: "metadata.name: 12000 bytes long; a Kubernetes name or key is at most 317"}),
+    "device_name_of_318_letters": Case(
+        lambda s: [line("ADDED", _slice(s, spec={**cast(dict[str, Any], _slice(s)["spec"]),
+                                                 "devices": [f.gpu("d" * 318)]}), 5)],
+        {0: "spec.devices[0].name: 318 bytes long"}),
+    "allocated_pool_of_318_letters_in_two_byte_characters": Case(
+        lambda s: [line("ADDED", json.loads(json.dumps(_claim(s, allocated_at=4)).replace(
+            f'"pool": "{s.pool}"', '"pool": "' + "é" * 159 + '"')), 5)],
+        {0: "pool: 318 bytes long"}),
+    "names_of_253_and_keys_of_317_characters": Case(
+        lambda s: [line("ADDED", _claim(s, name="n" * 253, uid="u" * 317), 5)], {},
+        lambda ledger, s: _has_stream(ledger, "claim:" + "u" * 317)),
     "unicode_and_control_characters_in_names": Case(lambda s: [line("ADDED", _unicode_claim(s), 5)], {},
                                                     lambda ledger, s: _unicode_kept(ledger, s)),
     "unicode_and_control_characters_in_attribute_values": Case(
