@@ -573,8 +573,8 @@ def load_config(path: Path | str | None) -> LedgerConfig:
     Returns :data:`DEFAULT` when ``path`` is ``None``.
 
     Raises:
-        Invalid: the file cannot be read or parsed, or a key is unknown or has a bad value; the
-            message names the file and every bad location.
+        Invalid: the file cannot be read or parsed (nested too deeply included), or a key is unknown or has a bad
+            value; the message names the file and every bad location.
     """
     if path is None:
         return DEFAULT
@@ -597,6 +597,10 @@ def load_config(path: Path | str | None) -> LedgerConfig:
             raise Invalid(f"{path}: the configuration file must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
         raise Invalid(f"{path}: not valid {path.suffix[1:].upper()}: {e}") from e
+    except RecursionError as e:
+        # Both parsers recurse once per nesting level: a few hundred levels of [ or { reach Python's limit. No
+        # setting of this file nests deeper than four.
+        raise Invalid(f"{path}: nested too deeply to read (no setting here nests more than a few levels)") from e
     if not isinstance(data, dict):
         # Not pydantic's "Input should be a valid dictionary or instance of LedgerConfig": say what the file holds.
         raise Invalid(f"{path}: the configuration file must hold a mapping of sections (teams, prices, ...), "

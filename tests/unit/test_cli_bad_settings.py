@@ -199,3 +199,21 @@ def test_the_commands_other_packages_register_refuse_an_empty_database_url_and_c
     assert "Invalid value for --database-url: empty;" in " ".join(url.output.split())
     assert config.exit_code == 2, config.output
     assert "Invalid value for --config: empty;" in " ".join(config.output.split())
+
+
+@pytest.mark.parametrize(("suffix", "text"), [
+    (".toml", "x = " + "[" * 2000 + "]" * 2000),
+    (".yaml", "x: " + "[" * 2000 + "]" * 2000),
+    (".yml", "x: " + "{a: " * 2000 + "}" * 2000),
+])
+def test_a_configuration_file_nested_too_deeply_is_one_line_naming_it_not_a_traceback(tmp_path: Path, suffix: str,
+                                                                                     text: str) -> None:
+    from ledger.cli import app
+
+    config = tmp_path / f"deep{suffix}"
+    config.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, ["quotas", "--config", str(config), "--database-url", NOWHERE], env=WIDE)
+
+    assert not isinstance(result.exception, RecursionError), result.exception
+    assert result.exit_code == 2, result.output
+    assert f"{config}: nested too deeply to read" in " ".join(result.output.split())
