@@ -218,6 +218,8 @@ def known_query_parameters(connection: ASGIConnection[Any, Any, Any, Any], handl
     empty = sorted(name for name in given if given[name] == "")
     if empty:
         name = empty[0]
+        if name in required_query_names(handler, frozenset(connection.path_params)):
+            raise Invalid(f"{shorten(name)}: empty; this parameter is required, give it a value")
         raise Invalid(f"{shorten(name)}: empty; leave the parameter out {EMPTY_HINTS.get(name, 'for its default')}")
     blank = sorted(name for name in given if name in NAME_FILTERS and not given[name].strip())
     if blank:

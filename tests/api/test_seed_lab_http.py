@@ -731,6 +731,17 @@ def test_an_empty_filter_is_refused_like_an_empty_cluster(client: TestClient[Lit
     assert client.get(path).status_code == 200
 
 
+@pytest.mark.parametrize("name", ["from", "to"])
+def test_an_empty_required_parameter_is_refused_as_required_not_as_one_to_leave_out(
+        client: TestClient[Litestar], name: str) -> None:
+    # It said "leave the parameter out for its default", and leaving it out is a 400 for a missing parameter.
+    window = {"from": "2026-11-02T09:00:00Z", "to": "2026-11-02T12:00:00Z"}
+    response = client.get("/v1/usage", params={**window, name: ""})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == f"{name}: empty; this parameter is required, give it a value"
+    assert client.get("/v1/usage", params=window).status_code == 200
+
+
 def test_a_claim_recorded_in_two_clusters_lists_its_uid_once_and_its_events_once_a_cluster(
         client: TestClient[Litestar], seeded: LedgerHandle) -> None:
     services.replay_files(seeded.db, [HISTORIES / "seed-lab.jsonl"], cluster="lab-2")
