@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +65,23 @@ class TokenTable:
         """Whether any token is configured (else the API is open)."""
         return bool(self.entries)
 
-    def check(self, header: str | None) -> Access:
-        """Return the access of the bearer token in ``header``.
+    def check(self, headers: Sequence[str]) -> Access:
+        """Return the access of the bearer token in the request's ``Authorization`` header.
+
+        Args:
+            headers: every ``Authorization`` field of the request, in the order sent (none, one, or more).
 
         Raises:
-            NotAuthorizedException: no token, a malformed header, or an unknown token (401).
+            NotAuthorizedException: no token, a malformed header, an unknown token, or more than one
+                ``Authorization`` field (401): the field holds one credential (RFC 9110 §11.6.2), and taking the
+                first or the last of two would let the order decide who is asking.
         """
         if not self.enabled:
             return OPEN
+        if len(headers) > 1:
+            raise NotAuthorizedException(f"the Authorization header was sent {len(headers)} times; send one bearer "
+                                         "token", headers={"WWW-Authenticate": "Bearer"})
+        header = headers[0] if headers else None
         scheme, _, value = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not value.strip():
             raise NotAuthorizedException("a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
@@ -99,7 +109,7 @@ def require_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHa
     if connection.scope.get("method") == "OPTIONS":
         return
     table: TokenTable = connection.app.state.tokens
-    connection.state.access = table.check(connection.headers.get("authorization"))
+    connection.state.access = table.check(connection.headers.getall("authorization", []))
 
 
 def provide_access(request: Request[Any, Any, Any]) -> Access:

@@ -85,7 +85,7 @@ class HealthController(Controller):
         """
         if not ctx.config.api.metrics_public:
             tokens: TokenTable = request.app.state.tokens
-            tokens.check(request.headers.get("authorization"))
+            tokens.check(request.headers.getall("authorization", []))
         registry = CollectorRegistry()
         up = Gauge("dra_ledger_database_up", "1 when the ledger database answers", registry=registry)
         lag_gauge = Gauge(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +42,45 @@ def test_no_token_or_a_bad_token_is_401_problem_details(guarded: TestClient[Lite
         assert response.headers["www-authenticate"] == "Bearer"
     basic = guarded.get(path, headers={"Authorization": f"Basic {ADMIN}"})
     assert basic.status_code == 401
+
+
+def _get_with_raw_headers(app: Litestar, path: str, headers: list[tuple[str, str]]) -> tuple[int, dict[str, str], Any]:
+    """GET ``path`` from ``app`` over ASGI with ``headers`` sent as given, repeated names included.
+
+    Not through the TestClient: its transport builds the scope from ``httpx.Headers.items()``, which joins two fields
+    of one name into one (``Bearer a, Bearer b``), as a proxy may but a client such as curl does not.
+    """
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"testserver"), *[(k.lower().encode(), v.encode()) for k, v in headers]],
+             "client": ("127.0.0.1", 50000), "server": ("testserver", 80), "state": {}}
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]  # reason: plain dicts for the ASGI messages
+    start = next(m for m in messages if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, json.loads(body)
+
+
+@pytest.mark.parametrize("tokens", [(ADMIN, "not-a-token"), ("not-a-token", ADMIN), (VISION, ADMIN), (ADMIN, ADMIN)])
+def test_two_authorization_headers_are_401_whatever_their_order(guarded: TestClient[Litestar],
+                                                                tokens: tuple[str, str]) -> None:
+    # The first of two was taken: (admin, bad) answered 200 and (bad, admin) 401, so the order decided who asked.
+    # Refused by the guard, before any handler or database work, so the app is called here from a loop of its own.
+    headers = [("Authorization", f"Bearer {token}") for token in tokens]
+    for path in ("/v1/occupancy", "/v1/claims"):
+        status, sent, body = _get_with_raw_headers(guarded.app, path, headers)
+        assert status == 401, body
+        assert sent["www-authenticate"] == "Bearer"
+        assert body["detail"] == "the Authorization header was sent 2 times; send one bearer token"
+    one = guarded.get("/v1/occupancy", headers=dict(headers[:1]))
+    assert one.status_code == (401 if tokens[0] == "not-a-token" else 200)
 
 
 def test_probes_stay_open(guarded: TestClient[Litestar]) -> None:
