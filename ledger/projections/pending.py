@@ -155,6 +155,10 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
             overrides: Mapping[str, str] = NO_OVERRIDES, now: datetime | None = None) -> JSONObject:
     """Claims pending at ``at`` and, per DeviceClass, devices requested versus devices free.
 
+    A claim is pending at ``at`` when it holds no allocation then (table ``claim_states``) and no deletion of it was
+    requested by then (``claims.deletion_requested_at``, from ``metadata.deletionTimestamp``): the scheduler
+    allocates no claim being deleted, so such a claim is no demand, whether it never held devices or released them.
+
     Returns:
         ``{"at", "classes": [{"cluster", "deviceClass", "claims", "requested", "free"}], "claims": [{"cluster",
         "namespace", "name", "team", "origin", "pendingSince", "ageSeconds", "requests": [{"request", "deviceClass",
@@ -177,7 +181,9 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
         " (SELECT t.team FROM namespace_teams t WHERE t.cluster = c.cluster AND t.namespace = c.namespace "
         "  AND t.valid @> :at LIMIT 1) AS team "
         "FROM claim_states s JOIN claims c ON c.cluster = s.cluster AND c.uid = s.claim_uid "
-        "WHERE s.valid @> :at AND s.state = 'pending'" + _cluster_filter(cluster, "s") +
+        "WHERE s.valid @> :at AND s.state = 'pending' "
+        # A claim being deleted waits for nothing: the scheduler allocates no claim with a deletionTimestamp.
+        " AND (c.deletion_requested_at IS NULL OR c.deletion_requested_at > :at)" + _cluster_filter(cluster, "s") +
         " ORDER BY c.cluster, c.namespace, c.name, c.uid"), params).all()
     catalogs = load_catalogs(conn, at=at, cluster=cluster)
     free_by_cluster: dict[str, set[DeviceId]] = {}

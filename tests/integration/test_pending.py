@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,29 @@ def test_seed_lab_big_requests_four_with_two_then_three_free(ledger: LedgerHandl
                                 "count": 4, "free": free}]
     assert parse_time(big["pendingSince"]) <= parse_time(when)
     assert big["ageSeconds"] == (parse_time(when) - parse_time(big["pendingSince"])).total_seconds()
+
+
+def test_a_claim_being_deleted_is_no_longer_pending_demand(ledger: LedgerHandle, tmp_path: Path) -> None:
+    # The scheduler allocates no claim with a deletionTimestamp: seed-lab's over-request "big", its deletion asked at
+    # 10:50 (a finalizer keeps it a while), waits for nothing from then on, though it still holds no allocation.
+    [added] = [json.loads(text) for text in (HISTORIES / "seed-lab.jsonl").read_text().splitlines()
+               if '"kind":"ResourceClaim","metadata":{"name":"big"' in text and '"type":"ADDED"' in text]
+    obj = added["object"]
+    obj["metadata"] |= {"deletionTimestamp": "2026-11-02T10:50:00Z", "finalizers": ["example.com/hold"],
+                        "resourceVersion": "999001"}
+    deleting = tmp_path / "deleting.jsonl"
+    deleting.write_text(json.dumps({"observedAt": "2026-11-02T10:50:01Z", "type": "MODIFIED", "object": obj}) + "\n")
+    ledger.replay(HISTORIES / "seed-lab.jsonl", deleting)
+
+    before: Any = services.pending(ledger.db, at=parse_time("2026-11-02T10:40:00Z"), cluster=ledger.cluster)
+    after: Any = services.pending(ledger.db, at=parse_time("2026-11-02T10:50:00Z"), cluster=ledger.cluster)
+    assert [(c["name"], c["requests"][0]["count"]) for c in before["claims"]] == [("big", 4)]
+    assert before["classes"][0]["requested"] == 4
+    assert after == {"at": "2026-11-02T10:50:00Z", "classes": [], "claims": []}
+    # Still a claim without an allocation: the claims listing shows it, with its state.
+    listed = {c["name"]: c["state"] for c in services.claims(ledger.db, at=parse_time("2026-11-02T10:55:00Z"),
+                                                             cluster=ledger.cluster)["claims"]}
+    assert listed["big"] == "pending"
 
 
 def _tainted(name: str, effect: str) -> JSONObject:
