@@ -584,6 +584,9 @@ def _read_json_lines(
             except UnicodeDecodeError as e:
                 yield _broken_bytes(source, number, f"not UTF-8: {e.reason} at byte {e.start}", e.object)
                 continue
+        # A byte-order mark opens a line inside the file where two files were joined (`cat a.jsonl b.jsonl`, b
+        # written with one); the file's own first one is gone already. It is no part of the line's JSON.
+        raw = raw.removeprefix("\ufeff")
         if not raw or raw.isspace():
             continue
         try:

@@ -346,6 +346,22 @@ def test_lines_that_are_not_utf8_are_broken_and_the_rest_of_the_file_reads(tmp_p
     assert results[1].digest == hashlib.sha256(b'{"caf\xe9"}').hexdigest()
 
 
+def test_two_files_joined_read_as_one_though_the_second_starts_with_a_byte_order_mark(tmp_path: Path) -> None:
+    # `cat a.jsonl b.jsonl` where b was written with a BOM: the mark then opens a line inside the file.
+    lines = seed_lines()[:4]
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes("\n".join(lines[:2]).encode() + b"\n\xef\xbb\xbf" + "\n".join(lines[2:]).encode() + b"\n")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    results = list(read_history(joined))
+
+    assert [type(r) for r in results] == [WatchLine] * 4
+    assert [r.digest for r in results] == [r.digest for r in read_history(plain)]
+    assert [r.digest for r in read_text(joined.read_text(encoding="utf-8"), source="joined.jsonl")] == [
+        r.digest for r in results]
+
+
 def _class_yaml(name: str) -> bytes:
     return f"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: {name}\n  uid: u-{name}\n".encode()
 
