@@ -50,8 +50,8 @@ def test_a_claim_being_deleted_is_no_longer_pending_demand(ledger: LedgerHandle,
     assert before["classes"][0]["requested"] == 4
     assert after == {"at": "2026-11-02T10:50:00Z", "classes": [], "claims": []}
     # Still a claim without an allocation: the claims listing shows it, with its state.
-    listed = {c["name"]: c["state"] for c in services.claims(ledger.db, at=parse_time("2026-11-02T10:55:00Z"),
-                                                             cluster=ledger.cluster)["claims"]}
+    listing: Any = services.claims(ledger.db, at=parse_time("2026-11-02T10:55:00Z"), cluster=ledger.cluster)
+    listed = {c["name"]: c["state"] for c in listing["claims"]}
     assert listed["big"] == "pending"
 
 
