@@ -303,7 +303,25 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
         updates["database_url"] = url
     if data_dir:
         updates["data_dir"] = data_dir
-    return base.model_copy(update=updates)
+    settings = base.model_copy(update=updates)
+    refuse_a_data_dir_that_is_no_directory(settings.data_dir if not settings.database_url else None)
+    return settings
+
+
+def refuse_a_data_dir_that_is_no_directory(data_dir: Path | None) -> None:
+    """Refuse a ``--data-dir`` / ``LEDGER_DATA_DIR`` naming something other than a directory (a file, a device).
+
+    Where nothing exists the commands that record make the directory, and the others say no ledger is there
+    (:func:`require_embedded_ledger`); a file there was reported as ``cannot read <file>/postmaster.pid: [Errno 20]
+    Not a directory``, or with advice to record a ledger into it.
+
+    Raises:
+        typer.Exit: (code 2) ``data_dir`` exists and is not a directory; the message names it.
+    """
+    if data_dir is not None and data_dir.exists() and not data_dir.is_dir():
+        typer.echo(f"error: the data directory {data_dir} is not a directory (from --data-dir or LEDGER_DATA_DIR): "
+                   "name a directory, new or holding a ledger", err=True)
+        raise typer.Exit(2)
 
 
 def caused_by_ctrl_c(error: BaseException) -> bool:

@@ -284,6 +284,7 @@ def register(app: typer.Typer) -> None:
             settings = settings.model_copy(update={"database_url": database_url})
         if data_dir:
             settings = settings.model_copy(update={"data_dir": data_dir})
+        cli.refuse_a_data_dir_that_is_no_directory(settings.data_dir if not settings.database_url else None)
         if cluster:
             settings = settings.model_copy(update={"cluster": cluster})
         if health_port is not None:

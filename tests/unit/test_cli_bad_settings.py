@@ -217,3 +217,31 @@ def test_a_configuration_file_nested_too_deeply_is_one_line_naming_it_not_a_trac
     assert not isinstance(result.exception, RecursionError), result.exception
     assert result.exit_code == 2, result.output
     assert f"{config}: nested too deeply to read" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("command", [["occupancy"], ["replay", "HISTORY"], ["demo", "--no-serve"], ["db", "start"],
+                                     ["db", "upgrade"], ["db", "current"], ["rebuild"], ["watch"], ["jobs", "--once"],
+                                     ["serve"]])
+@pytest.mark.parametrize("source", ["option", "environment"])
+def test_a_data_dir_that_is_a_file_is_refused_naming_it_and_the_file_is_left_alone(tmp_path: Path,
+                                                                                 command: list[str],
+                                                                                 source: str) -> None:
+    # It was "cannot read <file>/postmaster.pid: [Errno 20] Not a directory", or advice to record a ledger into it.
+    from ledger.cli import app as ledger_app
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a ledger\n", encoding="utf-8")
+    history = tmp_path / "h.jsonl"
+    history.write_text("")
+    words = [str(history) if w == "HISTORY" else w for w in command]
+    given = ["--data-dir", str(afile)] if source == "option" else []
+    env = {**WIDE, "LEDGER_DATABASE_URL": None, "LEDGER_DATA_DIR": str(afile) if source == "environment" else None}
+    with plugin_commands() as plugins:
+        app = plugins if command[0] in ("watch", "jobs", "serve") else ledger_app
+        result = CliRunner().invoke(app, [*words, *given], env=env)
+
+    assert result.exit_code == 2, result.output
+    assert (f"error: the data directory {afile} is not a directory (from --data-dir or LEDGER_DATA_DIR): name a "
+            "directory, new or holding a ledger") in result.output
+    assert afile.read_text(encoding="utf-8") == "not a ledger\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl", "notes.txt"]
