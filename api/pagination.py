@@ -36,9 +36,12 @@ class Page:
 
 def fingerprint(endpoint: str, params: Mapping[str, object]) -> str:
     """Digest of the endpoint (the request's path, ``request.url.path``, e.g. ``/v1/quotas``) and the query
-    parameters that define the result (not ``pageToken`` / ``limit``). The endpoint is in it so that a token
-    of one list is refused by another taking the same parameters (``/v1/quotas`` and ``/v1/pending`` both take
-    ``at`` and ``cluster``): read there, its offset skipped rows of a list it never counted."""
+    parameters that define the result (not ``pageToken`` / ``limit``, and not the instant, ``at`` or a timeline's
+    ``to``: the token carries the instant its list answers, and :func:`api.deps.page_instant` refuses a request
+    asking another, so a token from a first page asked without ``at`` also answers a request naming that instant).
+    The endpoint is in it so that a token of one list is refused by another taking the same parameters
+    (``/v1/quotas`` and ``/v1/pending`` both take ``at`` and ``cluster``): read there, its offset skipped rows of a
+    list it never counted."""
     text = json.dumps({"endpoint": endpoint, "params": {k: str(v) for k, v in sorted(params.items()) if v is not None}},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -72,7 +72,6 @@ class ClaimsController(Controller):
                 "team": team,
                 "origin": origin,
                 "cluster": scope,
-                "at": asked,
             }
         )
         page = pagination.decode(page_token, query=query)

@@ -81,7 +81,7 @@ class DemandController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
-        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
+        query = pagination.fingerprint(request.url.path, {"cluster": scope})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body: Any = await ctx.reports.run(
@@ -110,7 +110,7 @@ class DemandController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
-        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
+        query = pagination.fingerprint(request.url.path, {"cluster": scope})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body = await ctx.reports.run(
@@ -137,7 +137,7 @@ class DemandController(Controller):
         """
         scope = parse_cluster(cluster, ctx)
         asked = asked_instant(at)
-        query = pagination.fingerprint(request.url.path, {"cluster": scope, "at": asked})
+        query = pagination.fingerprint(request.url.path, {"cluster": scope})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body = await ctx.reports.run(

@@ -136,7 +136,7 @@ class DevicesController(Controller):
         t0 = parse_instant(start, "from", default=datetime(1970, 1, 1, tzinfo=UTC))
         asked = parse_instant(end, "to") if end is not None else None
         # The parsed window, not its text, is the query (the path names the device).
-        query = pagination.fingerprint(request.url.path, {"from": t0, "to": asked, "cluster": scope})
+        query = pagination.fingerprint(request.url.path, {"from": t0, "cluster": scope})
         page = pagination.decode(page_token, query=query)
         t1 = page_instant(page.at, asked, name="to")
         if not t0 < t1:

@@ -85,7 +85,7 @@ class OccupancyController(Controller):
         asked = asked_instant(at)
         query = pagination.fingerprint(
             request.url.path,
-            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "at": asked, "deviceClass": device_class}
+            {"cluster": scope, "node": node, "driver": driver, "pool": pool, "deviceClass": device_class}
         )
         page = pagination.decode(page_token, query=query)
         after = pagination.sort_key(page)  # the last device served: (cluster, driver, pool, device)

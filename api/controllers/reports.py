@@ -63,7 +63,7 @@ class ReportsController(Controller):
         asked = asked_instant(at)
         idle = parse_duration(min_idle, "minIdle")
         # The parsed values, not their text, define the query: PT30M and 1800 are one minIdle.
-        query = pagination.fingerprint(request.url.path, {"minIdle": idle, "cluster": scope, "at": asked})
+        query = pagination.fingerprint(request.url.path, {"minIdle": idle, "cluster": scope})
         page = pagination.decode(page_token, query=query)
         when = page_instant(page.at, asked)
         body: Any = await ctx.reports.run(

@@ -437,9 +437,30 @@ def test_a_page_token_edited_to_another_valid_instant_is_refused_when_at_is_give
     assert second["at"] == "2026-11-02T09:30:00Z"
     # The same instant written with another offset is the same query: the token answers the same second page.
     assert client.get(f"{path}?at=2026-11-02T10:30:00%2B01:00&limit=1&pageToken={token}").json() == second
-    # Another instant is another query, whatever the token carries.
+    # Another instant is refused, whatever the token carries.
     assert problem(client, f"{path}?at=2026-11-02T09:30:01Z&limit=1&pageToken={token}", 422) == \
-        FOREIGN_TOKEN
+        "pageToken was issued for another at; leave pageToken out to ask for the first page"
+
+
+@pytest.mark.parametrize("path", ["/v1/occupancy", "/v1/claims?state=all", "/v1/quotas"])
+def test_a_page_token_of_a_first_page_asked_for_now_answers_a_request_naming_its_instant(
+        client: TestClient[Litestar], path: str) -> None:
+    # The first page, asked without `at`, answered for now and says which instant; naming that instant on the next
+    # request, as a careful client does, was refused as "issued for another list".
+    sep = "&" if "?" in path else "?"
+    first = client.get(f"{path}{sep}limit=1").json()
+    token = first["nextPageToken"]
+    assert token is not None, first  # the seed lab has two rows at least in each of these lists now
+    named = client.get(f"{path}{sep}limit=1&at={quote(first['at'])}&pageToken={token}")
+    unnamed = client.get(f"{path}{sep}limit=1&pageToken={token}")
+
+    assert named.status_code == 200, named.text
+    assert named.json() == unnamed.json()
+    assert named.json()["at"] == first["at"]
+    other = client.get(f"{path}{sep}limit=1&at=2026-11-02T09:30:00Z&pageToken={token}")
+    assert other.status_code == 422
+    assert other.json()["detail"] == ("pageToken was issued for another at; leave pageToken out to ask for the "
+                                      "first page")
 
 
 def test_a_page_token_answers_the_same_window_and_durations_written_another_way(client: TestClient[Litestar]) -> None:
