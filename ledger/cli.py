@@ -40,7 +40,7 @@ from ledger import simulate_bounds as bounds
 from ledger.cli_typer import ANSWERED, LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
-from ledger.errors import Invalid, LedgerError, printable
+from ledger.errors import Invalid, LedgerError, StreamConflict, printable
 from ledger.interrupts import SIGTERM_EXIT, Terminated, error_chain, interrupt_behind, sigterm_raises, stopped_by
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
@@ -444,6 +444,12 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
         if state in TIMEOUTS:
             # Before the LedgerError branch: the services report a cancelled statement as "database unavailable".
             line = f"the database cancelled a statement: {first_line(refused)} ({TIMEOUTS[state]})"
+        elif isinstance(e, StreamConflict):
+            # Retried already (services.CONFLICT_RETRIES, each after loading the state again): either another writer
+            # keeps moving the stream, or the stored entry lags it for good.
+            line = (f"{e}: another writer appended to it first at every attempt; if no other writer of this cluster is "
+                    "running, its translator state entry is behind the stream (as release 0.3.0 could leave it): run "
+                    "`dra-ledger db repair-state`, then this command again")
         elif isinstance(e, LedgerError):
             line = str(e)
         elif isinstance(e, OperationalError):
@@ -669,6 +675,44 @@ def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
         # Scripts (a deployment's pre-start check) read the exit status, as with `alembic check`.
         typer.echo("the schema is not the one this code needs: run `dra-ledger db upgrade` (with a newer "
                    "release if the database's revision is unknown to this one)", err=True)
+        raise typer.Exit(1)
+
+
+@db_app.command("repair-state")
+def db_repair_state(cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Rebuild, from their events, ResourceClaim entries of the translator state left behind their streams.
+
+    Release 0.3.0 could leave such an entry (a standby taking the Lease while the former leader's write was still to
+    commit); every later event of that claim was then refused as a StreamConflict. Safe while workers run (it takes
+    the append lock); a second run finds nothing. Exit 1 when entries of other kinds are behind (named, left as they
+    are), else 0.
+    """
+    settings = settings_from(url, data_dir)
+    if not settings.database_url:
+        require_embedded_ledger(settings.data_dir)
+    with reported_errors():
+        db = services.open_ledger(settings)
+        if cluster is not None and not services.has_events(db, cluster):
+            typer.echo(f"nothing is recorded under cluster {cluster!r}: no translator state to repair", err=True)
+            return
+        repairs = services.repair_state(db, cluster=cluster)
+    left = 0
+    for repair in repairs:
+        for entry in repair.repaired:
+            out.print(f"{repair.cluster}: {entry.key}: entry at stream position {entry.position}, stream at "
+                      f"{entry.head}: rebuilt from its events", highlight=False)
+        for entry in repair.left:
+            left += 1
+            out.print(f"{repair.cluster}: {entry.key}: entry at stream position {entry.position}, stream at "
+                      f"{entry.head}: not a ResourceClaim, left as it is (its next events are refused)",
+                      highlight=False)
+        if not repair.repaired and not repair.left:
+            out.print(f"{repair.cluster}: no entry behind its stream", highlight=False)
+    if not repairs:
+        out.print("no cluster recorded yet: no translator state to repair", highlight=False)
+    if left:
+        typer.echo(f"entries of other kinds behind their streams, left as they are: {left} (nothing here rebuilds "
+                   "them)", err=True)
         raise typer.Exit(1)
 
 

@@ -53,6 +53,7 @@ from ledger.store.locks import lock_rolled_hours, others_applying
 from ledger.store.postgres import (
     EVICTED_PREFIXES,
     Analyzed,
+    EntryBehind,
     ObservationKey,
     ObservationRow,
     WatchCheckpointRow,
@@ -62,6 +63,7 @@ from ledger.store.postgres import (
 )
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
+from ledger.translator.repair import claim_entry
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
@@ -275,6 +277,57 @@ def _load_if_stale(db: LedgerDatabase, cluster: str, state: TranslatorState) -> 
         state.take(db.load_state(cluster))
 
 
+@dataclass(frozen=True, slots=True)
+class StateRepair:
+    """What :func:`repair_state` found in one cluster's translator state (table ``translator_state``)."""
+
+    cluster: str
+    repaired: list[EntryBehind]
+    """ResourceClaim entries that were behind their streams, now rebuilt from their events (key order)."""
+    left: list[EntryBehind]
+    """Entries of other kinds behind their streams, left as they are: nothing here rebuilds them (key order)."""
+
+
+def repair_state(db: LedgerDatabase, *, cluster: str | None = None) -> list[StateRepair]:
+    """Rebuild, from their events, the ResourceClaim entries of the translator state that are behind their streams.
+
+    For ledgers written by release 0.3.0, which could save a claim's entry behind the claim's stream; every event
+    translated for such a claim was then refused as a ``StreamConflict`` (see :mod:`ledger.translator.repair`).
+    Each cluster is repaired in one append transaction under the append lock (no writer moves a stream
+    meanwhile), which counts itself in ``cluster_appends``, so a running writer loads the repaired state before its
+    next batch. Idempotent: a second run finds nothing.
+
+    Args:
+        db: the ledger.
+        cluster: only this cluster; ``None``: every cluster the ledger holds events of.
+
+    Returns:
+        One :class:`StateRepair` per cluster, in cluster order (clusters with nothing behind included).
+
+    Raises:
+        StoreUnavailable: the database cannot be reached; nothing of the cluster being repaired was written.
+        ValueError: a claim's stream does not begin with ``ClaimCreated`` at position 1 (no ledger writes one).
+    """
+    with unavailable_as_error():
+        if cluster is None:
+            with db.reading(autocommit=True) as conn:
+                names = recorded_clusters(conn)
+        else:
+            names = [cluster]
+        out: list[StateRepair] = []
+        for name in names:
+            state = db.load_state(name)
+            with db.append(name, state) as batch:
+                behind = batch.entries_behind_streams()
+                repaired = [b for b in behind if b.key.startswith("claim:")]
+                for entry in repaired:
+                    state.put(entry.key, claim_entry(batch.read_stream(entry.key)))
+            out.append(StateRepair(cluster=name, repaired=repaired,
+                                   left=[b for b in behind if not b.key.startswith("claim:")]))
+        return out
+
+
+CONFLICT_RETRIES = 5
 CONFLICT_RETRIES = 5
 """Attempts per batch when another writer moves a stream first (each retry re-reads the state)."""
 

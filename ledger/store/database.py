@@ -106,6 +106,15 @@ class AppendBatch:
         memory; load them with ``StateEntries.load_json``)."""
         return pg.load_entries(self.conn, self.cluster, keys)
 
+    def entries_behind_streams(self) -> list[pg.EntryBehind]:
+        """The translator state entries of this cluster behind their streams (:func:`pg.entries_behind_streams`),
+        read under the append lock, so no writer moves a stream meanwhile."""
+        return pg.entries_behind_streams(self.conn, self.cluster)
+
+    def read_stream(self, stream: str) -> list[RecordedEvent]:
+        """Every event of ``stream`` in this cluster, by stream position (table ``events``)."""
+        return pg.read_stream(self.conn, cluster=self.cluster, stream=stream)
+
     def save_watch_checkpoints(self, rows: Sequence[pg.WatchCheckpointRow]) -> None:
         """Upsert watch checkpoints in this transaction, so they commit with the batch's observations."""
         pg.upsert_watch_checkpoints(self.conn, self.cluster, rows)

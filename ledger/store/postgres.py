@@ -675,6 +675,36 @@ def read_stream(conn: Connection, *, cluster: str, stream: str) -> list[Recorded
     return [_recorded(r) for r in rows]
 
 
+@dataclass(frozen=True, slots=True)
+class EntryBehind:
+    """A translator state entry whose stream position is below its stream's (see :func:`entries_behind_streams`)."""
+
+    key: str
+    """The entry's key, which is also its stream (``claim:<uid>``, ``pool:<driver>/<pool>``, ...)."""
+    position: int
+    """The stream position the entry says its object's stream is at (its ``pos``)."""
+    head: int
+    """The stream's last position in table ``events``."""
+
+
+def entries_behind_streams(conn: Connection, cluster: str) -> list[EntryBehind]:
+    """The entries of ``cluster``'s translator state (table ``translator_state``) whose ``pos`` is below the last
+    position of the stream of the same name (table ``events``), ordered by key.
+
+    Such an entry makes every event translated against it expect a position its stream has passed, so each is
+    refused as a ``StreamConflict`` (``ledger.translator.repair`` says how release 0.3.0 left them). Entries whose
+    key names no stream (``slice:<uid>``) are never returned; a pool's device positions (``devpos``) are not
+    checked. One look-up in ``events_stream_position_key`` per entry: about a second for 100,000 entries.
+    """
+    rows = conn.execute(text(
+        "SELECT s.key, COALESCE((s.state->>'pos')::bigint, 0) AS position, h.head FROM translator_state s "
+        "CROSS JOIN LATERAL (SELECT max(e.stream_position) AS head FROM events e "
+        "                    WHERE e.cluster = s.cluster AND e.stream = s.key) h "
+        "WHERE s.cluster = :c AND h.head > COALESCE((s.state->>'pos')::bigint, 0) ORDER BY s.key"),
+        {"c": cluster}).all()
+    return [EntryBehind(key=str(r.key), position=int(r.position), head=int(r.head)) for r in rows]
+
+
 _ENCODER = msgspec.json.Encoder()
 
 

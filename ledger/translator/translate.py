@@ -576,9 +576,23 @@ def _consumers(obj: JSONObject) -> dict[str, JSONValue]:
             group = opt_str(ref, "apiGroup") or ""
         except InvalidObject as e:
             raise InvalidObject(f"status.reservedFor[{i}].{e.path}", e.reason) from e
-        key = uid or f"{group}/{resource}/{name}"
-        out[key] = {"resource": resource, "name": name, "uid": uid, "apiGroup": group or None}
+        consumer: JSONObject = {"resource": resource, "name": name, "uid": uid, "apiGroup": group or None}
+        out[consumer_key(consumer)] = consumer
     return out
+
+
+def consumer_key(consumer: Mapping[str, JSONValue]) -> str:
+    """The key of a ``reservedFor`` entry among a claim entry's ``consumers``: the consumer's ``uid``, else
+    ``<apiGroup>/<resource>/<name>`` (``apiGroup`` empty for the core group).
+
+    Args:
+        consumer: a consumer as a claim entry and the ``ClaimReserved`` payload hold it (``resource``, ``name``,
+            ``uid``, ``apiGroup``; source ``ResourceClaim.status.reservedFor[]``).
+    """
+    uid = consumer.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    return f"{consumer.get('apiGroup') or ''}/{consumer.get('resource')}/{consumer.get('name')}"
 
 
 def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
