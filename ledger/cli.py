@@ -680,12 +680,12 @@ def db_current(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
 
 @db_app.command("repair-state")
 def db_repair_state(cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Rebuild, from their events, ResourceClaim entries of the translator state left behind their streams.
+    """Rebuild, from their events, translator state entries left behind their streams.
 
     Release 0.3.0 could leave such an entry (a standby taking the Lease while the former leader's write was still to
-    commit); every later event of that claim was then refused as a StreamConflict. Safe while workers run (it takes
-    the append lock); a second run finds nothing. Exit 1 when entries of other kinds are behind (named, left as they
-    are), else 0.
+    commit); every later event of that object was then refused as a StreamConflict. Entries of claims, pods,
+    namespaces, DeviceClasses and DeviceTaintRules are rebuilt. Safe while workers run (it takes the append lock); a
+    second run finds nothing. Exit 1 when pool entries are behind (named, left as they are), else 0.
     """
     settings = settings_from(url, data_dir)
     if not settings.database_url:
@@ -704,15 +704,15 @@ def db_repair_state(cluster: ClusterOpt = None, url: UrlOpt = None, data_dir: Da
         for entry in repair.left:
             left += 1
             out.print(f"{repair.cluster}: {entry.key}: entry at stream position {entry.position}, stream at "
-                      f"{entry.head}: not a ResourceClaim, left as it is (its next events are refused)",
+                      f"{entry.head}: a pool's entry, left as it is (its next events are refused)",
                       highlight=False)
         if not repair.repaired and not repair.left:
             out.print(f"{repair.cluster}: no entry behind its stream", highlight=False)
     if not repairs:
         out.print("no cluster recorded yet: no translator state to repair", highlight=False)
     if left:
-        typer.echo(f"entries of other kinds behind their streams, left as they are: {left} (nothing here rebuilds "
-                   "them)", err=True)
+        typer.echo(f"pool entries behind their streams, left as they are: {left} (nothing here rebuilds them)",
+                   err=True)
         raise typer.Exit(1)
 
 

@@ -63,7 +63,7 @@ from ledger.store.postgres import (
 )
 from ledger.translator import relist
 from ledger.translator.fields import opt_str
-from ledger.translator.repair import claim_entry
+from ledger.translator.repair import REBUILT_PREFIXES, rebuilt_entry
 from ledger.translator.translate import Observation, TranslatorSettings, TranslatorState, translate
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
@@ -283,16 +283,19 @@ class StateRepair:
 
     cluster: str
     repaired: list[EntryBehind]
-    """ResourceClaim entries that were behind their streams, now rebuilt from their events (key order)."""
+    """Entries that were behind their streams, now rebuilt from their events (claims, pods, namespaces,
+    DeviceClasses, DeviceTaintRules; key order)."""
     left: list[EntryBehind]
-    """Entries of other kinds behind their streams, left as they are: nothing here rebuilds them (key order)."""
+    """Pool entries behind their streams, left as they are: nothing here rebuilds them (key order)."""
 
 
 def repair_state(db: LedgerDatabase, *, cluster: str | None = None) -> list[StateRepair]:
-    """Rebuild, from their events, the ResourceClaim entries of the translator state that are behind their streams.
+    """Rebuild, from their events, the translator state entries that are behind their streams.
 
-    For ledgers written by release 0.3.0, which could save a claim's entry behind the claim's stream; every event
-    translated for such a claim was then refused as a ``StreamConflict`` (see :mod:`ledger.translator.repair`).
+    For ledgers written by release 0.3.0, which could save an object's entry behind its stream; every event
+    translated for such an object was then refused as a ``StreamConflict`` (see :mod:`ledger.translator.repair`).
+    Entries of ResourceClaims, Pods, Namespaces, DeviceClasses and DeviceTaintRules are rebuilt
+    (:data:`ledger.translator.repair.REBUILT_PREFIXES`); a pool's are named and left.
     Each cluster is repaired in one append transaction under the append lock (no writer moves a stream
     meanwhile), which counts itself in ``cluster_appends``, so a running writer loads the repaired state before its
     next batch. Idempotent: a second run finds nothing.
@@ -306,7 +309,8 @@ def repair_state(db: LedgerDatabase, *, cluster: str | None = None) -> list[Stat
 
     Raises:
         StoreUnavailable: the database cannot be reached; nothing of the cluster being repaired was written.
-        ValueError: a claim's stream does not begin with ``ClaimCreated`` at position 1 (no ledger writes one).
+        ValueError: a stream does not run from position 1 in order, or a claim's does not begin with ``ClaimCreated``
+            (no ledger writes one).
     """
     with unavailable_as_error():
         if cluster is None:
@@ -319,11 +323,11 @@ def repair_state(db: LedgerDatabase, *, cluster: str | None = None) -> list[Stat
             state = db.load_state(name)
             with db.append(name, state) as batch:
                 behind = batch.entries_behind_streams()
-                repaired = [b for b in behind if b.key.startswith("claim:")]
+                repaired = [b for b in behind if b.key.startswith(REBUILT_PREFIXES)]
                 for entry in repaired:
-                    state.put(entry.key, claim_entry(batch.read_stream(entry.key)))
+                    state.put(entry.key, rebuilt_entry(batch.read_stream(entry.key)))
             out.append(StateRepair(cluster=name, repaired=repaired,
-                                   left=[b for b in behind if not b.key.startswith("claim:")]))
+                                   left=[b for b in behind if not b.key.startswith(REBUILT_PREFIXES)]))
         return out
 
 

@@ -1,15 +1,16 @@
-"""A ResourceClaim's translator entry rebuilt from the events of its stream.
+"""Translator entries rebuilt from the events of their objects' streams.
 
-Why: release 0.3.0 could write a claim's entry back behind the claim's stream (a standby that took the Lease
-loaded the state, then the former leader's blocked write committed; the standby's next batch saved its older
-entry). From then on every event translated for that claim expected an old stream position and was refused as a
-``StreamConflict``, by every writer and every restart, so the claim's later changes (its release, its deletion)
-were never recorded. Writers since migration 0014 cannot do that (``cluster_appends``), but a ledger damaged
-before the upgrade keeps such entries. The events themselves are whole and in order; only the entry lags. An entry
-is what the translator remembers of the object to diff the next version against (``ledger.translator.translate``),
-and for a claim every part of it is in the claim's events, so folding them gives the entry that one writer would
-have kept. :func:`claim_entry` does that; ``ledger.services.repair_state`` finds the entries behind their streams
-and writes the folded ones under the append lock.
+Why: release 0.3.0 could write an entry back behind its object's stream (a standby that took the Lease loaded the
+state, then the former leader's blocked write committed; the standby's next batch saved its older entry). From then
+on every event translated for that object expected an old stream position and was refused as a ``StreamConflict``,
+by every writer and every restart, so the object's later changes (a claim's release, its deletion) were never
+recorded. Writers since migration 0014 cannot do that (``cluster_appends``), but a ledger damaged before the upgrade
+keeps such entries. The events themselves are whole and in order; only the entry lags. An entry is what the
+translator remembers of the object to diff the next version against (``ledger.translator.translate``), and for a
+claim, a pod, a namespace, a DeviceClass or a DeviceTaintRule every part of it is in the object's events, so folding
+them gives the entry that one writer would have kept. :func:`rebuilt_entry` does that;
+``ledger.services.repair_state`` finds the entries behind their streams and writes the folded ones under the append
+lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,54 @@ from ledger import events as ev
 from ledger.events import RecordedEvent
 from ledger.translator.translate import consumer_key
 from ledger.types import JSONObject
+
+REBUILT_PREFIXES = ("claim:", "pod:", "namespace:", "class:", "taintrule:")
+"""State keys (each also its object's stream) whose entry :func:`rebuilt_entry` folds from the stream's events.
+Not ``pool:``: a pool's entry also holds its slices' views and its devices' positions, which no pool event
+carries whole; not ``slice:``, which names no stream."""
+
+
+def rebuilt_entry(events: Sequence[RecordedEvent]) -> JSONObject:
+    """The translator entry of an object after ``events``, its whole stream in order (see :func:`claim_entry`).
+
+    Args:
+        events: every event of one stream whose key starts with one of :data:`REBUILT_PREFIXES` (rows of table
+            ``events``), by stream position from 1.
+
+    Returns:
+        The entry, a JSON object of the shape :mod:`ledger.translator.translate` keeps for that kind.
+
+    Raises:
+        ValueError: ``events`` is empty, not one stream numbered 1, 2, ... in order, of another kind, or a claim's
+            stream that does not begin with ``ClaimCreated``.
+        KeyError: an event's payload lacks a field its type has (``ledger.events.from_payload``).
+    """
+    if not events:
+        raise ValueError("no events to rebuild an entry from")
+    if [e.stream_position for e in events] != list(range(1, len(events) + 1)) or len({e.stream for e in events}) != 1:
+        raise ValueError("not one stream in order from position 1")
+    if events[0].stream.startswith("claim:"):
+        return claim_entry(events)
+    entry: JSONObject = {}
+    for recorded in events:
+        event = ev.from_payload(recorded.type, recorded.payload)
+        if isinstance(event, ev.PodPhaseChanged):
+            entry = {"namespace": event.namespace, "name": event.name, "phase": event.phase, "node": event.node,
+                     "claims": list(event.claims)}
+        elif isinstance(event, ev.TeamAssigned):
+            entry = {"team": event.team}
+        elif isinstance(event, ev.DeviceClassDefined):  # DeviceClassChanged too (a subclass)
+            entry = {"spec": event.spec}
+        elif isinstance(event, ev.DeviceClassDeleted):
+            entry = {"deleted": True, "spec": None}
+        elif isinstance(event, ev.DeviceTaintRuleDefined):  # and DeviceTaintRuleChanged
+            entry = {"deviceSelector": event.device_selector, "taint": event.taint}
+        elif isinstance(event, ev.PodDeleted | ev.DeviceTaintRuleDeleted):
+            entry = {"deleted": True}
+        else:
+            raise ValueError(f"{recorded.stream}: no entry is rebuilt from a {recorded.type} stream")
+        entry["pos"] = recorded.stream_position
+    return entry
 
 
 def claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
