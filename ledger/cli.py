@@ -40,7 +40,7 @@ from ledger import simulate_bounds as bounds
 from ledger.cli_typer import ANSWERED, LedgerTyper, choice_option
 from ledger.config import DEFAULT as DEFAULT_CONFIG
 from ledger.config import LedgerConfig, check_cluster_name, error_message, load_config
-from ledger.errors import Invalid, LedgerError, StreamConflict, printable
+from ledger.errors import STREAM_CONFLICT_HINT, Invalid, LedgerError, StreamConflict, printable
 from ledger.interrupts import SIGTERM_EXIT, Terminated, error_chain, interrupt_behind, sigterm_raises, stopped_by
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
@@ -447,9 +447,8 @@ def reported_errors(*, rights: str = TABLE_RIGHTS) -> Iterator[None]:
         elif isinstance(e, StreamConflict):
             # Retried already (services.CONFLICT_RETRIES, each after loading the state again): either another writer
             # keeps moving the stream, or the stored entry lags it for good.
-            line = (f"{e}: another writer appended to it first at every attempt; if no other writer of this cluster is "
-                    "running, its translator state entry is behind the stream (as release 0.3.0 could leave it): run "
-                    "`dra-ledger db repair-state`, then this command again")
+            line = f"{e}: another writer appended to it first at every attempt; {STREAM_CONFLICT_HINT}, then this " \
+                   "command again"
         elif isinstance(e, LedgerError):
             line = str(e)
         elif isinstance(e, OperationalError):

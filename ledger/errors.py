@@ -84,6 +84,12 @@ class StreamConflict(Conflict):
         self.expected = expected
 
 
+STREAM_CONFLICT_HINT = ("if no other writer of this cluster is running, its translator state entry is behind the "
+                        "stream (as release 0.3.0 could leave it): run `dra-ledger db repair-state`")
+"""What a ``StreamConflict`` that outlived the retries (``ledger.services.CONFLICT_RETRIES``, each after loading the
+translator state again) most likely means, for the command line and the watch workers' log."""
+
+
 class ObservationConflict(Conflict):
     """Another writer recorded one of a batch's observations (same digest) first; nothing of the batch was
     written. Raised by a batch translated ahead of its write, whose duplicate check ran before the append lock."""

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from kubernetes_asyncio import client as k8s
 
-from ledger.errors import LedgerError
+from ledger.errors import STREAM_CONFLICT_HINT, LedgerError, StreamConflict
 from workers.health import WorkerMetrics
 from workers.k8s.client import (
     ApiError,
@@ -124,7 +124,8 @@ async def supervise(api_client: k8s.ApiClient, info: KindInfo, sink: Sink, *, cl
         except (ApiError, LedgerError) as e:
             delay = backoff_delay_s(settings, failures)
             failures += 1
-            log.error("watch of %s failed, restarting in %.2fs: %s", info.kind, delay, e,
+            hint = f" ({STREAM_CONFLICT_HINT})" if isinstance(e, StreamConflict) else ""
+            log.error("watch of %s failed, restarting in %.2fs: %s%s", info.kind, delay, e, hint,
                       extra={"resource": info.plural, "resourceVersion": None}, exc_info=True)
             if metrics is not None:
                 metrics.restarted(info.kind, "failed")
