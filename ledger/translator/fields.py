@@ -46,7 +46,7 @@ def _describe(value: object) -> str:
 
 
 LONGEST_NAME_BYTES = 317
-"""Longest string, in UTF-8 bytes, that :func:`opt_str` and :func:`req_str` return unless told otherwise.
+"""Longest string, in UTF-8 bytes, that :func:`opt_str` and :func:`req_str` return.
 
 Kubernetes' longest identifier is a qualified name (a label or taint key: a 253-character DNS subdomain prefix,
 ``/``, a 63-character name); object names are at most 253 characters, namespaces, drivers and device names 63. The
@@ -58,27 +58,27 @@ the good lines around it were never recorded; refused here, the one line is reje
 such fields of 317 bytes make a device key under 1 KB."""
 
 
-def opt_str(obj: Mapping[str, JSONValue], path: str, *, longest: int | None = LONGEST_NAME_BYTES) -> str | None:
-    """Return the string at ``path`` or ``None`` when absent/null.
-
-    Args:
-        obj: a decoded Kubernetes object (or part of one).
-        path: dotted keys from ``obj``.
-        longest: the most UTF-8 bytes the string may take (:data:`LONGEST_NAME_BYTES`); ``None`` for a field that
-            is not an identifier (a CEL expression).
+def opt_str(obj: Mapping[str, JSONValue], path: str) -> str | None:
+    """Return the identifier string at ``path`` (at most :data:`LONGEST_NAME_BYTES` UTF-8 bytes) or ``None`` when
+    absent/null. For a text that is no identifier (a time, a CEL expression), :func:`opt_text`.
 
     Raises:
-        InvalidObject: the value exists but is not a string, or is longer than ``longest``.
+        InvalidObject: the value exists but is not a string, or is longer than :data:`LONGEST_NAME_BYTES`.
     """
     value = _walk(obj, path)
     if value is _MISSING:
         return None
     if not isinstance(value, str):
         raise InvalidObject(path, f"expected a string, got {_describe(value)}")
-    if longest is not None and len(value) > longest // 4 and _utf8_length(value) > longest:
+    # The length first: one comparison for the names of every line (a keyword argument here cost ~60 % more a call,
+    # and the translator reads a few dozen strings a line).
+    if len(value) > 79 and _utf8_length(value) > LONGEST_NAME_BYTES:  # 79: LONGEST_NAME_BYTES // 4, see below
         raise InvalidObject(path, f"{_utf8_length(value)} bytes long; a Kubernetes name or key is at most "
-                                  f"{longest} ({_describe(value)})")
+                                  f"{LONGEST_NAME_BYTES} ({_describe(value)})")
     return value
+
+
+assert LONGEST_NAME_BYTES // 4 == 79, "opt_str's literal: no string of at most 79 characters (4 bytes each) is too long"
 
 
 def _utf8_length(value: str) -> int:
@@ -86,18 +86,40 @@ def _utf8_length(value: str) -> int:
     return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
 
-def req_str(obj: Mapping[str, JSONValue], path: str, *, longest: int | None = LONGEST_NAME_BYTES) -> str:
-    """Return the non-empty string at ``path``.
-
-    Args:
-        obj: a decoded Kubernetes object (or part of one).
-        path: dotted keys from ``obj``.
-        longest: as for :func:`opt_str`.
+def req_str(obj: Mapping[str, JSONValue], path: str) -> str:
+    """Return the non-empty identifier string at ``path`` (see :func:`opt_str`).
 
     Raises:
-        InvalidObject: missing, null, empty, not a string, or longer than ``longest``.
+        InvalidObject: missing, null, empty, not a string, or longer than :data:`LONGEST_NAME_BYTES`.
     """
-    value = opt_str(obj, path, longest=longest)
+    value = opt_str(obj, path)
+    if not value:
+        raise InvalidObject(path, "required string is missing or empty")
+    return value
+
+
+def opt_text(obj: Mapping[str, JSONValue], path: str) -> str | None:
+    """Return the string at ``path``, of any length, or ``None`` when absent/null: a text that is no identifier (a
+    time, which its parser checks; a CEL expression), never a key of the ledger.
+
+    Raises:
+        InvalidObject: the value exists but is not a string.
+    """
+    value = _walk(obj, path)
+    if value is _MISSING:
+        return None
+    if not isinstance(value, str):
+        raise InvalidObject(path, f"expected a string, got {_describe(value)}")
+    return value
+
+
+def req_text(obj: Mapping[str, JSONValue], path: str) -> str:
+    """Return the non-empty string at ``path``, of any length (see :func:`opt_text`).
+
+    Raises:
+        InvalidObject: missing, null, empty or not a string.
+    """
+    value = opt_text(obj, path)
     if not value:
         raise InvalidObject(path, "required string is missing or empty")
     return value
@@ -200,5 +222,5 @@ def opt_time(obj: Mapping[str, JSONValue], path: str) -> datetime | None:
     Raises:
         InvalidObject: present but not a string or not RFC 3339 with a zone.
     """
-    value = opt_str(obj, path, longest=None)  # any length: parse_k8s_time refuses what is no time
+    value = opt_text(obj, path)  # any length: parse_k8s_time refuses what is no time
     return None if value is None else parse_k8s_time(value, path)

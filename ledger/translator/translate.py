@@ -35,9 +35,11 @@ from ledger.translator.fields import (
     opt_list,
     opt_map,
     opt_str,
+    opt_text,
     opt_time,
     parse_k8s_time,
     req_str,
+    req_text,
 )
 from ledger.translator.normalize import copy_json, normalize
 from ledger.types import JSONObject, JSONValue, StreamId, StreamPosition
@@ -605,7 +607,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
     _check_counts(requests)
     results = _results(obj, requests)
     consumers = _consumers(obj)
-    deletion = opt_str(obj, "metadata.deletionTimestamp", longest=None)
+    deletion = opt_text(obj, "metadata.deletionTimestamp")
     rv = opt_str(obj, "metadata.resourceVersion")
     state = em.state.take(key)
     observed = em.obs.observed_at
@@ -651,7 +653,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         em.state.put(key, {"pos": state["pos"], "deleted": True, "rv": rv})
         return
     if new_results is not None and state.get("results") is None:
-        stamp = opt_str(obj, "status.allocation.allocationTimestamp", longest=None)
+        stamp = opt_text(obj, "status.allocation.allocationTimestamp")
         released = state.get("released")
         not_before = max(created, datetime.fromisoformat(released)) if isinstance(released, str) else created
         at = _allocation_time(stamp, not_before=not_before, observed=observed, fallback=changed_at)
@@ -758,14 +760,14 @@ def _taint_rule_view(obj: JSONObject) -> tuple[JSONObject | None, JSONObject]:
             cels: list[JSONValue] = []
             for i, entry in enumerate(maps_in(obj, "spec.deviceSelector.selectors")):
                 try:
-                    expression = req_str(entry, "cel.expression", longest=None)
+                    expression = req_text(entry, "cel.expression")
                 except InvalidObject as e:
                     raise _within(f"spec.deviceSelector.selectors[{i}]", e) from e
                 cels.append({"cel": {"expression": expression}})
             selector["selectors"] = cels
     if not opt_map(obj, "spec.taint"):
         raise InvalidObject("spec.taint", "required mapping is missing or empty")
-    time_added = opt_str(obj, "spec.taint.timeAdded", longest=None)
+    time_added = opt_text(obj, "spec.taint.timeAdded")
     if time_added is not None:
         parse_k8s_time(time_added, "spec.taint.timeAdded")
     taint: JSONObject = {"key": req_str(obj, "spec.taint.key"), "value": opt_str(obj, "spec.taint.value"),
