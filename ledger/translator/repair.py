@@ -76,7 +76,8 @@ def claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
     """The translator entry of a ResourceClaim after ``events``, the whole stream ``claim:<uid>`` in order.
 
     The entry has the shape :func:`ledger.translator.translate` keeps (``pos``, ``namespace``, ``name``,
-    ``results``, ``consumers`` keyed as it keys them, ``deletion``, ``released``, ``rv``), or, once the claim is
+    ``results``, ``consumers`` keyed as it keys them, ``deletion``, ``stamp``, ``released``, ``releasedStamp``,
+    ``rv``), or, once the claim is
     deleted, its tombstone (``pos``, ``deleted``, ``rv``). ``rv`` is the ``resourceVersion`` of the object version
     the last event came from (``events.source``): a later version that changed nothing the ledger tracks is not
     among the events, so a redelivery of it is translated again, and emits nothing.
@@ -106,6 +107,8 @@ def claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
                      "deletion": None}
         elif isinstance(event, ev.ClaimAllocated):
             entry["results"] = event.results
+            if event.allocation_timestamp:
+                entry["stamp"] = event.allocation_timestamp
         elif isinstance(event, ev.ClaimReserved):
             consumers = entry["consumers"]
             assert isinstance(consumers, dict)
@@ -121,6 +124,7 @@ def claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
             # As the translator writes it: the receive time of the version that lost its allocation, which dates
             # the ClaimDeallocated (a later allocation of the claim never starts before it).
             entry["released"] = recorded.occurred_at.astimezone(UTC).isoformat()
+            entry["releasedStamp"] = entry.pop("stamp", None)
         elif isinstance(event, ev.ClaimDeleted):
             entry = {"deleted": True}
         entry["pos"] = recorded.stream_position

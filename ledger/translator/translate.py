@@ -618,6 +618,14 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
                             f"{state.get('namespace')}/{state.get('name')}, not {namespace}/{name}")
     if state is not None and em.obs.type != "DELETED" and rv is not None and state.get("rv") == rv:
         return  # a relist or a repeated delivery of what we already recorded
+    if (state is not None and results is not None and state.get("results") is None and em.obs.type != "DELETED"
+            and state.get("releasedStamp") is not None
+            and opt_text(obj, "status.allocation.allocationTimestamp") == state["releasedStamp"]):
+        # An older version of the claim, delivered after the release of the very allocation it shows (a recording
+        # replayed again with other receive times, overlapping recordings, a watch resumed from an old
+        # resourceVersion): translated, it allocated the devices again from the release on and billed the gap. The
+        # scheduler stamps every allocation anew, so an allocation stamped as the released one is that one.
+        return
     created = _created_time(obj, observed)
     if state is None:
         origin, owner, owner_uid = _origin(obj)
@@ -648,6 +656,7 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
         em.emit(key, stream, ev.ClaimDeallocated(uid=uid), observed, pos_holder=state)
         state["results"] = None
         state["released"] = observed.isoformat()  # a later allocation of this claim never starts before it
+        state["releasedStamp"] = state.pop("stamp", None)  # an older version showing it again is skipped (above)
     if em.obs.type == "DELETED":
         em.emit(key, stream, ev.ClaimDeleted(uid=uid), observed, pos_holder=state)
         em.state.put(key, {"pos": state["pos"], "deleted": True, "rv": rv})
@@ -661,6 +670,8 @@ def _on_claim(em: _Emitter, obj: JSONObject, _: TranslatorSettings) -> None:
             uid=uid, namespace=namespace, name=name, results=new_results, node=_allocation_node(obj),
             allocation_timestamp=stamp), at, pos_holder=state)
         state["results"] = new_results
+        if stamp:
+            state["stamp"] = stamp
     for ckey in sorted(set(consumers) - set(old_consumers)):
         consumer = consumers[ckey]
         assert isinstance(consumer, dict)

@@ -40,6 +40,29 @@ def test_allocation_is_dated_by_allocation_timestamp_and_release_by_observation(
     assert [e.stream_position for e in allocated + released] == [2, 3]
 
 
+def test_an_older_version_showing_a_released_allocation_again_changes_nothing() -> None:
+    # A recording replayed again with other receive times, or recordings that overlap: the claim's allocated
+    # versions come back after its release. Translated, they allocated gpu-0 again from the release on (the stamp is
+    # kept after the release) and billed the gap until the next release.
+    feed, cid = Feed(), uid("claim")
+    created = claim(name="c", claim_uid=cid)
+    allocated = claim(name="c", claim_uid=cid, results=["gpu-0"], allocated_at=1)
+    reserved = claim(name="c", claim_uid=cid, results=["gpu-0"], allocated_at=1, reserved=[("p", "pod-1")])
+    released = claim(name="c", claim_uid=cid)
+    assert [types(feed(t, o, m)) for t, o, m in [("ADDED", created, 0), ("MODIFIED", allocated, 1),
+                                                 ("MODIFIED", reserved, 2), ("MODIFIED", released, 60)]] == [
+        ["ClaimCreated"], ["ClaimAllocated"], ["ClaimReserved"], ["ClaimUnreserved", "ClaimDeallocated"]]
+
+    again = [feed("MODIFIED", o, m) for o, m in [(allocated, 120), (reserved, 121), (released, 122), (created, 123)]]
+    reallocated = feed("MODIFIED", claim(name="c", claim_uid=cid, results=["gpu-1"], allocated_at=170), 171)
+
+    assert again == [[], [], [], []]
+    assert types(reallocated) == ["ClaimAllocated"] and reallocated[0].occurred_at == at(170)
+    # Released again, the new allocation's own older versions are skipped the same way.
+    feed("MODIFIED", claim(name="c", claim_uid=cid), 200)
+    assert feed("MODIFIED", claim(name="c", claim_uid=cid, results=["gpu-1"], allocated_at=170), 230) == []
+
+
 @pytest.mark.parametrize(("created", "stamped", "observed", "expected"), [
     (0, -600, 3, 0),     # a stamp ten hours before the claim existed: from creationTimestamp
     (0, 2.5, 3, 2.5),    # a stamp between creation and the observation: as stamped
