@@ -44,7 +44,7 @@ from ledger.errors import STREAM_CONFLICT_HINT, Invalid, LedgerError, StreamConf
 from ledger.interrupts import SIGTERM_EXIT, Terminated, error_chain, interrupt_behind, sigterm_raises, stopped_by
 from ledger.projections.queries import rfc3339
 from ledger.projections.runner import TRUNCATE_LOCK_PATIENCE_S
-from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time
+from ledger.recorded import LATEST_TIME, SHORTEST_STEP, parse_duration, parse_query_time, seconds_text
 from ledger.settings import Settings
 from ledger.store import schema
 from ledger.store.database import INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, QUERY_CANCELED, LedgerDatabase
@@ -817,6 +817,13 @@ def _print_report(report: services.IngestReport) -> None:
     for rejection in report.rejected:
         typer.echo(f"rejected {rejection.origin}: {rejection.reason}", err=True)  # reasons come escaped (Rejection)
     typer.echo(summarise_report(report), err=True)
+    if report.went_back:
+        lines = f"{report.went_back:,} line{'' if report.went_back == 1 else 's'}"
+        them = "it" if report.went_back == 1 else "them"
+        typer.echo(f"warning: {lines} received (observedAt) before a line read ahead of {them}, "
+                   f"up to {seconds_text(report.went_back_most)} s back: a file out of order, or files given out of "
+                   "order? Lines are translated in the order read and releases are dated when received, so a release "
+                   "received before the allocation it ends bills nothing", err=True)
 
 
 @app.command()

@@ -99,6 +99,11 @@ class IngestReport:
     rejected: list[Rejection] = field(default_factory=list)
     """Bad lines: stored as rejected now, or found stored as rejected by an earlier run (then they also
     count in ``duplicates``, and the reason ends with "(already recorded as rejected)")."""
+    went_back: int = 0
+    """Lines received (``observedAt``) before a line read ahead of them (:func:`replay_files`, over all its files in
+    the order given): a file out of order, or files given out of order."""
+    went_back_most: timedelta = timedelta(0)
+    """The longest of those steps back."""
 
     def merge(self, other: IngestReport) -> None:
         """Add ``other``'s counts to this report."""
@@ -107,6 +112,8 @@ class IngestReport:
         self.duplicates += other.duplicates
         self.events += other.events
         self.rejected.extend(other.rejected)
+        self.went_back += other.went_back
+        self.went_back_most = max(self.went_back_most, other.went_back_most)
 
 
 def _chunks(items: Iterable[WatchLine | BrokenLine], size: int) -> Iterator[list[WatchLine | BrokenLine]]:
@@ -617,12 +624,41 @@ def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at:
     """
     report = IngestReport()
     state = db.load_state(cluster)
+    order = _ReceiveOrder()
     for path in paths:
-        report.merge(ingest(db, read_history(path, at=at), cluster=cluster, settings=settings, at=at,
+        report.merge(ingest(db, order.watch(read_history(path, at=at)), cluster=cluster, settings=settings, at=at,
                             batch_size=batch_size, progress=progress, state=state))
+    report.went_back, report.went_back_most = order.went_back, order.most
     if catch_up:
         _catch_up(db)
     return report
+
+
+@dataclass(slots=True)
+class _ReceiveOrder:
+    """Counts the lines received before a line read ahead of them.
+
+    Why: the translator takes lines in the order read and dates a release when it was received, so a release read
+    after its allocation but received before it closes an interval that never opened (the allocation bills nothing),
+    without any line being wrong on its own. Such a file is worth a word, not a refusal: its lines are recorded as
+    they are.
+    """
+
+    latest: datetime | None = None
+    went_back: int = 0
+    most: timedelta = timedelta(0)
+
+    def watch(self, lines: Iterable[WatchLine | BrokenLine]) -> Iterator[WatchLine | BrokenLine]:
+        """``lines`` unchanged, each watch line's receive time compared with the latest before it."""
+        for line in lines:
+            received = line.observed_at if isinstance(line, WatchLine) else None
+            if received is not None:
+                if self.latest is None or received >= self.latest:
+                    self.latest = received
+                else:
+                    self.went_back += 1
+                    self.most = max(self.most, self.latest - received)
+            yield line
 
 
 def dumps(body: object) -> str:
