@@ -27,7 +27,7 @@ from ledger.recorded import BrokenLine, WatchLine, read_history
 from ledger.settings import Settings
 from workers.fake_apiserver import FakeApiServer, HttpClock
 from workers.health import HealthServer, WorkerMetrics
-from workers.jobs import build_scheduler
+from workers.jobs import JobSettings, build_scheduler
 from workers.k8s.client import ApiError, Clock
 from workers.k8s.kinds import DEVICE_TAINT_RULE_VERSIONS, DRA_VERSIONS
 from workers.logs import configure_logging
@@ -277,6 +277,9 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from e
         settings = cli.read_settings(Settings)
         watch_settings = cli.read_settings(WatchSettings)
+        # The report jobs' schedules too, before the Lease is taken: a bad LEDGER_JOBS_* value ended a leader that was
+        # already following, in a message naming no variable.
+        job_settings = cli.read_settings(JobSettings) if jobs else None
         if leader_election and (problem := watch_settings.grace_outlives_the_lease()) is not None:
             typer.echo(f"error: bad setting: {problem}", err=True)
             raise typer.Exit(2)
@@ -312,7 +315,7 @@ def register(app: typer.Typer) -> None:
                 await keep_projections_current(sink, settings=watch_settings, metrics=metrics)
 
             async def report_jobs() -> None:
-                scheduler = build_scheduler(db, config=ledger_config, cluster=settings.cluster)
+                scheduler = build_scheduler(db, config=ledger_config, settings=job_settings, cluster=settings.cluster)
                 scheduler.start()
                 try:
                     await asyncio.Event().wait()  # until this replica stops leading
@@ -351,6 +354,7 @@ def register(app: typer.Typer) -> None:
         in a folder that does not exist or is not writable) or a ``--duration`` not above 0.
         """
         check_output(output)
+        watch_settings = cli.read_settings(WatchSettings)  # a bad LEDGER_WATCH_* value: one line, exit code 2
         configure_logging()
 
         async def main() -> None:
@@ -361,7 +365,7 @@ def register(app: typer.Typer) -> None:
                     async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
                         if duration_s is not None:
                             asyncio.get_running_loop().call_later(duration_s, stop.set)
-                        await run_worker(api_client=api_client, sink=sink, settings=WatchSettings(), stop=stop,
+                        await run_worker(api_client=api_client, sink=sink, settings=watch_settings, stop=stop,
                                          clock=clock, elect=False)
             finally:
                 await api_client.close()

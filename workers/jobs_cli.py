@@ -28,10 +28,11 @@ from workers.jobs import JobSettings, build_scheduler, run_occupancy_counts, run
 from workers.logs import configure_logging
 
 
-async def _run_forever(settings: Settings, config_path: Path | None, cluster: str | None) -> None:
+async def _run_forever(settings: Settings, config_path: Path | None, cluster: str | None,
+                       job_settings: JobSettings) -> None:
     db = services.open_ledger(settings)
     config = load_config(config_path)
-    scheduler = build_scheduler(db, config=config, settings=JobSettings(), cluster=cluster)
+    scheduler = build_scheduler(db, config=config, settings=job_settings, cluster=cluster)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -125,6 +126,9 @@ def register(app: typer.Typer) -> None:
             except LedgerError as e:
                 raise typer.BadParameter(str(e), param_hint="--rollup-from") from e
         settings = cli.settings_from(url, data_dir)
+        # Read (and refused, naming the variable) before anything starts, with --once too, which runs each job
+        # once whatever the schedules: a bad LEDGER_JOBS_* value was a pydantic traceback when the scheduler was built.
+        job_settings = cli.read_settings(JobSettings)
         if not settings.database_url:
             cli.require_embedded_ledger(settings.data_dir)
         # One line and exit code 2 for a refused schema, a bad file or a database that cannot be reached, as the
@@ -178,4 +182,4 @@ def register(app: typer.Typer) -> None:
                 # A service's log, as `watch` writes it: each run of a job and what it did, with the time. Without
                 # it the process wrote nothing but bare warnings (its rollups and snapshots, and its stop, unseen).
                 configure_logging()
-                asyncio.run(_run_forever(settings, config, cluster))
+                asyncio.run(_run_forever(settings, config, cluster, job_settings))

@@ -7,6 +7,7 @@ read as well: these only make sense for a process that follows a cluster.
 from __future__ import annotations
 
 import random
+from typing import Annotated
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,20 +21,22 @@ class WatchSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_WATCH_", extra="ignore")
 
-    server_timeout_s: int = 300
+    server_timeout_s: int = Field(default=300, ge=1)
     """``timeoutSeconds`` asked of each watch request, s: the API server ends the stream after it and
     the worker watches again from the last resourceVersion (kube's default range is 300-600 s)."""
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = Field(default=60.0, gt=0.0, allow_inf_nan=False)
     """Client timeout of list requests and of one read on a watch stream, s (a silent stream longer
     than this, bookmarks included, is treated as dropped)."""
-    list_page_size: int = 500
+    list_page_size: int = Field(default=500, ge=1)
     """``limit`` of each list page: bounds the memory of one response for 100,000 claims."""
-    batch_size: int = 500
+    batch_size: int = Field(default=500, ge=1)
     """Most watch events written in one transaction: a burst is written as the events that arrived
     together (one network read), split into batches of at most this many."""
-    error_backoffs_s: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+    error_backoffs_s: tuple[Annotated[float, Field(ge=0.0, allow_inf_nan=False)], ...] = Field(
+        default=(0.5, 1.0, 2.0, 5.0, 10.0, 30.0), min_length=1)
     """Delays after consecutive transient failures (5xx, 429, connection loss, database down), s; the
-    last repeats. A 429's ``Retry-After`` wins when longer."""
+    last repeats. A 429's ``Retry-After`` wins when longer. In the environment a JSON list (``[0.5, 1, 5]``): at
+    least one delay, each finite and not negative."""
     jitter: float = Field(default=0.2, ge=0.0, le=1.0)
     """Each backoff delay is multiplied by a random factor in ``[1 - jitter, 1 + jitter]`` so that
     replicas and kinds do not retry in lockstep."""
@@ -41,14 +44,14 @@ class WatchSettings(BaseSettings):
     """Name of the coordination.k8s.io/v1 Lease the replicas compete for."""
     lease_namespace: str = "dra-ledger"
     """Namespace of the Lease (in a pod: its own namespace is a good choice)."""
-    lease_duration_s: int = 15
+    lease_duration_s: int = Field(default=15, ge=1)
     """``leaseDurationSeconds``: a standby takes over once the lease went unrenewed this long, s."""
-    renew_deadline_s: float = 10.0
+    renew_deadline_s: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)
     """The leader steps down when it could not renew for this long, s (< lease_duration_s, so it
     stops writing before a standby may start)."""
-    retry_period_s: float = 2.0
+    retry_period_s: float = Field(default=2.0, gt=0.0, allow_inf_nan=False)
     """Interval between acquire/renew attempts, s."""
-    catch_up_interval_s: float = 1.0
+    catch_up_interval_s: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     """How often the leader brings the read models up to date after it appended events, s (projection
     catch-up, DESIGN §8); 0 = never (queries, ``dra-ledger rebuild`` or another process do it)."""
     stop_grace_s: float = Field(default=STOP_GRACE_S, ge=0.0, allow_inf_nan=False)

@@ -215,3 +215,60 @@ def test_watch_names_a_renew_deadline_not_below_the_lease_duration(tmp_path: Pat
     assert result.output.strip().splitlines() == [
         "error: bad setting: LEDGER_WATCH_RENEW_DEADLINE_S (10 s) must be below LEDGER_WATCH_LEASE_DURATION_S (5 s), "
         "so that a leader steps down before a standby may take over"]
+
+
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("LEDGER_WATCH_REQUEST_TIMEOUT_S", "inf", "Input should be a finite number"),  # aiohttp's OverflowError
+    ("LEDGER_WATCH_REQUEST_TIMEOUT_S", "0", "Input should be greater than 0"),
+    ("LEDGER_WATCH_SERVER_TIMEOUT_S", "-5", "Input should be greater than or equal to 1"),
+    ("LEDGER_WATCH_LIST_PAGE_SIZE", "0", "Input should be greater than or equal to 1"),
+    ("LEDGER_WATCH_BATCH_SIZE", "-1", "Input should be greater than or equal to 1"),
+    ("LEDGER_WATCH_ERROR_BACKOFFS_S", "[]", "Tuple should have at least 1 item after validation, not 0"),
+    ("LEDGER_WATCH_ERROR_BACKOFFS_S", "[0.5, NaN]", "Input should be a finite number"),
+    ("LEDGER_WATCH_ERROR_BACKOFFS_S", "1,2", "not a JSON list (write it as [0.5, 1, 5])"),
+    ("LEDGER_WATCH_RETRY_PERIOD_S", "0", "Input should be greater than 0"),  # a standby polled the Lease non-stop
+    ("LEDGER_WATCH_RENEW_DEADLINE_S", "nan", "Input should be a finite number"),
+    ("LEDGER_WATCH_CATCH_UP_INTERVAL_S", "nan", "Input should be a finite number"),  # never caught up, silent
+    ("LEDGER_JOBS_SNAPSHOT_INTERVAL_S", "0", "Input should be greater than or equal to 10"),
+    ("LEDGER_JOBS_ROLLUP_MINUTE", "99", "Input should be less than or equal to 59"),
+])
+def test_watch_refuses_a_setting_it_cannot_use_in_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    variable: str, value: str, said: str) -> None:
+    # Each was taken (and misbehaved later) or ended in a traceback, the jobs' ones after the Lease was taken.
+    monkeypatch.setenv(variable, value)
+    config = kubeconfig(tmp_path / "kubeconfig.yaml", "http://127.0.0.1:1")  # never reached
+    result = _invoke(["watch", "--kubeconfig", str(config), "--health-port", "-1",
+                      "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"error: bad setting: {variable}: {said}"]
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["jobs", "--once"]])
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("LEDGER_JOBS_SNAPSHOT_INTERVAL_S", "abc", "Input should be a valid integer, unable to parse string as an integer"),
+    ("LEDGER_JOBS_COUNTS_INTERVAL_S", "1", "Input should be greater than or equal to 5"),
+])
+def test_jobs_refuses_a_schedule_it_cannot_use_in_one_line_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                                     command: list[str], variable: str, value: str,
+                                                                     said: str) -> None:
+    # A pydantic traceback and exit code 1 when the scheduler was built; --once did not read them at all.
+    monkeypatch.setenv(variable, value)
+    result = _invoke([*command, "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"error: bad setting: {variable}: {said}"]
+
+
+def test_record_refuses_a_watch_setting_it_cannot_use_before_it_opens_the_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It opened (emptied) the output, then ended in a pydantic traceback naming no variable.
+    monkeypatch.setenv("LEDGER_WATCH_REQUEST_TIMEOUT_S", "inf")
+    config = kubeconfig(tmp_path / "kubeconfig.yaml", "http://127.0.0.1:1")  # never reached
+    output = tmp_path / "out.jsonl"
+    result = _invoke(["record", "--output", str(output), "--kubeconfig", str(config)])
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "error: bad setting: LEDGER_WATCH_REQUEST_TIMEOUT_S: Input should be a finite number"]
+    assert not output.exists()
