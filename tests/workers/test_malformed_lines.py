@@ -19,9 +19,11 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import text
 
+from ledger import services
 from ledger.recorded import BrokenLine, WatchLine, read_text
 from ledger.testing.handle import LedgerHandle
 from tests.workers.harness import (
+    CLUSTER,
     SEED_LAB,
     ClaimSource,
     assert_same_ledger,
@@ -169,6 +171,25 @@ TRANSIENT: dict[str, tuple[Fault, str]] = {
         Fault(action="status", status=200, kind="ResourceClaim", verb="watch",
               page="<html>\n<body>Sign in to continue</body>\n</html>\n"), "connection"),
 }
+
+NOT_A_LIST = {
+    # JSON, but not shaped as a List: the worker ended in an AttributeError or TypeError traceback, or stored a
+    # mapping as its resourceVersion checkpoint.
+    "metadata a number": '{"kind": "List", "metadata": 5, "items": []}',
+    "items a number": '{"kind": "List", "metadata": {"resourceVersion": "1"}, "items": 5}',
+    "resourceVersion an object": '{"kind": "List", "metadata": {"resourceVersion": {"a": 1}}, "items": []}',
+}
+
+
+@pytest.mark.parametrize("body", list(NOT_A_LIST.values()), ids=list(NOT_A_LIST))
+def test_a_list_answer_that_is_json_but_no_list_is_a_transient_fault(ledger_factory: Callable[[], LedgerHandle],
+                                                                     body: str) -> None:
+    clean, live = ledger_factory(), ledger_factory()
+    clean.replay(SEED_LAB)
+    _follow(live, Fault(action="status", status=200, kind="ResourceClaim", verb="list", page=body))
+
+    assert_same_ledger(live, clean)  # listed again after the backoff, and followed as if nothing had happened
+    assert services.load_watch_checkpoints(live.db, CLUSTER)["ResourceClaim"].resource_version.isdigit()
 
 
 @pytest.mark.parametrize(("fault", "restart_reason"), list(TRANSIENT.values()), ids=list(TRANSIENT))

@@ -276,6 +276,30 @@ async def get_json(call: Awaitable[aiohttp.ClientResponse], what: str) -> dict[s
     return cast(dict[str, JSONValue], decoded)
 
 
+def list_shape(body: dict[str, JSONValue], what: str) -> dict[str, JSONValue]:
+    """``body`` when it has the shape of a List (``metadata`` a mapping whose ``resourceVersion`` and ``continue`` are
+    strings when present, ``items`` a list or null), the shape :meth:`KubeSource.pages` reads.
+
+    Why: an API server answers a List in this shape; anything else (a proxy's or a broken server's JSON) ended the
+    worker in an ``AttributeError`` or ``TypeError`` traceback, or stored a mapping as the resourceVersion
+    checkpoint. It is treated as a non-JSON body is: a transient fault, retried with backoff.
+
+    Raises:
+        TransientApiError: the body is not shaped as a List; the message names the first field that is not.
+    """
+    meta = body.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise TransientApiError(f"{what}: response is no List: metadata is {type(meta).__name__}, not an object")
+    for name in ("resourceVersion", "continue"):
+        if name in meta and meta[name] is not None and not isinstance(meta[name], str):
+            raise TransientApiError(f"{what}: response is no List: metadata.{name} is {type(meta[name]).__name__}, "
+                                    "not a string")
+    items = body.get("items")
+    if items is not None and not isinstance(items, list):
+        raise TransientApiError(f"{what}: response is no List: items is {type(items).__name__}, not an array")
+    return body
+
+
 class KubeSource:
     """List and watch one kind in one served version, all namespaces, returning raw JSON objects.
 
@@ -331,7 +355,7 @@ class KubeSource:
                                          "_request_timeout": self._timeout_s}
             if token:
                 kwargs["_continue"] = token
-            body = cast(RawList, await get_json(self._list(**kwargs), what))
+            body = cast(RawList, list_shape(await get_json(self._list(**kwargs), what), what))
             if received_at is None:
                 received_at = await self._clock()
             meta = body.get("metadata", {})
