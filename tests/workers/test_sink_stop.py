@@ -27,11 +27,16 @@ SOURCE = ClaimSource()
 
 
 def claim_events() -> list[WatchEvent]:
-    """The first two ResourceClaim lines of seed-lab as watch events with resourceVersions 100 and 101."""
+    """Seed-lab's lines 31 and 35 (train-0's claim released, shared-gpu losing a consumer), each a change of a claim
+    the first 30 lines recorded, as watch events with resourceVersions 100 and 101. (Not the first two claim lines
+    delivered again: an older version of a claim whose allocation was released since emits nothing now, so the
+    second write would append no event and wait for no lock.)"""
     at = datetime(2026, 11, 2, 10, 40, tzinfo=UTC)
-    claims = [x for x in seed_lab() if isinstance(x, WatchLine) and x.object.get("kind") == "ResourceClaim"]
+    lines = seed_lab()
+    claims = [lines[31], lines[35]]
+    assert all(isinstance(x, WatchLine) and x.object.get("kind") == "ResourceClaim" for x in claims)
     return [WatchEvent(type=x.type, object=x.object, resource_version=str(100 + i), received_at=at)
-            for i, x in enumerate(claims[:2])]
+            for i, x in enumerate(claims) if isinstance(x, WatchLine)]
 
 
 def ledgers(ledger_factory: Callable[[], LedgerHandle]) -> tuple[LedgerHandle, LedgerHandle]:
