@@ -13,7 +13,6 @@ import importlib.metadata
 import importlib.resources
 import logging
 import os
-import re
 import shutil
 import stat
 import sys
@@ -288,13 +287,7 @@ def read_settings(kind: type[SettingsT]) -> SettingsT:
         typer.echo(f"error: bad setting: {problems}", err=True)
         raise typer.Exit(2) from e
     except SettingsError as e:  # a value pydantic-settings cannot even parse (JSON of a list setting)
-        # Its words name the field, not the variable: 'error parsing value for field "error_backoffs_s" from source
-        # "EnvSettingsSource"'.
-        prefix = str(kind.model_config.get("env_prefix") or "")
-        named = re.search(r'field "(\w+)"', str(e))
-        what = (f"{prefix}{named.group(1).upper()}: not a JSON list (write it as [0.5, 1, 5])" if named
-                else str(e))
-        typer.echo(f"error: bad setting: {what}", err=True)
+        typer.echo(f"error: bad setting: {e}", err=True)
         raise typer.Exit(2) from e
 
 

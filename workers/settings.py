@@ -6,11 +6,12 @@ read as well: these only make sense for a process that follows a cluster.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 STOP_GRACE_S = 3.0
 """Default of :attr:`WatchSettings.stop_grace_s`, s."""
@@ -32,7 +33,7 @@ class WatchSettings(BaseSettings):
     batch_size: int = Field(default=500, ge=1)
     """Most watch events written in one transaction: a burst is written as the events that arrived
     together (one network read), split into batches of at most this many."""
-    error_backoffs_s: tuple[Annotated[float, Field(ge=0.0, allow_inf_nan=False)], ...] = Field(
+    error_backoffs_s: Annotated[tuple[Annotated[float, Field(ge=0.0, allow_inf_nan=False)], ...], NoDecode] = Field(
         default=(0.5, 1.0, 2.0, 5.0, 10.0, 30.0), min_length=1)
     """Delays after consecutive transient failures (5xx, 429, connection loss, database down), s; the
     last repeats. A 429's ``Retry-After`` wins when longer. In the environment a JSON list (``[0.5, 1, 5]``): at
@@ -64,6 +65,19 @@ class WatchSettings(BaseSettings):
     """Address of the /healthz, /readyz and /metrics server."""
     health_port: int = Field(default=8081, ge=-1, le=65535)
     """Port of the health server (-1 to 65535: a TCP port); 0 = pick a free one, -1 = no health server."""
+
+    @field_validator("error_backoffs_s", mode="before")
+    @classmethod
+    def _backoffs_from_json(cls, value: object) -> object:
+        """Read the variable's text as JSON here (``NoDecode`` above), so that text that is no JSON is refused as this
+        setting's error, naming the variable, where pydantic-settings' own decoding said only 'error parsing value for
+        field "error_backoffs_s"'."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError as e:
+            raise ValueError("not a JSON list (write it as [0.5, 1, 5])") from e
 
     def grace_outlives_the_lease(self) -> str | None:
         """Why the Lease timings and :attr:`stop_grace_s` are unsafe with leader election, or ``None``: the renew
