@@ -339,7 +339,6 @@ def repair_state(db: LedgerDatabase, *, cluster: str | None = None) -> list[Stat
 
 
 CONFLICT_RETRIES = 5
-CONFLICT_RETRIES = 5
 """Attempts per batch when another writer moves a stream first (each retry re-reads the state)."""
 
 
