@@ -100,8 +100,9 @@ class IngestReport:
     """Bad lines: stored as rejected now, or found stored as rejected by an earlier run (then they also
     count in ``duplicates``, and the reason ends with "(already recorded as rejected)")."""
     went_back: int = 0
-    """Lines received (``observedAt``) before a line read ahead of them (:func:`replay_files`, over all its files in
-    the order given): a file out of order, or files given out of order."""
+    """Lines received (``observedAt``) before a line read ahead of them: a file out of order, or files given out of
+    order. Counted by :func:`replay_files` over all its files in the order given (:class:`_ReceiveOrder`), not by
+    :func:`ingest` nor by :meth:`merge`."""
     went_back_most: timedelta = timedelta(0)
     """The longest of those steps back."""
 
@@ -112,8 +113,6 @@ class IngestReport:
         self.duplicates += other.duplicates
         self.events += other.events
         self.rejected.extend(other.rejected)
-        self.went_back += other.went_back
-        self.went_back_most = max(self.went_back_most, other.went_back_most)
 
 
 def _chunks(items: Iterable[WatchLine | BrokenLine], size: int) -> Iterator[list[WatchLine | BrokenLine]]:
@@ -623,11 +622,10 @@ def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at:
     """
     report = IngestReport()
     state = db.load_state(cluster)
-    order = _ReceiveOrder()
+    order = _ReceiveOrder(report)
     for path in paths:
         report.merge(ingest(db, order.watch(read_history(path, at=at)), cluster=cluster, settings=settings, at=at,
                             batch_size=batch_size, progress=progress, state=state))
-    report.went_back, report.went_back_most = order.went_back, order.most
     if catch_up:
         _catch_up(db)
     return report
@@ -635,7 +633,8 @@ def replay_files(db: LedgerDatabase, paths: Sequence[Path], *, cluster: str, at:
 
 @dataclass(slots=True)
 class _ReceiveOrder:
-    """Counts the lines received before a line read ahead of them.
+    """Counts, into ``report`` (``went_back``, ``went_back_most``), the lines received before a line read ahead of
+    them.
 
     Why: the translator takes lines in the order read and dates a release when it was received, so a release read
     after its allocation but received before it closes an interval that never opened (the allocation bills nothing),
@@ -643,9 +642,8 @@ class _ReceiveOrder:
     they are.
     """
 
+    report: IngestReport
     latest: datetime | None = None
-    went_back: int = 0
-    most: timedelta = timedelta(0)
 
     def watch(self, lines: Iterable[WatchLine | BrokenLine]) -> Iterator[WatchLine | BrokenLine]:
         """``lines`` unchanged, each watch line's receive time compared with the latest before it."""
@@ -655,8 +653,8 @@ class _ReceiveOrder:
                 if self.latest is None or received >= self.latest:
                     self.latest = received
                 else:
-                    self.went_back += 1
-                    self.most = max(self.most, self.latest - received)
+                    self.report.went_back += 1
+                    self.report.went_back_most = max(self.report.went_back_most, self.latest - received)
             yield line
 
 
