@@ -304,11 +304,11 @@ def settings_from(url: str | None, data_dir: Path | None) -> Settings:
     if data_dir:
         updates["data_dir"] = data_dir
     settings = base.model_copy(update=updates)
-    refuse_a_data_dir_that_is_no_directory(settings.data_dir if not settings.database_url else None)
+    _refuse_a_data_dir_that_is_no_directory(settings.data_dir if not settings.database_url else None)
     return settings
 
 
-def refuse_a_data_dir_that_is_no_directory(data_dir: Path | None) -> None:
+def _refuse_a_data_dir_that_is_no_directory(data_dir: Path | None) -> None:
     """Refuse a ``--data-dir`` / ``LEDGER_DATA_DIR`` naming something other than a directory (a file, a device).
 
     Where nothing exists the commands that record make the directory, and the others say no ledger is there

@@ -24,7 +24,6 @@ from ledger.config import load_config
 from ledger.embedded import require_port
 from ledger.errors import LedgerError
 from ledger.recorded import BrokenLine, WatchLine, read_history
-from ledger.settings import Settings
 from workers.fake_apiserver import FakeApiServer, HttpClock
 from workers.health import HealthServer, WorkerMetrics
 from workers.jobs import JobSettings, build_scheduler
@@ -275,7 +274,7 @@ def register(app: typer.Typer) -> None:
             except k8s_config.ConfigException as e:
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from e
-        settings = cli.read_settings(Settings)
+        settings = cli.settings_from(database_url, data_dir)
         watch_settings = cli.read_settings(WatchSettings)
         # The report jobs' schedules too, before the Lease is taken: a bad LEDGER_JOBS_* value ended a leader that was
         # already following, in a message naming no variable.
@@ -283,11 +282,6 @@ def register(app: typer.Typer) -> None:
         if leader_election and (problem := watch_settings.grace_outlives_the_lease()) is not None:
             typer.echo(f"error: bad setting: {problem}", err=True)
             raise typer.Exit(2)
-        if database_url:
-            settings = settings.model_copy(update={"database_url": database_url})
-        if data_dir:
-            settings = settings.model_copy(update={"data_dir": data_dir})
-        cli.refuse_a_data_dir_that_is_no_directory(settings.data_dir if not settings.database_url else None)
         if cluster:
             settings = settings.model_copy(update={"cluster": cluster})
         if health_port is not None:
