@@ -30,7 +30,15 @@ carries whole; not ``slice:``, which names no stream."""
 
 
 def rebuilt_entry(events: Sequence[RecordedEvent]) -> JSONObject:
-    """The translator entry of an object after ``events``, its whole stream in order (see :func:`claim_entry`).
+    """The translator entry of an object after ``events``, its whole stream in order.
+
+    A claim's entry has the shape :func:`ledger.translator.translate` keeps (``pos``, ``namespace``, ``name``,
+    ``results``, ``consumers`` keyed as it keys them, ``deletion``, ``stamp``, ``released``, ``releasedStamp``,
+    ``rv``), or, once the claim is deleted, its tombstone (``pos``, ``deleted``, ``rv``). ``rv`` is the
+    ``resourceVersion`` of the object version the last event came from (``events.source``): a later version that
+    changed nothing the ledger tracks is not among the events, so a redelivery of it is translated again, and emits
+    nothing. The other kinds' entries are their last event's fields (a pod's namespace, name, phase, node and claims;
+    a namespace's team; a DeviceClass's spec; a DeviceTaintRule's selector and taint) with ``pos``.
 
     Args:
         events: every event of one stream whose key starts with one of :data:`REBUILT_PREFIXES` (rows of table
@@ -49,7 +57,7 @@ def rebuilt_entry(events: Sequence[RecordedEvent]) -> JSONObject:
     if [e.stream_position for e in events] != list(range(1, len(events) + 1)) or len({e.stream for e in events}) != 1:
         raise ValueError("not one stream in order from position 1")
     if events[0].stream.startswith("claim:"):
-        return claim_entry(events)
+        return _claim_entry(events)
     entry: JSONObject = {}
     for recorded in events:
         event = ev.from_payload(recorded.type, recorded.payload)
@@ -72,32 +80,14 @@ def rebuilt_entry(events: Sequence[RecordedEvent]) -> JSONObject:
     return entry
 
 
-def claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
-    """The translator entry of a ResourceClaim after ``events``, the whole stream ``claim:<uid>`` in order.
-
-    The entry has the shape :func:`ledger.translator.translate` keeps (``pos``, ``namespace``, ``name``,
-    ``results``, ``consumers`` keyed as it keys them, ``deletion``, ``stamp``, ``released``, ``releasedStamp``,
-    ``rv``), or, once the claim is
-    deleted, its tombstone (``pos``, ``deleted``, ``rv``). ``rv`` is the ``resourceVersion`` of the object version
-    the last event came from (``events.source``): a later version that changed nothing the ledger tracks is not
-    among the events, so a redelivery of it is translated again, and emits nothing.
-
-    Args:
-        events: every event of one claim's stream (``RecordedEvent`` rows of table ``events``), by stream position
-            from 1.
-
-    Returns:
-        The entry, a JSON object.
+def _claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
+    """The fold of :func:`rebuilt_entry` for a ResourceClaim's stream (checked there: one stream, from position 1).
 
     Raises:
-        ValueError: ``events`` is empty, is not one stream numbered 1, 2, ... in order, or does not begin with
-            ``ClaimCreated``.
-        KeyError: an event's payload lacks a field its type has (``ledger.events.from_payload``).
+        ValueError: the stream does not begin with ``ClaimCreated``.
     """
-    if not events or events[0].type != "ClaimCreated":
+    if events[0].type != "ClaimCreated":
         raise ValueError("a claim's stream begins with ClaimCreated")
-    if [e.stream_position for e in events] != list(range(1, len(events) + 1)) or len({e.stream for e in events}) != 1:
-        raise ValueError("not one stream in order from position 1")
     entry: JSONObject = {}
     for recorded in events:
         event = ev.from_payload(recorded.type, recorded.payload)
@@ -130,4 +120,3 @@ def claim_entry(events: Sequence[RecordedEvent]) -> JSONObject:
         entry["pos"] = recorded.stream_position
         entry["rv"] = rv if isinstance(rv, str) else None
     return entry
-

@@ -16,7 +16,7 @@ from ledger.errors import StreamConflict
 from ledger.simulate import FleetSpec, write_history
 from ledger.store.postgres import EntryBehind
 from ledger.testing.handle import LedgerHandle
-from ledger.translator.repair import REBUILT_PREFIXES, claim_entry, rebuilt_entry
+from ledger.translator.repair import REBUILT_PREFIXES, rebuilt_entry
 from ledger.types import JSONObject
 from tests.factories import dig, namespace, rv, taint_rule
 from tests.integration.test_quotas import DRIVER, Lab, device_class
@@ -131,7 +131,7 @@ def test_a_claim_entry_behind_its_stream_is_rebuilt_and_the_claims_later_events_
     assert [e.type for e in events] == ["ClaimCreated", "ClaimAllocated", "ClaimReserved"] and entry["pos"] == 3
     with live.engine.begin() as conn:
         conn.execute(text("UPDATE translator_state SET state = CAST(:s AS jsonb) WHERE cluster = :c AND key = :k"),
-                     {"s": json.dumps(claim_entry(events[:1])), "c": CLUSTER, "k": key})
+                     {"s": json.dumps(rebuilt_entry(events[:1])), "c": CLUSTER, "k": key})
     with pytest.raises(StreamConflict):
         services.ingest(live.db, lines[31:], cluster=CLUSTER)
 
