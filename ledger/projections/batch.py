@@ -23,6 +23,12 @@ whenever an event those reads depend on (``TeamAssigned``, ``Device*``) follows 
 in it: within a segment every such event precedes every allocation, and reading the tables after the
 segment's writes gives what reading them at each allocation's position gave. Read models therefore do
 not depend on batch boundaries, and live catch-up and ``rebuild`` stay row-for-row identical.
+
+A DevicePublished / DeviceUpdated also writes ``device_allocations``: it fills the rows waiting for the device
+(``models.PUBLISHED_EVENTS``), which the batch form does with SQL before it loads any row. That equals the
+reference only if no event of the segment changed those rows before it, so a segment is also cut where such an
+event follows a ``ClaimAllocated``, ``ClaimDeallocated`` or ``TeamAssigned``: a relabel copies a row before the
+fill would reach the copy, a release dated before the start empties a row the fill then skips.
 """
 
 from __future__ import annotations
@@ -38,7 +44,16 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from ledger.events import RecordedEvent
 from ledger.projections.base import opt_str_of, str_of
-from ledger.projections.models import ALLOCATION_EVENTS, TAINT_RULE_EVENTS, counter_set_of, model_of, taint_rule_row
+from ledger.projections.models import (
+    ALLOCATION_EVENTS,
+    FILL_UNPUBLISHED,
+    PUBLISHED_EVENTS,
+    TAINT_RULE_EVENTS,
+    counter_set_of,
+    model_of,
+    published_fill,
+    taint_rule_row,
+)
 from ledger.store import tables as t
 from ledger.store.postgres import copy_rows
 from ledger.types import JSONObject, JSONValue
@@ -54,18 +69,20 @@ def _j(value: JSONValue) -> str:
 
 
 def segments(batch: Sequence[RecordedEvent]) -> list[Sequence[RecordedEvent]]:
-    """Cut ``batch`` so no ``TeamAssigned`` / ``Device*`` event follows a ``ClaimAllocated`` in a segment.
+    """Cut ``batch`` so no ``TeamAssigned`` / ``Device*`` event follows a ``ClaimAllocated`` in a segment, and no
+    DevicePublished / DeviceUpdated follows a ``ClaimDeallocated`` or ``TeamAssigned``.
 
-    See the module docstring for the invariant this protects. Order is kept; segments are contiguous.
+    See the module docstring for the invariants this protects. Order is kept; segments are contiguous.
     """
     out: list[Sequence[RecordedEvent]] = []
-    start, allocated = 0, False
+    start, allocated, changed = 0, False, False
     for i, event in enumerate(batch):
-        if allocated and event.type in _DEPENDED_ON:
+        if (allocated and event.type in _DEPENDED_ON) or (changed and event.type in PUBLISHED_EVENTS):
             out.append(batch[start:i])
-            start, allocated = i, False
-        if event.type == "ClaimAllocated":
-            allocated = True
+            start, allocated, changed = i, False, False
+        if event.type in ALLOCATION_EVENTS:
+            changed = True
+            allocated = allocated or event.type == "ClaimAllocated"
     if start < len(batch):
         out.append(batch[start:])
     return out
@@ -375,12 +392,40 @@ class _Inventory:
     allow_multiple_allocations: bool
 
 
+def _fill_unpublished(conn: Connection, published: Sequence[RecordedEvent]) -> None:
+    """Fill the allocations waiting for the devices of ``published`` (DevicePublished / DeviceUpdated), in order.
+
+    First one query (index ``device_allocations_unpublished_idx``) for which of those devices have rows waiting at
+    all, mostly none; then the reference's UPDATE per event of such a device, pipelined. A segment's device events
+    precede its allocations (:func:`segments`), so the rows filled are those the reference fills at each event.
+    """
+    keys = sorted({_device_key(e) for e in published})
+    waiting = {tuple(r) for r in conn.execute(text(
+        "SELECT DISTINCT cluster, driver, pool, device FROM device_allocations WHERE NOT device_published AND "
+        "(cluster, driver, pool, device) IN (SELECT * FROM unnest(CAST(:c AS text[]), CAST(:d AS text[]), "
+        "CAST(:p AS text[]), CAST(:n AS text[])))"),
+        {"c": [k[0] for k in keys], "d": [k[1] for k in keys], "p": [k[2] for k in keys],
+         "n": [k[3] for k in keys]})}
+    fills: list[dict[str, object]] = []
+    for e in published:
+        key = _device_key(e)
+        if key in waiting:
+            model, node = published_fill(e.payload)
+            fills.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3], "model": model,
+                          "node": node, "at": e.occurred_at})
+    if fills:
+        conn.execute(text(FILL_UNPUBLISHED), fills)
+
+
 def apply_device_allocations(conn: Connection, events: Sequence[RecordedEvent]) -> None:
     """Batch form of :class:`ledger.projections.models.DeviceAllocations`.
 
     Reads ``namespace_teams`` and ``device_inventory`` after their own segment was written (see the
-    module docstring for why that equals reading them at each event's position).
+    module docstring for why that equals reading them at each event's position). Allocations waiting for a
+    device of the segment's DevicePublished / DeviceUpdated events are filled first, before any row is loaded.
     """
+    if published := _mine(events, PUBLISHED_EVENTS):
+        _fill_unpublished(conn, published)
     mine = _mine(events, ALLOCATION_EVENTS)
     if not mine:
         return
@@ -456,7 +501,8 @@ def apply_device_allocations(conn: Connection, events: Sequence[RecordedEvent]) 
                     "device": key[3], "share_id": opt_str_of(result, "shareID"),
                     "consumed_capacity": _j(result.get("consumedCapacity") or {}), "admin_access": admin,
                     "node": (inv.node if inv is not None else None) or opt_str_of(p, "node"),
-                    "model": inv.model if inv is not None else None, "conflict": conflict}, at))
+                    "model": inv.model if inv is not None else None, "conflict": conflict,
+                    "device_published": inv is not None}, at))
         elif e.type == "ClaimDeallocated":
             for row in by_claim.get((e.cluster, str_of(p, "uid")), []):
                 if row.open:

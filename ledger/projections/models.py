@@ -245,8 +245,35 @@ class ClaimConsumers:
 
 
 ALLOCATION_EVENTS = frozenset({"ClaimAllocated", "ClaimDeallocated", "TeamAssigned"})
-"""The event types that change ``device_allocations`` (:class:`DeviceAllocations`); the batch form and the
-forgetting of rolled usage hours (:mod:`ledger.projections.runner`) read the same set."""
+"""The event types that open, close or relabel ``device_allocations`` rows (:class:`DeviceAllocations`); the
+batch form and the forgetting of rolled usage hours (:mod:`ledger.projections.runner`) read the same set."""
+
+PUBLISHED_EVENTS = frozenset({"DevicePublished", "DeviceUpdated"})
+"""The event types that fill the ``model`` and ``node`` of allocations waiting for their device
+(``device_published`` false; :meth:`DeviceAllocations.apply_event`). Their rolled hours are forgotten from the
+earliest row filled (:func:`ledger.projections.rollups.unpublished_starts`), not from the event's time."""
+
+
+def published_fill(payload: JSONObject) -> tuple[str | None, str | None]:
+    """``(model, node)`` that a DevicePublished / DeviceUpdated gives the allocations waiting for its device.
+
+    ``model`` as :func:`model_of` reads it from ``attributes``; ``node`` is ``None`` for a device of no single node
+    (the allocation then keeps the node its ClaimAllocated named), as an allocation applied after the event would.
+
+    Raises:
+        AssertionError: ``attributes`` is not a mapping (the translator always writes one).
+    """
+    attributes = payload["attributes"]
+    assert isinstance(attributes, dict)
+    return model_of(attributes), opt_str_of(payload, "node") or None
+
+
+FILL_UNPUBLISHED = (
+    "UPDATE device_allocations SET model = :model, node = coalesce(:node, node), device_published = true "
+    "WHERE cluster = :cluster AND driver = :driver AND pool = :pool AND device = :device AND NOT device_published "
+    "AND lower(valid) >= :at")
+"""Fill the allocations of one device that wait for it and began at or after ``:at`` (empty intervals, whose
+``lower`` is NULL, never). Through index ``device_allocations_unpublished_idx``."""
 
 
 class DeviceAllocations:
@@ -256,6 +283,13 @@ class DeviceAllocations:
     intervals of the namespace so a relabel changes attribution from then on, never retroactively.
     Two overlapping allocations of a device that does not ``allowMultipleAllocations`` are both kept and
     flagged ``conflict`` (DESIGN §11.5); ``adminAccess`` allocations never conflict.
+
+    ``model`` and ``node`` come from the device's ``device_inventory`` row at the allocation's start. An allocation
+    applied when no row held the device then (its ResourceSlice not recorded yet: a watch started on a running
+    cluster lists claims and slices at once) is kept with ``device_published`` false, and the first
+    DevicePublished / DeviceUpdated of the device applied later, dated at or before the allocation's start, fills
+    its model and node (the split and relabelled pieces of it alike). ``allowMultipleAllocations`` is not read
+    again then: a conflict flagged on such a row stays.
     """
 
     name = "device_allocations"
@@ -270,6 +304,11 @@ class DeviceAllocations:
             close_intervals(conn, t.device_allocations, {"cluster": event.cluster, "claim_uid": str_of(p, "uid")}, at)
         elif event.type == "TeamAssigned":
             self._relabel(conn, event)
+        elif event.type in PUBLISHED_EVENTS:
+            model, node = published_fill(p)
+            conn.execute(text(FILL_UNPUBLISHED), {
+                "cluster": event.cluster, "driver": str_of(p, "driver"), "pool": str_of(p, "pool"),
+                "device": str_of(p, "device"), "model": model, "node": node, "at": at})
 
     @staticmethod
     def _team(conn: Connection, cluster: str, namespace: str, at: datetime) -> str:
@@ -308,6 +347,7 @@ class DeviceAllocations:
                 "consumed_capacity": _j(result.get("consumedCapacity") or {}), "admin_access": admin,
                 "node": (inv.node if inv is not None else None) or opt_str_of(p, "node"),
                 "model": inv.model if inv is not None else None, "conflict": conflict,
+                "device_published": inv is not None,
             }, at)
 
     @staticmethod
@@ -318,9 +358,10 @@ class DeviceAllocations:
         # new team from `at`. Intervals that start after `at` (out-of-order) just take the new team.
         conn.execute(text(
             "INSERT INTO device_allocations (cluster, claim_uid, namespace, claim, team, request, device_class, "
-            "driver, pool, device, share_id, consumed_capacity, admin_access, node, model, conflict, valid) "
-            "SELECT cluster, claim_uid, namespace, claim, :team, request, device_class, driver, pool, device, "
-            "share_id, consumed_capacity, admin_access, node, model, conflict, tstzrange(:at, NULL, '[)') "
+            "driver, pool, device, share_id, consumed_capacity, admin_access, node, model, conflict, device_published, "
+            "valid) SELECT cluster, claim_uid, namespace, claim, :team, request, device_class, driver, pool, device, "
+            "share_id, consumed_capacity, admin_access, node, model, conflict, device_published, "
+            "tstzrange(:at, NULL, '[)') "
             "FROM device_allocations WHERE cluster = :cluster AND namespace = :ns AND upper_inf(valid) "
             "AND NOT isempty(valid) AND team <> :team AND lower(valid) < :at"), params)
         conn.execute(text(

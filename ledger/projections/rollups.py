@@ -30,6 +30,7 @@ from sqlalchemy import Connection, text
 from ledger.errors import Invalid, shorten_repr
 from ledger.events import RecordedEvent
 from ledger.projections.base import cluster_filter as _cluster_filter
+from ledger.projections.models import PUBLISHED_EVENTS
 from ledger.projections.queries import GROUP_BY, NO_OVERRIDES, present, rfc3339
 from ledger.projections.split import Interval, allocation_fraction, split, split_columns
 from ledger.store.locks import lock_rolled_hours
@@ -274,6 +275,53 @@ INVENTORY_EVENTS = frozenset({"DevicePublished", "DeviceUpdated", "DeviceWithdra
 """The event types that change ``device_inventory``, whose capacities the split of shared devices reads."""
 
 
+_EARLIEST_OF_DEVICES = (
+    "SELECT a.cluster, min(lower(a.valid)) FROM unnest(CAST(:c AS text[]), CAST(:d AS text[]), "
+    " CAST(:p AS text[]), CAST(:v AS text[]), CAST(:t AS timestamptz[])) AS k(cluster, driver, pool, device, t) "
+    "JOIN device_allocations a ON a.cluster = k.cluster AND a.driver = k.driver AND a.pool = k.pool "
+    " AND a.device = k.device ")
+"""Per cluster, the earliest start of the ``device_allocations`` rows of the devices given as the parameters of
+:func:`_earliest_by_device`; the caller adds the rest of the join's condition and ``GROUP BY a.cluster``."""
+
+
+def _earliest_by_device(events: Iterable[RecordedEvent], types: frozenset[str]) -> dict[str, list[object]]:
+    """Per device of the ``types`` events, its earliest ``occurred_at``: as query parameters ``c``, ``d``, ``p``,
+    ``v`` (cluster, driver, pool, device) and ``t``, arrays in device order; empty when no event is of ``types``."""
+    first: dict[tuple[str, str, str, str], datetime] = {}
+    for e in events:
+        if e.type in types:
+            key = (e.cluster, str(e.payload.get("driver")), str(e.payload.get("pool")), str(e.payload.get("device")))
+            first[key] = min(e.occurred_at, first.get(key, e.occurred_at))
+    keys = sorted(first)
+    return {"c": [k[0] for k in keys], "d": [k[1] for k in keys], "p": [k[2] for k in keys],
+            "v": [k[3] for k in keys], "t": [first[k] for k in keys]} if keys else {}
+
+
+def unpublished_starts(conn: Connection, events: Iterable[RecordedEvent]) -> dict[str, datetime]:
+    """Per cluster, the earliest start of an allocation that DevicePublished / DeviceUpdated ``events`` will fill.
+
+    Call it *before* applying the events: it reads the rows still waiting for their device (``device_published``
+    false, index ``device_allocations_unpublished_idx``) that began at or after the device's earliest such event,
+    which are the rows the events fill (``ledger.projections.models.FILL_UNPUBLISHED``). Their ``model`` and
+    ``node`` change from their own start, so rolled hours from there are forgotten; a device event that fills
+    nothing forgets nothing (a driver restart does not send the rollups back to the slice's creation).
+
+    Args:
+        events: any events; only those of ``ledger.projections.models.PUBLISHED_EVENTS`` count (payload
+            ``driver``, ``pool``, ``device``; ``occurred_at``).
+
+    Returns:
+        Cluster -> earliest start (aware); clusters with no row to fill are left out.
+    """
+    if not (params := _earliest_by_device(events, PUBLISHED_EVENTS)):
+        return {}
+    rows = conn.execute(text(
+        _EARLIEST_OF_DEVICES + "AND NOT a.device_published AND lower(a.valid) >= k.t "
+        "GROUP BY a.cluster"),
+        params).all()
+    return {str(cluster): start for cluster, start in rows if isinstance(start, datetime)}
+
+
 def split_inputs_changed(conn: Connection, events: Iterable[RecordedEvent]) -> dict[str, datetime]:
     """Per cluster, the earliest instant from which inventory ``events`` (already applied) may change billed hours.
 
@@ -294,26 +342,16 @@ def split_inputs_changed(conn: Connection, events: Iterable[RecordedEvent]) -> d
         Cluster -> earliest start (aware) of an allocation whose split the events may change; clusters without one
         are left out.
     """
-    first: dict[tuple[str, str, str, str], datetime] = {}
-    for e in events:
-        if e.type in INVENTORY_EVENTS:
-            key = (e.cluster, str(e.payload.get("driver")), str(e.payload.get("pool")), str(e.payload.get("device")))
-            first[key] = min(e.occurred_at, first.get(key, e.occurred_at))
-    if not first:
+    if not (params := _earliest_by_device(events, INVENTORY_EVENTS)):
         return {}
-    keys = sorted(first)
     rows = conn.execute(text(
-        "SELECT a.cluster, min(lower(a.valid)) FROM unnest(CAST(:c AS text[]), CAST(:d AS text[]), "
-        " CAST(:p AS text[]), CAST(:v AS text[]), CAST(:t AS timestamptz[])) AS k(cluster, driver, pool, device, t) "
-        "JOIN device_allocations a ON a.cluster = k.cluster AND a.driver = k.driver AND a.pool = k.pool "
-        " AND a.device = k.device AND a.consumed_capacity <> '{}'::jsonb AND NOT a.admin_access "
+        _EARLIEST_OF_DEVICES + "AND a.consumed_capacity <> '{}'::jsonb AND NOT a.admin_access "
         " AND NOT isempty(a.valid) "
         "WHERE lower(a.valid) >= k.t OR NOT EXISTS (SELECT 1 FROM device_inventory i WHERE i.cluster = a.cluster "
         " AND i.driver = a.driver AND i.pool = a.pool AND i.device = a.device AND NOT isempty(i.valid) "
         " AND lower(i.valid) <= lower(a.valid)) "
         "GROUP BY a.cluster"),
-        {"c": [k[0] for k in keys], "d": [k[1] for k in keys], "p": [k[2] for k in keys],
-         "v": [k[3] for k in keys], "t": [first[k] for k in keys]}).all()
+        params).all()
     return {str(cluster): start for cluster, start in rows if isinstance(start, datetime)}
 
 

@@ -26,7 +26,12 @@ from ledger.projections import whole_history as whole
 from ledger.projections.base import Projection, earliest_by_cluster
 from ledger.projections.batch import BATCH_APPLIERS, segments
 from ledger.projections.models import ALL, ALLOCATION_EVENTS
-from ledger.projections.rollups import forget_all_rolled_hours, forget_rolled_hours, split_inputs_changed
+from ledger.projections.rollups import (
+    forget_all_rolled_hours,
+    forget_rolled_hours,
+    split_inputs_changed,
+    unpublished_starts,
+)
 from ledger.store.database import (
     connection_lost,
     deadlock_detected,
@@ -112,6 +117,10 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
         # Occupancy counts are a step function of four tables' intervals: forget what this batch may change
         # (before applying it, to tell a pod's first phase from later ones).
         counts.forget_for_batch(conn, [e for e in batch if e.global_position > min(positions.values())])
+    # Allocations the batch's device events will fill change model and node from their own start, which may
+    # precede the batch's events: read which before applying (afterwards they no longer wait for the device).
+    filled = (unpublished_starts(conn, (e for e in batch if e.global_position > positions[ALLOCATIONS]))
+              if ALLOCATIONS in positions else {})
     if set_based and all(p.name in BATCH_APPLIERS for p in projections):
         # Set-based path (ledger.projections.batch): per segment, each projection folds its events in
         # memory and writes them with a few pipelined statements. Segments keep the reads of
@@ -130,10 +139,10 @@ def _apply_batch(conn: Connection, projections: Sequence[Projection], positions:
         # those this batch may have changed.
         earliest = earliest_by_cluster(
             e for e in batch if e.type in ALLOCATION_EVENTS and e.global_position > positions[ALLOCATIONS])
-        if INVENTORY in positions:
-            changed = split_inputs_changed(conn, (e for e in batch if e.global_position > positions[INVENTORY]))
-            for cluster, start in changed.items():
-                earliest[cluster] = min(start, earliest.get(cluster, start))
+        changed = (split_inputs_changed(conn, (e for e in batch if e.global_position > positions[INVENTORY]))
+                   if INVENTORY in positions else {})
+        for cluster, start in [*changed.items(), *filled.items()]:
+            earliest[cluster] = min(start, earliest.get(cluster, start))
         forget_rolled_hours(conn, earliest)
     last = batch[-1].global_position
     now = datetime.now(UTC)

@@ -58,7 +58,14 @@ import msgspec
 from sqlalchemy import Connection, Engine, text
 
 from ledger.projections.base import opt_str_of, str_of
-from ledger.projections.models import TAINT_RULE_EVENTS, counter_set_of, model_of, taint_rule_row
+from ledger.projections.models import (
+    PUBLISHED_EVENTS,
+    TAINT_RULE_EVENTS,
+    counter_set_of,
+    model_of,
+    published_fill,
+    taint_rule_row,
+)
 from ledger.store.postgres import as_json, copy_in, copy_out, copy_rows, stream_rows
 from ledger.types import GlobalPosition, JSONObject, JSONValue
 
@@ -288,10 +295,12 @@ _K = TypeVar("_K", bound=tuple[str, ...])
 
 _TEAM, _ALLOC_TEAM = 2, 4
 """Indexes of ``team`` in a ``namespace_teams`` row and in a ``device_allocations`` row."""
+_NODE, _MODEL, _CONFLICT, _PUBLISHED = 13, 14, 15, 16
+"""Indexes of ``node``, ``model``, ``conflict`` and ``device_published`` in a ``device_allocations`` row."""
 
 _ALLOCATION_COLUMNS = ("cluster", "claim_uid", "namespace", "claim", "team", "request", "device_class", "driver",
                        "pool", "device", "share_id", "consumed_capacity", "admin_access", "node", "model",
-                       "conflict")
+                       "conflict", "device_published")
 _TAINT_RULE_COLUMNS = ("device_selector", "effect", "taint")
 """The ``device_taint_rules`` columns after cluster and name, as :func:`taint_rule_row` gives them."""
 _INVENTORY_COLUMNS = ("cluster", "driver", "pool", "device", "node", "slice_name", "model", "counter_set",
@@ -304,9 +313,12 @@ class _Allocation(_Interval):
 
     admin_access: bool = False
     conflict: bool = False
+    waiting: bool = False
+    """``device_published`` false: no inventory row held the device at the start when it was applied."""
 
     def row(self) -> list[object]:
-        self.values[15] = self.conflict
+        self.values[_CONFLICT] = self.conflict
+        self.values[_PUBLISHED] = not self.waiting
         return _Interval.row(self)
 
 
@@ -337,6 +349,11 @@ class _Fold:
         self.by_namespace: dict[tuple[str, str], list[_Allocation]] = {}
         self.open_allocations: dict[int, _Allocation] = {}
         self.closed: list[_Allocation] = []
+        # Allocations waiting for their device (``waiting``), open or closed, by device: a later DevicePublished
+        # / DeviceUpdated may still fill them, so closed ones are held back from ``closed`` until filled (or the
+        # end). Few: only allocations applied before any inventory row of their device held their start.
+        self.waiting: dict[tuple[str, str, str, str], list[_Allocation]] = {}
+        self.held_back: dict[int, _Allocation] = {}
 
     def apply(self, event_type: str, cluster: str, at: datetime, p: JSONObject) -> None:
         """Apply one event to every folded projection, in the order of ``models.ALL``."""
@@ -366,6 +383,8 @@ class _Fold:
                 self.rule_rows.append(rule)
         else:
             self._device(event_type, cluster, at, p)
+            if event_type in PUBLISHED_EVENTS and self.waiting:
+                self._fill(cluster, at, p)
 
     # namespace_teams (reference: models.NamespaceTeams)
     def _assign_team(self, cluster: str, at: datetime, p: JSONObject) -> None:
@@ -410,15 +429,51 @@ class _Fold:
     def _close_allocation(self, row: _Allocation, end: datetime) -> None:
         row.close(end)
         del self.open_allocations[id(row)]
-        self.closed.append(row)
+        if row.waiting and row.upper != row.lower:  # an empty row is never filled (its lower is NULL in SQL)
+            self.held_back[id(row)] = row
+        else:
+            self.closed.append(row)
 
     def _add_allocation(self, row: _Allocation) -> None:
         v = row.values
         cluster, namespace = str(v[0]), str(v[2])
-        self.by_device.setdefault((cluster, str(v[7]), str(v[8]), str(v[9])), []).append(row)
+        device = (cluster, str(v[7]), str(v[8]), str(v[9]))
+        self.by_device.setdefault(device, []).append(row)
         self.by_claim.setdefault((cluster, str(v[1])), []).append(row)
         self.by_namespace.setdefault((cluster, namespace), []).append(row)
         self.open_allocations[id(row)] = row
+        if row.waiting:
+            self.waiting.setdefault(device, []).append(row)
+
+    def _fill(self, cluster: str, at: datetime, p: JSONObject) -> None:
+        """Fill the allocations waiting for this device that began at or after ``at`` (reference:
+        ``models.FILL_UNPUBLISHED``): model, node unless the device has none, no longer waiting."""
+        key = (cluster, str_of(p, "driver"), str_of(p, "pool"), str_of(p, "device"))
+        rows = self.waiting.get(key)
+        if not rows:
+            return
+        model, node = published_fill(p)
+        still: list[_Allocation] = []
+        for row in rows:
+            if row.upper == row.lower:  # empty (closed where it began: already in ``closed``): lower(valid) is NULL
+                continue
+            if row.lower < at:
+                still.append(row)
+                continue
+            row.values[_MODEL] = model
+            if node is not None:
+                row.values[_NODE] = node
+            row.waiting = False
+            self._release(row)
+        if still:
+            self.waiting[key] = still
+        else:
+            del self.waiting[key]
+
+    def _release(self, row: _Allocation) -> None:
+        """A row that no fill can change any more goes to ``closed`` once it is closed."""
+        if self.held_back.pop(id(row), None) is not None:
+            self.closed.append(row)
 
     def _allocate(self, cluster: str, at: datetime, p: JSONObject) -> None:
         namespace, uid, claim = str_of(p, "namespace"), str_of(p, "uid"), str_of(p, "name")
@@ -442,7 +497,8 @@ class _Fold:
             self._add_allocation(_Allocation(
                 [cluster, uid, namespace, claim, team, str_of(result, "request"), opt_str_of(result, "deviceClassName"),
                  key[1], key[2], key[3], opt_str_of(result, "shareID"), _j(result.get("consumedCapacity") or {}), admin,
-                 node, inv.model if inv is not None else None, False], at, admin_access=admin, conflict=conflict))
+                 node, inv.model if inv is not None else None, False, inv is not None], at, admin_access=admin,
+                conflict=conflict, waiting=inv is None))
 
     def _relabel(self, cluster: str, at: datetime, p: JSONObject) -> None:
         """Split the namespace's open intervals whose team differs (``DeviceAllocations._relabel``)."""
@@ -451,7 +507,8 @@ class _Fold:
             if row.values[_ALLOC_TEAM] == team:
                 continue
             if row.lower < at:  # close at `at` and reopen with the new team from `at`
-                copy = _Allocation(list(row.values), at, admin_access=row.admin_access, conflict=row.conflict)
+                copy = _Allocation(list(row.values), at, admin_access=row.admin_access, conflict=row.conflict,
+                                   waiting=row.waiting)
                 copy.values[_ALLOC_TEAM] = team
                 self._close_allocation(row, at)
                 self._add_allocation(copy)
@@ -459,10 +516,16 @@ class _Fold:
                 row.values[_ALLOC_TEAM] = team
 
     def take_closed(self) -> list[list[object]]:
-        """Rows of the allocations closed so far (final: nothing changes a closed interval); forgets them."""
+        """Rows of the allocations closed so far and final (a closed row changes only while it waits for its
+        device, and those are held back); forgets them."""
         rows = [r.row() for r in self.closed]
         self.closed.clear()
         return rows
+
+    def take_rest(self) -> list[list[object]]:
+        """At the end of the fold: the rows of every allocation not taken yet (closed, held back, open)."""
+        return [*self.take_closed(), *(r.row() for r in self.held_back.values()),
+                *(r.row() for r in self.open_allocations.values())]
 
 
 _FETCH_ROWS = 5000
@@ -529,7 +592,7 @@ def _fold_events(engine: Engine, head: GlobalPosition, spool: IO[bytes], stop: t
     # last), as _latest_containing does here.
     return _Folded(teams=[r.row() for r in fold.team_rows], inventory=[r.row() for r in fold.inventory_rows],
                    classes=[r.row() for r in fold.class_rows], taint_rules=[r.row() for r in fold.rule_rows],
-                   allocations=_by_device([*fold.take_closed(), *(r.row() for r in fold.open_allocations.values())]),
+                   allocations=_by_device(fold.take_rest()),
                    allocation_chunks=chunks)
 
 

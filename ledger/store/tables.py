@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSON, JSONB, TSTZRANGE, UUID
 
@@ -163,8 +164,15 @@ device_allocations = Table(
     Column("model", Text),
     Column("conflict", Boolean, nullable=False, comment="another non-shareable allocation of the device overlapped"),
     Column("valid", TSTZRANGE, nullable=False),
+    Column("device_published", Boolean, nullable=False, server_default=text("true"),
+           comment="false: no device_inventory row held the device at the start when the allocation was applied; "
+                   "model and node wait for its DevicePublished / DeviceUpdated"),
     *_interval_indexes("device_allocations", "cluster", "driver", "pool", "device"),
     Index("device_allocations_claim_idx", "cluster", "claim_uid"),
+    # Rows waiting for their device (a claim recorded before its ResourceSlice): few, found by each
+    # DevicePublished / DeviceUpdated of the device (ledger.projections.models.DeviceAllocations).
+    Index("device_allocations_unpublished_idx", "cluster", "driver", "pool", "device",
+          postgresql_where=text("NOT device_published")),
 )
 
 claim_consumers = Table(

@@ -239,6 +239,26 @@ def _edge_cases(cluster: str) -> list[tuple[str, Event, float]]:
         (_rule("r1", {}), 35),
         (_rule("r2", None, effect="None"), 10),
         (_rule("r2", None, event=DeviceTaintRuleChanged), 8),  # earlier than its definition: empty interval
+        # allocations applied before their device was published (claims recorded before their slice)
+        (TeamAssigned(namespace="late", team="early", label="team"), 0),
+        (_created("c11", namespace="late"), 70),
+        (_allocated("c11", _result("late-0"), namespace="late", node="node-z"), 70),
+        (_created("c12", namespace="late"), 71),
+        (_allocated("c12", _result("late-0"), namespace="late", node="node-z"), 71),
+        (_created("c13", namespace="late"), 70),
+        (_allocated("c13", _result("late-1"), namespace="late"), 70),
+        (_created("c14", namespace="late"), 70),
+        (_allocated("c14", _result("late-2"), namespace="late"), 70),
+        (_created("c15", namespace="late"), 70),
+        (_allocated("c15", _result("late-3"), namespace="late"), 70),
+        (ClaimDeallocated(uid="c15"), 69),  # released "before" allocated: an empty interval, never filled
+        (TeamAssigned(namespace="late", team="later", label="team"), 72),  # splits c11, c12, c13 and c14
+        (ClaimDeallocated(uid="c14"), 74),
+        (_device("late-2", model="L4"), 71),  # after c14's start, before the relabel: fills only its second piece
+        (_device("late-3", model="L4"), 60),
+        (_device("late-0", model="B200", node="node-b"), 65),  # before both starts: fills c11 and c12, all pieces
+        (_device("late-1", model="L4"), 75),  # after c13's start: fills nothing ...
+        (_device("late-1", event=DeviceUpdated, model="H200"), 68),  # ... an update dated before it fills c13
     ]]
 
 
@@ -263,9 +283,18 @@ def test_hand_made_edge_cases_rebuild_to_the_rows_of_every_other_path(ledger: Le
         assert count("device_allocations WHERE claim_uid IN ('c3', 'c4') AND conflict") == 0  # adminAccess, shares
         assert count("device_allocations WHERE claim_uid = 'c1'") == 2  # split by the relabel at minute 25
         assert count("device_allocations WHERE claim_uid = 'c6' AND team = 'gamma'") == 1  # relabel dated before
-        assert count("device_allocations WHERE isempty(valid)") == 1  # c7, released "before" allocated
-        assert count("device_allocations WHERE model IS NULL") == 5  # no inventory row at the allocation
-        assert count("device_inventory WHERE isempty(valid)") == 1
+        assert count("device_allocations WHERE isempty(valid)") == 2  # c7 and c15, released "before" allocated
+        assert count("device_allocations WHERE model IS NULL AND namespace <> 'late'") == 5  # no inventory row then
+        # filled by the device's publication when it came, or left waiting (before it, or empty)
+        assert count("device_allocations WHERE claim_uid IN ('c11', 'c12') AND model = 'B200' AND node = 'node-b' "
+                     "AND device_published") == 4
+        assert count("device_allocations WHERE claim_uid = 'c13' AND model = 'H200' AND device_published") == 2
+        assert count("device_allocations WHERE claim_uid = 'c14' AND model = 'L4' AND team = 'later'") == 1
+        assert count("device_allocations WHERE claim_uid = 'c14' AND model IS NULL AND team = 'early' "
+                     "AND NOT device_published") == 1
+        assert count("device_allocations WHERE claim_uid = 'c15' AND model IS NULL AND isempty(valid) "
+                     "AND NOT device_published") == 1
+        assert count("device_inventory WHERE isempty(valid)") == 2  # gpu-0 and late-1: updates dated before
         assert count("claim_states WHERE isempty(valid)") >= 1
         assert count("pod_phases WHERE isempty(valid)") >= 1
         assert count("claims WHERE uid = 'c5' AND origin = 'manual' AND state = 'allocated'") == 1
