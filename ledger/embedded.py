@@ -533,7 +533,8 @@ def bind_error(host: str, port: int) -> OSError | None:
     plain bind would refuse the port then (an embedded PostgreSQL restart moved to a new port each time).
 
     Returns:
-        ``socket.gaierror`` when ``host`` is no address and no name that resolves; an ``OSError`` whose ``errno``
+        ``socket.gaierror`` when ``host`` is no address and no name that resolves (a name the resolver cannot even
+        encode, with a label longer than 63 characters, included); an ``OSError`` whose ``errno``
         says why otherwise (``EADDRINUSE``: the port is taken; ``EADDRNOTAVAIL``: the address is not this
         machine's; ``EACCES``: a privileged port; ``EAFNOSUPPORT``: an IPv6 address where the machine has no IPv6);
         ``None`` when the bind succeeded.
@@ -549,6 +550,11 @@ def bind_error(host: str, port: int) -> OSError | None:
             s.bind(address)
     except OSError as e:  # socket.gaierror is one
         return e
+    except UnicodeError:
+        # The resolver's IDNA encoding refuses a label that is empty or longer than 63 characters ("a..b", a
+        # pasted token) before any lookup: a name that cannot resolve, as the resolver says of others.
+        return socket.gaierror(socket.EAI_NONAME, "no host name: each dot-separated label must have 1 to 63 "
+                                                  "characters")
     return None
 
 

@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 STOP_GRACE_S = 3.0
 """Default of :attr:`WatchSettings.stop_grace_s`, s."""
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+
+
+def _lease_name(value: str) -> str:
+    # The API server refuses any other name, and the worker retried that refusal for ever.
+    if len(value) > 253 or not re.fullmatch(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", value):
+        raise ValueError(f"{value!r} is not a Lease name (a DNS subdomain: lowercase letters, digits, '-' and '.', "
+                         "starting and ending with a letter or digit, at most 253 characters)")
+    return value
+
+
+def _namespace(value: str) -> str:
+    if len(value) > 63 or not re.fullmatch(_DNS_LABEL, value):
+        raise ValueError(f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits and '-', "
+                         "starting and ending with a letter or digit, at most 63 characters)")
+    return value
 
 
 class WatchSettings(BaseSettings):
@@ -41,10 +59,10 @@ class WatchSettings(BaseSettings):
     jitter: float = Field(default=0.2, ge=0.0, le=1.0)
     """Each backoff delay is multiplied by a random factor in ``[1 - jitter, 1 + jitter]`` so that
     replicas and kinds do not retry in lockstep."""
-    lease_name: str = "dra-ledger-watch"
-    """Name of the coordination.k8s.io/v1 Lease the replicas compete for."""
-    lease_namespace: str = "dra-ledger"
-    """Namespace of the Lease (in a pod: its own namespace is a good choice)."""
+    lease_name: Annotated[str, AfterValidator(_lease_name)] = "dra-ledger-watch"
+    """Name of the coordination.k8s.io/v1 Lease the replicas compete for (a DNS subdomain, as Kubernetes names it)."""
+    lease_namespace: Annotated[str, AfterValidator(_namespace)] = "dra-ledger"
+    """Namespace of the Lease (in a pod: its own namespace is a good choice; a DNS label)."""
     lease_duration_s: int = Field(default=15, ge=1)
     """``leaseDurationSeconds``: a standby takes over once the lease went unrenewed this long, s."""
     renew_deadline_s: float = Field(default=10.0, gt=0.0, allow_inf_nan=False)

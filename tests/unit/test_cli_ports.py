@@ -136,3 +136,15 @@ def test_an_ipv6_address_is_written_in_brackets_and_a_scoped_one_of_no_interface
     with pytest.raises(LedgerError, match=r"^cannot listen on \[fe80::1%nosuchif0\]:8472: the host .* cannot be "
                                           r"resolved"):
         embedded.require_port("fe80::1%nosuchif0", 8472)
+
+
+def test_a_host_with_a_label_too_long_to_resolve_is_named_not_a_traceback() -> None:
+    from ledger import embedded
+    from ledger.errors import LedgerError
+
+    # The resolver's IDNA encoding raised UnicodeError (not an OSError) out of require_port for a 64-letter label.
+    host = "a" * 64 + ".example"
+    with pytest.raises(LedgerError, match=rf"^cannot listen on {host}:8472: the host {host} cannot be resolved \(no "
+                                          r"host name: each dot-separated label must have 1 to 63 characters\); give "
+                                          r"LEDGER_WATCH_HEALTH_HOST an address"):
+        embedded.require_port(host, 8472, host_option="LEDGER_WATCH_HEALTH_HOST")

@@ -229,6 +229,13 @@ def test_watch_names_a_renew_deadline_not_below_the_lease_duration(tmp_path: Pat
     ("LEDGER_WATCH_RETRY_PERIOD_S", "0", "Input should be greater than 0"),  # a standby polled the Lease non-stop
     ("LEDGER_WATCH_RENEW_DEADLINE_S", "nan", "Input should be a finite number"),
     ("LEDGER_WATCH_CATCH_UP_INTERVAL_S", "nan", "Input should be a finite number"),  # never caught up, silent
+    # the API server refuses these names, and every attempt to take the Lease was retried as transient
+    ("LEDGER_WATCH_LEASE_NAME", "Bad_Name!", "'Bad_Name!' is not a Lease name (a DNS subdomain: "
+     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)"),
+    ("LEDGER_WATCH_LEASE_NAME", "a" * 254, f"'{'a' * 254}' is not a Lease name (a DNS subdomain: "
+     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)"),
+    ("LEDGER_WATCH_LEASE_NAMESPACE", "my.ns", "'my.ns' is not a namespace name (a DNS label: lowercase "
+     "letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"),
     ("LEDGER_JOBS_SNAPSHOT_INTERVAL_S", "0", "Input should be greater than or equal to 10"),
     ("LEDGER_JOBS_ROLLUP_MINUTE", "99", "Input should be less than or equal to 59"),
 ])
