@@ -169,8 +169,8 @@ def _status(code: int, message: str, reason: str) -> JSONObject:
             "reason": reason, "code": code}
 
 
-_REASONS = {400: "BadRequest", 404: "NotFound", 409: "Conflict", 410: "Expired", 429: "TooManyRequests",
-            500: "InternalError", 503: "ServiceUnavailable"}
+_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
+            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
 
 
 def _meta(obj: Mapping[str, JSONValue]) -> dict[str, JSONValue]:

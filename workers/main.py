@@ -51,6 +51,15 @@ class _Stopped(Exception):
     """The stop event was set."""
 
 
+REFUSAL_HINTS = {
+    401: "the API server did not accept the worker's credentials: check the kubeconfig's user, or the ServiceAccount "
+         "token the pod mounts",
+    403: "the worker's credentials may not do this: it needs get, list and watch on the kinds it follows, as the "
+         "ClusterRole in deploy/kubernetes/rbac.yaml grants",
+}
+"""What to fix, by the HTTP status of a refusal that restarts a watch (said after the server's own message)."""
+
+
 async def choose_version(api_client: k8s.ApiClient, info: KindInfo, settings: WatchSettings) -> str:
     """The most preferred version of ``info`` the server serves (v1, else v1beta2, else v1beta1).
 
@@ -125,8 +134,13 @@ async def supervise(api_client: k8s.ApiClient, info: KindInfo, sink: Sink, *, cl
             delay = backoff_delay_s(settings, failures)
             failures += 1
             hint = f" ({STREAM_CONFLICT_HINT})" if isinstance(e, StreamConflict) else ""
+            if isinstance(e, ApiError) and e.status in REFUSAL_HINTS:
+                hint = f" ({REFUSAL_HINTS[e.status]})"
+            # A refusal the API server answered (a status and its message) says all there is: its traceback, once
+            # per kind and restart, buried the line that says what to fix. Anything else keeps its traceback.
+            answered = isinstance(e, ApiError) and e.status is not None
             log.error("watch of %s failed, restarting in %.2fs: %s%s", info.kind, delay, e, hint,
-                      extra={"resource": info.plural, "resourceVersion": None}, exc_info=True)
+                      extra={"resource": info.plural, "resourceVersion": None}, exc_info=not answered)
             if metrics is not None:
                 metrics.restarted(info.kind, "failed")
             await asyncio.sleep(delay)

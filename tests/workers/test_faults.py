@@ -6,6 +6,7 @@ times are the history's ``observedAt``) and compares all events and read models 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -151,3 +152,34 @@ def test_each_complete_list_is_timed_per_kind_the_one_after_a_410_included(
     for kind in ("Namespace", "DeviceClass", "ResourceSlice", "Pod"):
         assert metric_sample(metrics[0], f"{name}_count", kind=kind) == 1, kind
     assert metric_sample(metrics[0], "dra_ledger_watch_expired_total", kind="ResourceClaim") == 1
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    (403, "HTTP 403 injected fault: Forbidden (the worker's credentials may not do this: it needs get, list and watch "
+          "on the kinds it follows, as the ClusterRole in deploy/kubernetes/rbac.yaml grants)"),
+    (401, "HTTP 401 injected fault: Unauthorized (the API server did not accept the worker's credentials: check the "
+          "kubeconfig's user, or the ServiceAccount token the pod mounts)"),
+])
+def test_a_refused_list_is_logged_in_one_line_saying_what_to_fix_and_the_watch_starts_again(
+        ledger_factory: Callable[[], LedgerHandle], caplog: pytest.LogCaptureFixture, status: int, said: str) -> None:
+    # RBAC fixed while the worker runs: it follows on, with the ledger of a clean run. Each restart logged the
+    # refusal with a traceback that buried what to fix (about 30 in 10 s over the six kinds).
+    clean, live = ledger_factory(), ledger_factory()
+    clean.replay(SEED_LAB)
+
+    async def scenario() -> None:
+        async with fake_cluster(live.db) as cluster:
+            cluster.server.inject(Fault(action="status", status=status, kind="ResourceClaim", verb="list", times=2))
+            cluster.server.advance(4)
+            cluster.start()
+            await lockstep(cluster.server, live.db)
+            assert cluster.server.faults == []
+
+    with caplog.at_level(logging.ERROR, logger="workers.main"):
+        run(scenario)
+    assert_same_ledger(live, clean)
+    refused = [r for r in caplog.records if r.getMessage().startswith("watch of ResourceClaim failed")]
+    assert len(refused) == 2
+    expected = f"list resourceclaims.resource.k8s.io/v1: {said}"
+    assert [r.getMessage().split(": ", 1)[1] for r in refused] == [expected, expected]
+    assert [bool(r.exc_info) for r in refused] == [False, False]  # no traceback
