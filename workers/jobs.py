@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ledger import services
 from ledger.config import LedgerConfig
+from ledger.errors import Unavailable
 from ledger.store.database import LedgerDatabase
 from workers.threads import in_thread
 
@@ -114,8 +115,9 @@ async def run_snapshots(db: LedgerDatabase, *, config: LedgerConfig, cluster: st
 
 
 def _said_when_stopped(job: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
-    """``job`` as a scheduled job: cancelled because the process stops, it logs one line of its own (info) and
-    lets the cancel go on to APScheduler, whose record of it :class:`CancelledJobFilter` drops."""
+    """``job`` as a scheduled job: cancelled because the process stops, it logs one line of its own (info); stopped
+    because the database cannot be reached, one line too (a warning naming the error); either way it lets the
+    exception go on to APScheduler, whose record of it :class:`SaidJobFilter` drops."""
 
     @functools.wraps(job)
     async def run(**kwargs: Any) -> object:
@@ -124,26 +126,31 @@ def _said_when_stopped(job: Callable[..., Awaitable[object]]) -> Callable[..., A
         except asyncio.CancelledError:
             log.info("job %s stopped with the process: what it had not committed rolled back", job.__name__)
             raise
+        except Unavailable as e:
+            log.warning("job %s failed: %s; the next run tries again", job.__name__, e)
+            raise
 
     return run
 
 
-class CancelledJobFilter(logging.Filter):
-    """Drops APScheduler's "raised an exception" record of a job whose exception is ``asyncio.CancelledError``.
+class SaidJobFilter(logging.Filter):
+    """Drops APScheduler's "raised an exception" record of a job whose exception is ``asyncio.CancelledError`` or
+    :class:`ledger.errors.Unavailable`: the job said what happened itself (:func:`_said_when_stopped`).
 
     Why: ``asyncio.run`` cancels the jobs still running as ``jobs`` or ``watch`` stops, and APScheduler logged that
     cancel as the job's failure, with a traceback; returning instead of raising made it log the run as "executed
-    successfully". The job says it was stopped itself (:func:`_said_when_stopped`). Decided by the exception's type,
-    on the executor's logger only: every other failure of a job is logged as before.
+    successfully". A database outage logged a full traceback at every run of every job until it was over. Decided by
+    the exception's type, on the executor's logger only: every other failure of a job is logged as before.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """``False`` for a record carrying a ``CancelledError``."""
-        return not (record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError))
+        """``False`` for a record carrying a ``CancelledError`` or an ``Unavailable``."""
+        return not (record.exc_info is not None
+                    and isinstance(record.exc_info[1], asyncio.CancelledError | Unavailable))
 
 
 EXECUTOR_LOG = "apscheduler.executors.default"
-"""The logger of APScheduler's default executor, which runs the jobs (:class:`CancelledJobFilter` sits on it)."""
+"""The logger of APScheduler's default executor, which runs the jobs (:class:`SaidJobFilter` sits on it)."""
 
 
 def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSettings | None = None,
@@ -163,8 +170,8 @@ def build_scheduler(db: LedgerDatabase, *, config: LedgerConfig, settings: JobSe
     """
     settings = settings or JobSettings()
     executor_log = logging.getLogger(EXECUTOR_LOG)
-    if not any(isinstance(f, CancelledJobFilter) for f in executor_log.filters):
-        executor_log.addFilter(CancelledJobFilter())
+    if not any(isinstance(f, SaidJobFilter) for f in executor_log.filters):
+        executor_log.addFilter(SaidJobFilter())
     run_rollups_, run_snapshots_, run_occupancy_counts_ = (
         _said_when_stopped(job) for job in (run_rollups, run_snapshots, run_occupancy_counts))
     scheduler = AsyncIOScheduler(timezone=UTC, job_defaults={
