@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+import yarl
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from pydantic import ValidationError
@@ -103,7 +104,27 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
         # YAML of another shape: kubernetes-asyncio indexes whatever it parsed as a mapping and fails inside.
         raise k8s_config.ConfigException(f"kubeconfig {named} is not a kubeconfig (a YAML mapping of clusters, "
                                          f"users and contexts): {e}") from e
+    check_server(str(configuration.host), named)
     return k8s.ApiClient(configuration)
+
+
+def check_server(server: str, kubeconfig: str | Path) -> None:
+    """Refuse a cluster ``server`` that no request can reach: not an ``http(s)://`` URL with a host.
+
+    Why: aiohttp refused every request to it as an invalid URL, a client error the worker retried as a fault of the
+    connection, for ever. Parsed by yarl (aiohttp's own URL type).
+
+    Raises:
+        kubernetes_asyncio.config.ConfigException: naming ``kubeconfig``, the server and the form it needs.
+    """
+    try:
+        url = yarl.URL(server)
+        problem = None if url.scheme in ("http", "https") and url.host else "is not an http(s) URL with a host"
+    except ValueError as e:
+        problem = f"is not a URL ({e})"
+    if problem is not None:
+        raise k8s_config.ConfigException(f"kubeconfig {kubeconfig}: the cluster's server {server!r} {problem}, such as "
+                                         "https://10.0.0.1:6443")
 
 
 def check_kubeconfig(path: Path) -> None:

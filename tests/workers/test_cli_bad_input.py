@@ -13,6 +13,7 @@ import pytest
 from kubernetes_asyncio import config as k8s_config
 from typer.testing import CliRunner, Result
 
+from ledger.testing.handle import LedgerHandle
 from tests.factories import plugin_commands, taken_port
 from tests.workers.harness import SEED_LAB, kubeconfig
 from workers.cli import api_client_for
@@ -119,6 +120,32 @@ def test_the_client_of_watch_and_record_names_a_kubeconfig_that_is_not_one(tmp_p
         asyncio.run(api_client_for(bad, None))
 
     assert f"kubeconfig {bad} {said}" in str(refused.value)
+
+
+@pytest.mark.parametrize(("server", "said"), [
+    ("not a url", "is not an http(s) URL with a host"),
+    ("127.0.0.1:6443", "is not an http(s) URL with a host"),  # no scheme: kubernetes-asyncio adds none
+    ("ftp://10.0.0.1", "is not an http(s) URL with a host"),
+    ("https://", "is not an http(s) URL with a host"),
+    ("http://[::1", "is not a URL (Invalid IPv6 URL)"),
+])
+def test_watch_and_record_refuse_a_cluster_server_that_is_no_url(ledger: LedgerHandle, tmp_path: Path, server: str,
+                                                                 said: str) -> None:
+    # aiohttp refused each request as an invalid URL, and the worker retried that as a connection fault for ever.
+    config = kubeconfig(tmp_path / "kube.yaml", server)
+    out = tmp_path / "x.jsonl"
+
+    watch = _invoke(["watch", "--kubeconfig", str(config), "--health-port", "-1", "--no-leader-election",
+                     "--database-url", ledger.engine.url.render_as_string(hide_password=False)])
+    record = _invoke(["record", "--kubeconfig", str(config), "--output", str(out)])
+
+    shown = server.rstrip("/")  # as kubernetes-asyncio keeps it
+    line = f"error: ConfigException: kubeconfig {config}: the cluster's server {shown!r} {said}, such as " \
+           "https://10.0.0.1:6443"
+    for result in (watch, record):
+        assert result.exit_code == 2, result.output
+        assert line in result.output.splitlines()
+    assert not out.exists()
 
 
 def test_record_names_a_kubeconfig_that_is_not_utf_8(tmp_path: Path) -> None:
