@@ -167,11 +167,12 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return " ".join(str(error).split())
 
 
-def check_output(output: Path) -> None:
+def check_output(output: Path, *, append: bool = False) -> None:
     """Refuse, before any work, an output file that cannot be written: say why on one line, exit code 2.
 
     Checks that ``output`` is no directory and that its folder exists and is writable (a file already there is
-    overwritten, so it must be writable too). Only a check: the file is neither made nor truncated here.
+    written to, so it must be writable too), and, unless ``append``, that no file with content is there: a
+    restarted ``record`` emptied the recording it had made. Only a check: the file is neither made nor truncated.
 
     Raises:
         typer.Exit: code 2, after ``error: cannot write <output>: <reason>`` on stderr.
@@ -185,10 +186,22 @@ def check_output(output: Path) -> None:
         reason = f"the directory {folder} is not writable"
     elif output.exists() and not os.access(output, os.W_OK):
         reason = "the file is not writable"
+    elif not append and output.is_file() and (size := output.stat().st_size) > 0:
+        reason = (f"it holds a recording already ({size} bytes); pass --append to go on with it (replay reads the "
+                  "two sessions as one history), or remove it first")
     else:
         return
     typer.echo(f"error: cannot write {output}: {reason}", err=True)
     raise typer.Exit(2)
+
+
+def _ends_inside_a_line(path: Path) -> bool:
+    """Whether the file's last byte is not a newline (an empty file ends no line)."""
+    with path.open("rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 @contextlib.asynccontextmanager
@@ -362,20 +375,27 @@ def register(app: typer.Typer) -> None:
                                                          help="Stop after this many seconds, a finite number "
                                                          "above 0 (default: until Ctrl-C / SIGTERM).")] = None,
         clock_url: ClockOpt = None,
+        append: Annotated[bool, typer.Option(
+            "--append", help="Go on with an --output that holds a recording already (a restarted recorder); "
+            "without it such a file is refused, never emptied.")] = False,
     ) -> None:
         """Record the live list/watch streams of the watched kinds to a file that `dra-ledger replay` reads.
 
         Exit code 2, before the cluster is contacted, for an ``--output`` that cannot be written (a directory, or
-        in a folder that does not exist or is not writable) or a ``--duration`` not above 0.
+        in a folder that does not exist or is not writable), one that holds a recording already without
+        ``--append``, or a ``--duration`` not above 0. With ``--append`` the new lines follow the old ones, on a line
+        of their own should the old recording end inside a line (a recorder killed while writing it).
         """
-        check_output(output)
+        check_output(output, append=append)
         watch_settings = cli.read_settings(WatchSettings)  # a bad LEDGER_WATCH_* value: one line, exit code 2
         configure_logging()
 
         async def main() -> None:
             api_client = await api_client_for(kubeconfig, context)
             try:  # closed however the recording ends, opening the file included
-                with output.open("w", encoding="utf-8") as out:
+                with output.open("a" if append else "w", encoding="utf-8") as out:
+                    if append and _ends_inside_a_line(output):
+                        out.write("\n")  # the cut line stays a broken line of its own: replay reports it
                     sink = RecordSink(out)
                     async with _stopping_on_signals() as stop, _clock(clock_url) as clock:
                         if duration_s is not None:

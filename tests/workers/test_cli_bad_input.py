@@ -54,6 +54,38 @@ def test_record_onto_a_directory_is_refused(fake_apiserver: Start, tmp_path: Pat
     assert server.requests == []
 
 
+def test_record_onto_a_recording_is_refused_unless_appending_and_appends_after_a_cut_line(
+        fake_apiserver: Start, ledger: LedgerHandle, tmp_path: Path) -> None:
+    # A restarted recorder emptied the file it had recorded into. Its first session was killed inside a line.
+    server = fake_apiserver(SEED_LAB)
+    server.advance(None)  # the whole history is there to list
+    out = tmp_path / "recorded.jsonl"
+    lines = SEED_LAB.read_text(encoding="utf-8").splitlines(keepends=True)
+    earlier = "".join(lines[:3]) + lines[3][:40]  # three lines, then a line cut short
+    out.write_text(earlier, encoding="utf-8")
+    config = str(kubeconfig(tmp_path / "kc", server.url))
+
+    refused = _invoke(["record", "--kubeconfig", config, "--output", str(out), "--duration", "1"])
+
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.strip() == (
+        f"error: cannot write {out}: it holds a recording already ({len(earlier.encode())} bytes); pass --append to "
+        "go on with it (replay reads the two sessions as one history), or remove it first")
+    assert server.requests == []
+    assert out.read_text(encoding="utf-8") == earlier
+
+    appended = _invoke(["record", "--kubeconfig", config, "--output", str(out), "--duration", "1", "--append"])
+
+    assert appended.exit_code == 0, appended.output
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith(earlier + "\n")
+    session = text[len(earlier) + 1:].splitlines()
+    assert len(session) >= 10  # the second session's list of every object: namespaces, class, slice, claims, pods
+    report = ledger.replay(out)
+    assert [r.origin for r in report.rejected] == [f"{out}:4"]  # the cut line alone; the lines around it recorded
+    assert (report.lines, report.recorded) == (4 + len(session), 3 + len(session))
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any directory")
 def test_record_into_a_folder_it_may_not_write_is_refused(fake_apiserver: Start, tmp_path: Path) -> None:
     server = fake_apiserver(SEED_LAB)
