@@ -1194,6 +1194,16 @@ def watch_line(
     return _watch_line(source, line, event_type, at, obj, lambda: _dump(obj))
 
 
+def not_an_object(item: object) -> str:
+    """Why an item of a List answer (``items[]``) that is no JSON object is refused (its caller checked it is none).
+
+    Returns:
+        ``list item: not a JSON object (found string)`` and so on (``array``, ``number``, ``boolean``, ``null``).
+        Never raises.
+    """
+    return f"list item: not a JSON object (found {_json_type(item)})"
+
+
 def broken_watch_line(*, source: str, line: int, reason: str, observed_at: datetime, text: str) -> BrokenLine:
     """Build the rejected line for a line of a live watch stream that is no watch event the ledger can take.
 

@@ -38,7 +38,15 @@ from ledger.projections import quotas as quota_counting
 from ledger.projections import shared as sharing
 from ledger.projections.base import clusters as recorded_clusters
 from ledger.projections.queries import DeviceSortKey, IdleThresholds, rfc3339
-from ledger.recorded import BrokenLine, WatchLine, WatchType, read_history, watch_line
+from ledger.recorded import (
+    BrokenLine,
+    WatchLine,
+    WatchType,
+    broken_watch_line,
+    not_an_object,
+    read_history,
+    watch_line,
+)
 from ledger.settings import Settings
 from ledger.store import locks, schema
 from ledger.store.cancel import CANCEL_REPEAT, StatementCancel
@@ -1413,7 +1421,7 @@ class RelistPage:
 # and the keys are kept until :func:`finish_relist`.
 
 
-def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONObject], *, cluster: str,
+def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONValue], *, cluster: str,
                        state: TranslatorState, observed_at: datetime, source: str, first_line: int = 1,
                        settings: TranslatorSettings = TranslatorSettings(),
                        batch_size: int = 1000) -> RelistPage:
@@ -1428,7 +1436,9 @@ def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONObject], *, clu
     Args:
         objects: the page's ``items`` in list order, each with ``kind`` and ``apiVersion`` set (a
             List response omits them on items; the caller copies them from the List); at most the
-            list's ``limit`` (500 by default), though nothing here depends on it.
+            list's ``limit`` (500 by default), though nothing here depends on it. An item that is no JSON object
+            (a server or proxy fault) is stored as a rejected observation in its place
+            (:func:`ledger.recorded.not_an_object`), and the items around it as usual.
         observed_at: when the list's first page was received (tz-aware); the receive time of every line.
         source: origin prefix of the lines, e.g. ``relist:ResourceClaim``.
         first_line: 1-based number of the page's first object within the whole list (origins read
@@ -1448,6 +1458,11 @@ def record_relist_page(db: LedgerDatabase, objects: Sequence[JSONObject], *, clu
     lines: list[WatchLine | BrokenLine] = []
     keys: list[str] = []
     for number, obj in enumerate(objects, first_line):
+        if not isinstance(obj, dict):
+            # Stored as rejected in its place (origin ``<source>:<n>``, the item's JSON as the line's text).
+            lines.append(broken_watch_line(source=source, line=number, reason=not_an_object(obj),
+                                           observed_at=observed_at, text=json.dumps(obj)))
+            continue
         try:
             key = relist.state_key(obj)
         except LedgerError:

@@ -93,3 +93,30 @@ def test_an_object_written_by_a_list_cut_by_a_410_is_deleted_when_the_next_list_
     written = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [x["type"] for x in written] == ["ADDED", "DELETED"], "the claim the cut list wrote is never deleted"
     assert written[1]["object"] == claim
+
+
+def test_a_list_item_that_is_no_object_is_written_as_listed_and_replay_rejects_that_line_alone(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # The ledger's worker stores such an item as rejected in its place; the recording keeps it for replay to do so.
+    claims = [x.object for x in seed_lab() if isinstance(x, WatchLine) and x.object.get("kind") == "ResourceClaim"
+              and x.type == "ADDED"][:2]
+    at = datetime(2026, 11, 2, 10, 40, tzinfo=UTC)
+    recording = tmp_path / "recorded.jsonl"
+
+    async def one_list() -> AsyncIterator[ListPage]:
+        yield ListPage(items=[claims[0], "garbage", claims[1]], offset=0, resource_version="10", received_at=at,
+                       last=True)
+
+    async def scenario() -> None:
+        with recording.open("w", encoding="utf-8") as out:
+            listed = await RecordSink(out).relisted(ClaimSource(), one_list())  # type: ignore[arg-type]
+        assert listed.count == 2
+
+    asyncio.run(scenario())
+    written = [json.loads(line) for line in recording.read_text(encoding="utf-8").splitlines()]
+    assert [(x["type"], x["object"]) for x in written] == [("ADDED", claims[0]), ("ADDED", "garbage"),
+                                                            ("ADDED", claims[1])]
+    report = ledger.replay(recording)
+    assert [(r.origin, r.reason) for r in report.rejected] == [(f"{recording}:2", "object: not a JSON object (found "
+                                                                                  "string)")]
+    assert report.recorded == 2  # the claims on either side of it

@@ -9,6 +9,7 @@ checkpoint only then: with the last batch of deletions, even when a batch of the
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
@@ -18,6 +19,7 @@ from sqlalchemy import text
 
 from ledger import services
 from ledger.errors import StoreUnavailable, StreamConflict
+from ledger.recorded import WatchLine
 from ledger.testing.handle import LedgerHandle
 from tests.workers.harness import (
     CLUSTER,
@@ -28,7 +30,7 @@ from tests.workers.harness import (
     run,
     seed_lab,
 )
-from workers.fake_apiserver import FakeApiServer
+from workers.fake_apiserver import FakeApiServer, Fault
 from workers.k8s.client import KubeSource, ListPage, WatchExpired
 from workers.k8s.kinds import BY_KIND
 from workers.sink import LedgerSink
@@ -213,3 +215,33 @@ def test_a_retried_single_batch_of_deletions_still_stores_the_checkpoint(
     monkeypatch.undo()
     assert _live_claims(handle) == claims[1:]
     assert _claim_checkpoint(handle) == LISTED_VERSION, "the list's checkpoint was never stored"
+
+
+def test_list_items_that_are_no_objects_are_stored_as_rejected_in_their_place(
+        ledger_factory: Callable[[], LedgerHandle]) -> None:
+    # They were dropped without a trace; a watch line that is no object was stored as rejected all along.
+    live = ledger_factory()
+    namespaces = [x.object for x in seed_lab() if isinstance(x, WatchLine) and x.object.get("kind") == "Namespace"]
+    assert len(namespaces) == 2
+    body = {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"},
+            "items": [namespaces[0], "garbage", 7, None, namespaces[1]]}
+
+    async def scenario() -> None:
+        async with _cluster() as (server, client):
+            server.inject(Fault(action="status", status=200, kind="Namespace", verb="list", page=json.dumps(body)))
+            sink = LedgerSink(live.db, cluster=CLUSTER, batch_size=50)
+            source = _source(server, client, "Namespace", 500)
+            listed = await sink.relisted(source, source.pages())
+            assert (listed.count, listed.resource_version) == (5, "7")
+
+    run(scenario)
+    with live.engine.connect() as conn:
+        rows = conn.execute(text("SELECT origin, status, error FROM observations ORDER BY origin")).all()
+    assert [tuple(r) for r in rows] == [
+        ("relist:Namespace:1", "recorded", None),
+        ("relist:Namespace:2", "rejected", "list item: not a JSON object (found string)"),
+        ("relist:Namespace:3", "rejected", "list item: not a JSON object (found number)"),
+        ("relist:Namespace:4", "rejected", "list item: not a JSON object (found null)"),
+        ("relist:Namespace:5", "recorded", None),
+    ]
+    assert len(live.events(["TeamAssigned"])) == 2  # both namespaces, on either side of the bad items

@@ -129,8 +129,9 @@ Received: TypeAlias = WatchEvent | MalformedEvent
 class ListPage:
     """One page of a list of one kind (at most the ``limit`` asked, 500 objects by default)."""
 
-    items: list[JSONObject]
-    """This page's objects, ``kind`` and ``apiVersion`` set, in server order."""
+    items: list[JSONValue]
+    """This page's objects, ``kind`` and ``apiVersion`` set, in server order; an item that is no JSON object (a
+    server or proxy fault) as it came, in its place."""
     offset: int
     """Objects on the earlier pages of the same list (0 on the first page)."""
     resource_version: str
@@ -361,7 +362,10 @@ class KubeSource:
             meta = body.get("metadata", {})
             if version is None:
                 version = str(meta.get("resourceVersion", ""))
-            items = [self._complete(item) for item in body.get("items") or [] if isinstance(item, dict)]
+            # An item that is no object is kept as it came: the sink stores it as rejected in its place.
+            # (RawList types its items as objects, which a faulty server does not guarantee.)
+            raw: list[JSONValue] = cast(list[JSONValue], body.get("items") or [])
+            items: list[JSONValue] = [self._complete(item) if isinstance(item, dict) else item for item in raw]
             del body  # the raw page goes now: only ``items`` is kept
             next_token = cast(Mapping[str, object], meta).get("continue")
             last = not isinstance(next_token, str) or not next_token
@@ -391,7 +395,7 @@ class KubeSource:
         first: ListPage | None = None
         async for page in self.pages():
             first = first or page
-            items.extend(page.items)
+            items.extend(item for item in page.items if isinstance(item, dict))
         assert first is not None  # pages() yields at least one page or raises
         return ListResult(items=items, resource_version=first.resource_version, received_at=first.received_at)
 
