@@ -410,9 +410,9 @@ def _fill_unpublished(conn: Connection, published: Sequence[RecordedEvent]) -> N
     for e in published:
         key = _device_key(e)
         if key in waiting:
-            model, node = published_fill(e.payload)
+            model, node, shareable = published_fill(e.payload)
             fills.append({"cluster": key[0], "driver": key[1], "pool": key[2], "device": key[3], "model": model,
-                          "node": node, "at": e.occurred_at})
+                          "node": node, "shareable": shareable, "at": e.occurred_at})
     if fills:
         conn.execute(text(FILL_UNPUBLISHED), fills)
 

@@ -254,26 +254,29 @@ PUBLISHED_EVENTS = frozenset({"DevicePublished", "DeviceUpdated"})
 earliest row filled (:func:`ledger.projections.rollups.unpublished_starts`), not from the event's time."""
 
 
-def published_fill(payload: JSONObject) -> tuple[str | None, str | None]:
-    """``(model, node)`` that a DevicePublished / DeviceUpdated gives the allocations waiting for its device.
+def published_fill(payload: JSONObject) -> tuple[str | None, str | None, bool]:
+    """``(model, node, shareable)`` that a DevicePublished / DeviceUpdated gives the allocations waiting for its device.
 
     ``model`` as :func:`model_of` reads it from ``attributes``; ``node`` is ``None`` for a device of no single node
-    (the allocation then keeps the node its ClaimAllocated named), as an allocation applied after the event would.
+    (the allocation then keeps the node its ClaimAllocated named), as an allocation applied after the event would;
+    ``shareable`` is ``allowMultipleAllocations``.
 
     Raises:
         AssertionError: ``attributes`` is not a mapping (the translator always writes one).
     """
     attributes = payload["attributes"]
     assert isinstance(attributes, dict)
-    return model_of(attributes), opt_str_of(payload, "node") or None
+    return model_of(attributes), opt_str_of(payload, "node") or None, bool(payload["allowMultipleAllocations"])
 
 
 FILL_UNPUBLISHED = (
-    "UPDATE device_allocations SET model = :model, node = coalesce(:node, node), device_published = true "
+    "UPDATE device_allocations SET model = :model, node = coalesce(:node, node), "
+    "conflict = conflict AND NOT :shareable, device_published = true "
     "WHERE cluster = :cluster AND driver = :driver AND pool = :pool AND device = :device AND NOT device_published "
     "AND lower(valid) >= :at")
 """Fill the allocations of one device that wait for it and began at or after ``:at`` (empty intervals, whose
-``lower`` is NULL, never). Through index ``device_allocations_unpublished_idx``."""
+``lower`` is NULL, never); a device that allows multiple allocations clears their ``conflict`` (flagged because no
+inventory row said so when they were applied). Through index ``device_allocations_unpublished_idx``."""
 
 
 class DeviceAllocations:
@@ -288,8 +291,9 @@ class DeviceAllocations:
     applied when no row held the device then (its ResourceSlice not recorded yet: a watch started on a running
     cluster lists claims and slices at once) is kept with ``device_published`` false, and the first
     DevicePublished / DeviceUpdated of the device applied later, dated at or before the allocation's start, fills
-    its model and node (the split and relabelled pieces of it alike). ``allowMultipleAllocations`` is not read
-    again then: a conflict flagged on such a row stays.
+    its model and node (the split and relabelled pieces of it alike), and clears its ``conflict`` if the device
+    allows multiple allocations (shares recorded before their device flagged one another). A row it flagged that
+    was not waiting keeps its flag.
     """
 
     name = "device_allocations"
@@ -305,10 +309,10 @@ class DeviceAllocations:
         elif event.type == "TeamAssigned":
             self._relabel(conn, event)
         elif event.type in PUBLISHED_EVENTS:
-            model, node = published_fill(p)
+            model, node, shareable = published_fill(p)
             conn.execute(text(FILL_UNPUBLISHED), {
                 "cluster": event.cluster, "driver": str_of(p, "driver"), "pool": str_of(p, "pool"),
-                "device": str_of(p, "device"), "model": model, "node": node, "at": at})
+                "device": str_of(p, "device"), "model": model, "node": node, "shareable": shareable, "at": at})
 
     @staticmethod
     def _team(conn: Connection, cluster: str, namespace: str, at: datetime) -> str:

@@ -447,12 +447,13 @@ class _Fold:
 
     def _fill(self, cluster: str, at: datetime, p: JSONObject) -> None:
         """Fill the allocations waiting for this device that began at or after ``at`` (reference:
-        ``models.FILL_UNPUBLISHED``): model, node unless the device has none, no longer waiting."""
+        ``models.FILL_UNPUBLISHED``): model, node unless the device has none, no conflict on a shareable device, no
+        longer waiting."""
         key = (cluster, str_of(p, "driver"), str_of(p, "pool"), str_of(p, "device"))
         rows = self.waiting.get(key)
         if not rows:
             return
-        model, node = published_fill(p)
+        model, node, shareable = published_fill(p)
         still: list[_Allocation] = []
         for row in rows:
             if row.upper == row.lower:  # empty (closed where it began: already in ``closed``): lower(valid) is NULL
@@ -463,6 +464,7 @@ class _Fold:
             row.values[_MODEL] = model
             if node is not None:
                 row.values[_NODE] = node
+            row.conflict = row.conflict and not shareable
             row.waiting = False
             self._release(row)
         if still:

@@ -259,6 +259,18 @@ def _edge_cases(cluster: str) -> list[tuple[str, Event, float]]:
         (_device("late-0", model="B200", node="node-b"), 65),  # before both starts: fills c11 and c12, all pieces
         (_device("late-1", model="L4"), 75),  # after c13's start: fills nothing ...
         (_device("late-1", event=DeviceUpdated, model="H200"), 68),  # ... an update dated before it fills c13
+        # two claims' shares of a shareable device recorded before it: flagged as a conflict until it comes
+        (_created("c16", namespace="late"), 76),
+        (_allocated("c16", _result("late-4", share="s1"), namespace="late"), 76),
+        (_created("c17", namespace="late"), 77),
+        (_allocated("c17", _result("late-4", share="s2"), namespace="late"), 77),
+        (_device("late-4", shareable=True), 60),
+        # and of one that does not allow it: the flags stay
+        (_created("c18", namespace="late"), 76),
+        (_allocated("c18", _result("late-5"), namespace="late"), 76),
+        (_created("c19", namespace="late"), 77),
+        (_allocated("c19", _result("late-5"), namespace="late"), 77),
+        (_device("late-5"), 60),
     ]]
 
 
@@ -294,6 +306,8 @@ def test_hand_made_edge_cases_rebuild_to_the_rows_of_every_other_path(ledger: Le
                      "AND NOT device_published") == 1
         assert count("device_allocations WHERE claim_uid = 'c15' AND model IS NULL AND isempty(valid) "
                      "AND NOT device_published") == 1
+        assert count("device_allocations WHERE claim_uid IN ('c16', 'c17') AND NOT conflict AND model = 'A100'") == 2
+        assert count("device_allocations WHERE claim_uid IN ('c18', 'c19') AND conflict AND model = 'A100'") == 2
         assert count("device_inventory WHERE isempty(valid)") == 2  # gpu-0 and late-1: updates dated before
         assert count("claim_states WHERE isempty(valid)") >= 1
         assert count("pod_phases WHERE isempty(valid)") >= 1
