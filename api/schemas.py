@@ -90,17 +90,20 @@ class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Device-hours of one group and DeviceClass; ``cost`` when a price is configured.
 
     The group key is one of ``team``, ``namespace``, ``deviceClass``, ``model``, ``node``, ``cluster`` (the
-    others are absent); ``start``/``end`` are set for a time series (``step``).
+    others are absent; the group's own key is ``null`` for hours of no model or no node, as in the CLI's JSON);
+    ``deviceClass`` and ``driver`` are always there (``null`` for an allocation that named no class);
+    ``start``/``end`` are set for a time series (``step``).
     """
 
     deviceHours: float
-    deviceClass: str | None = None
-    driver: str | None = None
-    team: str | None = None
-    namespace: str | None = None
-    model: str | None = None
-    node: str | None = None
-    cluster: str | None = None
+    deviceClass: str | None
+    driver: str | None
+    # UNSET, not None, marks a key that is not the grouping: omitted, where a null group value is written.
+    team: str | msgspec.UnsetType | None = msgspec.UNSET
+    namespace: str | msgspec.UnsetType | None = msgspec.UNSET
+    model: str | msgspec.UnsetType | None = msgspec.UNSET
+    node: str | msgspec.UnsetType | None = msgspec.UNSET
+    cluster: str | msgspec.UnsetType | None = msgspec.UNSET
     start: str | None = None
     end: str | None = None
     cost: float | None = None

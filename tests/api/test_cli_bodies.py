@@ -8,6 +8,7 @@ through Litestar's test client, ``"nextPageToken": null`` included.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,3 +198,26 @@ def test_a_columns_value_no_table_fits_in_is_ignored_not_an_empty_report(seeded:
     lines = result.stdout.splitlines()
     for device, claim in check["allocated"].items():
         assert [line for line in lines if f"/{device} " in line and claim in line], (device, result.stdout)
+
+
+def test_hours_of_no_model_are_a_null_model_row_in_the_api_body_as_in_the_cli_json(
+        seeded: LedgerHandle, client: TestClient[Litestar], tmp_path: Path) -> None:
+    # A claim holding a device no ResourceSlice published: its hours have no model. The API left the "model" key out
+    # of that row (null counted as "not the grouping"), where the CLI wrote "model": null.
+    line = json.loads((HISTORIES / "seed-lab.jsonl").read_text().splitlines()[7])  # train-0's claim, allocated
+    claim = line["object"]
+    claim["metadata"].update(uid="5d1c7c3e-0000-4000-8000-000000000001", name="ghost", ownerReferences=[])
+    claim["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-99"
+    ghost = tmp_path / "ghost.jsonl"
+    ghost.write_text(json.dumps({**line, "type": "ADDED"}) + "\n")
+    assert seeded.replay(ghost).rejected == []
+
+    response = client.get("/v1/usage", params={**LAB, "groupBy": "model"})
+    code, output = run_cli(seeded, "usage", "--from", LAB["from"], "--to", LAB["to"], "--group-by", "model",
+                           "--output", "json")
+
+    assert response.status_code == 200 and code == 0, (response.text, output)
+    rows = response.json()["rows"]
+    assert [(r["model"], r["deviceClass"]) for r in rows] == [(None, "gpu.example.com"),
+                                                              ("LATEST-GPU-MODEL", "gpu.example.com")]
+    assert json.dumps(json.loads(output), sort_keys=True) == json.dumps(response.json(), sort_keys=True)
