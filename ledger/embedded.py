@@ -571,6 +571,9 @@ def require_port(host: str, port: int, *, doing: str = "listen", port_option: st
     Raises:
         LedgerError: the address is taken or cannot be bound (the OS's reason, and what to change).
     """
+    if not host.strip():  # the resolver's "Name or service not known" named no setting and showed no value
+        raise LedgerError(f"cannot {doing}: {host_option} is empty; give it an address or name of this machine "
+                          "(0.0.0.0: every IPv4 address)")
     error = bind_error(host, port)
     if error is None:
         return

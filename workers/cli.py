@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -108,6 +109,10 @@ async def api_client_for(kubeconfig: Path | None, context: str | None) -> k8s.Ap
     return k8s.ApiClient(configuration)
 
 
+_HOST = re.compile(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+(%[A-Za-z0-9._-]+)?")
+"""A DNS name or IPv4 address, or an IPv6 address (yarl gives it without brackets) with an optional zone."""
+
+
 def check_server(server: str, kubeconfig: str | Path) -> None:
     """Refuse a cluster ``server`` that no request can reach: not an ``http(s)://`` URL with a host.
 
@@ -120,6 +125,9 @@ def check_server(server: str, kubeconfig: str | Path) -> None:
     try:
         url = yarl.URL(server)
         problem = None if url.scheme in ("http", "https") and url.host else "is not an http(s) URL with a host"
+        if problem is None and not _HOST.fullmatch(url.raw_host or ""):
+            # "a b" was looked up, failed as a fault of the connection and was retried for ever
+            problem = f"has a host {url.raw_host!r} that is no name nor address"
     except ValueError as e:
         problem = f"is not a URL ({e})"
     if problem is not None:
@@ -187,8 +195,8 @@ def check_output(output: Path, *, append: bool = False) -> None:
     elif output.exists() and not os.access(output, os.W_OK):
         reason = "the file is not writable"
     elif not append and output.is_file() and (size := output.stat().st_size) > 0:
-        reason = (f"it holds a recording already ({size} bytes); pass --append to go on with it (replay reads the "
-                  "two sessions as one history), or remove it first")
+        reason = (f"it is not empty ({size} bytes); pass --append to go on with the recording in it (replay reads "
+                  "the two sessions as one history), or remove it first")
     else:
         return
     typer.echo(f"error: cannot write {output}: {reason}", err=True)

@@ -148,3 +148,13 @@ def test_a_host_with_a_label_too_long_to_resolve_is_named_not_a_traceback() -> N
                                           r"host name: each dot-separated label must have 1 to 63 characters\); give "
                                           r"LEDGER_WATCH_HEALTH_HOST an address"):
         embedded.require_port(host, 8472, host_option="LEDGER_WATCH_HEALTH_HOST")
+
+
+@pytest.mark.parametrize("host", ["", "  "])
+def test_an_empty_host_is_named_as_empty(host: str) -> None:
+    from ledger import embedded
+    from ledger.errors import LedgerError
+
+    with pytest.raises(LedgerError, match=r"^cannot serve the health checks: LEDGER_WATCH_HEALTH_HOST is empty; give "
+                                          r"it an address or name of this machine \(0\.0\.0\.0: every IPv4 address\)$"):
+        embedded.require_port(host, 8472, doing="serve the health checks", host_option="LEDGER_WATCH_HEALTH_HOST")

@@ -69,8 +69,8 @@ def test_record_onto_a_recording_is_refused_unless_appending_and_appends_after_a
 
     assert refused.exit_code == 2, refused.output
     assert refused.output.strip() == (
-        f"error: cannot write {out}: it holds a recording already ({len(earlier.encode())} bytes); pass --append to "
-        "go on with it (replay reads the two sessions as one history), or remove it first")
+        f"error: cannot write {out}: it is not empty ({len(earlier.encode())} bytes); pass --append to go on with the "
+        "recording in it (replay reads the two sessions as one history), or remove it first")
     assert server.requests == []
     assert out.read_text(encoding="utf-8") == earlier
 
@@ -160,6 +160,7 @@ def test_the_client_of_watch_and_record_names_a_kubeconfig_that_is_not_one(tmp_p
     ("ftp://10.0.0.1", "is not an http(s) URL with a host"),
     ("https://", "is not an http(s) URL with a host"),
     ("http://[::1", "is not a URL (Invalid IPv6 URL)"),
+    ("http://a b:6443", "has a host 'a b' that is no name nor address"),
 ])
 def test_watch_and_record_refuse_a_cluster_server_that_is_no_url(ledger: LedgerHandle, tmp_path: Path, server: str,
                                                                  said: str) -> None:
