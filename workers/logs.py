@@ -17,10 +17,17 @@ class ContextFormatter(logging.Formatter):
         return f"{text} {' '.join(pairs)}" if pairs else text
 
 
+QUIET_LOGGERS = ("alembic",)
+"""Loggers kept to warnings: Alembic says "Context impl PostgresqlImpl." and "Will assume transactional DDL." each
+time a worker reads the schema's revision, two lines that opened every start and every error message."""
+
+
 def configure_logging(level: int = logging.INFO) -> None:
-    """Log to stderr as ``time level logger: message key=value...``."""
+    """Log to stderr as ``time level logger: message key=value...``; :data:`QUIET_LOGGERS` only from warnings on."""
     handler = logging.StreamHandler()
     handler.setFormatter(ContextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
