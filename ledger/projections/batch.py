@@ -395,14 +395,14 @@ class _Inventory:
 def _fill_unpublished(conn: Connection, published: Sequence[RecordedEvent]) -> None:
     """Fill the allocations waiting for the devices of ``published`` (DevicePublished / DeviceUpdated), in order.
 
-    First one query (index ``device_allocations_unpublished_idx``) for which of those devices have rows waiting at
+    First one query (index ``device_allocations_awaiting_device_idx``) for which of those devices have rows waiting at
     all, mostly none; then the reference's UPDATE per event of such a device, pipelined. A segment's device events
     precede its allocations (:func:`segments`), so the rows filled are those the reference fills at each event.
     """
     keys = sorted({_device_key(e) for e in published})
     waiting = {tuple(r) for r in conn.execute(text(
-        "SELECT DISTINCT cluster, driver, pool, device FROM device_allocations WHERE NOT device_published AND "
-        "(cluster, driver, pool, device) IN (SELECT * FROM unnest(CAST(:c AS text[]), CAST(:d AS text[]), "
+        "SELECT DISTINCT cluster, driver, pool, device FROM device_allocations WHERE awaiting_device_from IS NOT NULL "
+        "AND (cluster, driver, pool, device) IN (SELECT * FROM unnest(CAST(:c AS text[]), CAST(:d AS text[]), "
         "CAST(:p AS text[]), CAST(:n AS text[])))"),
         {"c": [k[0] for k in keys], "d": [k[1] for k in keys], "p": [k[2] for k in keys],
          "n": [k[3] for k in keys]})}
@@ -502,7 +502,7 @@ def apply_device_allocations(conn: Connection, events: Sequence[RecordedEvent]) 
                     "consumed_capacity": _j(result.get("consumedCapacity") or {}), "admin_access": admin,
                     "node": (inv.node if inv is not None else None) or opt_str_of(p, "node"),
                     "model": inv.model if inv is not None else None, "conflict": conflict,
-                    "device_published": inv is not None}, at))
+                    "awaiting_device_from": None if inv is not None else at}, at))
         elif e.type == "ClaimDeallocated":
             for row in by_claim.get((e.cluster, str_of(p, "uid")), []):
                 if row.open:

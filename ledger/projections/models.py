@@ -250,7 +250,7 @@ batch form and the forgetting of rolled usage hours (:mod:`ledger.projections.ru
 
 PUBLISHED_EVENTS = frozenset({"DevicePublished", "DeviceUpdated"})
 """The event types that fill the ``model`` and ``node`` of allocations waiting for their device
-(``device_published`` false; :meth:`DeviceAllocations.apply_event`). Their rolled hours are forgotten from the
+(``awaiting_device_from`` set; :meth:`DeviceAllocations.apply_event`). Their rolled hours are forgotten from the
 earliest row filled (:func:`ledger.projections.rollups.unpublished_starts`), not from the event's time."""
 
 
@@ -271,12 +271,14 @@ def published_fill(payload: JSONObject) -> tuple[str | None, str | None, bool]:
 
 FILL_UNPUBLISHED = (
     "UPDATE device_allocations SET model = :model, node = coalesce(:node, node), "
-    "conflict = conflict AND NOT :shareable, device_published = true "
-    "WHERE cluster = :cluster AND driver = :driver AND pool = :pool AND device = :device AND NOT device_published "
-    "AND lower(valid) >= :at")
-"""Fill the allocations of one device that wait for it and began at or after ``:at`` (empty intervals, whose
-``lower`` is NULL, never); a device that allows multiple allocations clears their ``conflict`` (flagged because no
-inventory row said so when they were applied). Through index ``device_allocations_unpublished_idx``."""
+    "conflict = conflict AND NOT :shareable, awaiting_device_from = NULL "
+    "WHERE cluster = :cluster AND driver = :driver AND pool = :pool AND device = :device "
+    "AND awaiting_device_from >= :at AND NOT isempty(valid)")
+"""Fill the rows of one device that wait for it and whose allocation began at or after ``:at``: the allocation's
+start, not the row's, which a relabel splits off later (one allocation is filled whole or not at all, whatever the
+order of the relabel and the device's event); empty rows never. A device that allows multiple allocations clears
+their ``conflict`` (flagged because no inventory row said so when they were applied). Through index
+``device_allocations_awaiting_device_idx``."""
 
 
 class DeviceAllocations:
@@ -289,7 +291,7 @@ class DeviceAllocations:
 
     ``model`` and ``node`` come from the device's ``device_inventory`` row at the allocation's start. An allocation
     applied when no row held the device then (its ResourceSlice not recorded yet: a watch started on a running
-    cluster lists claims and slices at once) is kept with ``device_published`` false, and the first
+    cluster lists claims and slices at once) is kept with its start in ``awaiting_device_from``, and the first
     DevicePublished / DeviceUpdated of the device applied later, dated at or before the allocation's start, fills
     its model and node (the split and relabelled pieces of it alike), and clears its ``conflict`` if the device
     allows multiple allocations (shares recorded before their device flagged one another). A row it flagged that
@@ -351,7 +353,7 @@ class DeviceAllocations:
                 "consumed_capacity": _j(result.get("consumedCapacity") or {}), "admin_access": admin,
                 "node": (inv.node if inv is not None else None) or opt_str_of(p, "node"),
                 "model": inv.model if inv is not None else None, "conflict": conflict,
-                "device_published": inv is not None,
+                "awaiting_device_from": None if inv is not None else at,
             }, at)
 
     @staticmethod
@@ -362,10 +364,10 @@ class DeviceAllocations:
         # new team from `at`. Intervals that start after `at` (out-of-order) just take the new team.
         conn.execute(text(
             "INSERT INTO device_allocations (cluster, claim_uid, namespace, claim, team, request, device_class, "
-            "driver, pool, device, share_id, consumed_capacity, admin_access, node, model, conflict, device_published, "
-            "valid) SELECT cluster, claim_uid, namespace, claim, :team, request, device_class, driver, pool, device, "
-            "share_id, consumed_capacity, admin_access, node, model, conflict, device_published, "
-            "tstzrange(:at, NULL, '[)') "
+            "driver, pool, device, share_id, consumed_capacity, admin_access, node, model, conflict, "
+            "awaiting_device_from, valid) SELECT cluster, claim_uid, namespace, claim, :team, request, device_class, "
+            "driver, pool, device, share_id, consumed_capacity, admin_access, node, model, conflict, "
+            "awaiting_device_from, tstzrange(:at, NULL, '[)') "
             "FROM device_allocations WHERE cluster = :cluster AND namespace = :ns AND upper_inf(valid) "
             "AND NOT isempty(valid) AND team <> :team AND lower(valid) < :at"), params)
         conn.execute(text(

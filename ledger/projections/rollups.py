@@ -300,9 +300,9 @@ def _earliest_by_device(events: Iterable[RecordedEvent], types: frozenset[str]) 
 def unpublished_starts(conn: Connection, events: Iterable[RecordedEvent]) -> dict[str, datetime]:
     """Per cluster, the earliest start of an allocation that DevicePublished / DeviceUpdated ``events`` will fill.
 
-    Call it *before* applying the events: it reads the rows still waiting for their device (``device_published``
-    false, index ``device_allocations_unpublished_idx``) that began at or after the device's earliest such event,
-    which are the rows the events fill (``ledger.projections.models.FILL_UNPUBLISHED``). Their ``model`` and
+    Call it *before* applying the events: it reads the rows still waiting for their device (``awaiting_device_from``
+    set, index ``device_allocations_awaiting_device_idx``) whose allocation began at or after the device's earliest
+    such event, which are the rows the events fill (``ledger.projections.models.FILL_UNPUBLISHED``). Their ``model`` and
     ``node`` change from their own start, so rolled hours from there are forgotten; a device event that fills
     nothing forgets nothing (a driver restart does not send the rollups back to the slice's creation).
 
@@ -316,7 +316,7 @@ def unpublished_starts(conn: Connection, events: Iterable[RecordedEvent]) -> dic
     if not (params := _earliest_by_device(events, PUBLISHED_EVENTS)):
         return {}
     rows = conn.execute(text(
-        _EARLIEST_OF_DEVICES + "AND NOT a.device_published AND lower(a.valid) >= k.t "
+        _EARLIEST_OF_DEVICES + "AND a.awaiting_device_from >= k.t AND NOT isempty(a.valid) "
         "GROUP BY a.cluster"),
         params).all()
     return {str(cluster): start for cluster, start in rows if isinstance(start, datetime)}

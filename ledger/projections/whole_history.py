@@ -295,12 +295,12 @@ _K = TypeVar("_K", bound=tuple[str, ...])
 
 _TEAM, _ALLOC_TEAM = 2, 4
 """Indexes of ``team`` in a ``namespace_teams`` row and in a ``device_allocations`` row."""
-_NODE, _MODEL, _CONFLICT, _PUBLISHED = 13, 14, 15, 16
-"""Indexes of ``node``, ``model``, ``conflict`` and ``device_published`` in a ``device_allocations`` row."""
+_NODE, _MODEL, _CONFLICT, _AWAITING = 13, 14, 15, 16
+"""Indexes of ``node``, ``model``, ``conflict`` and ``awaiting_device_from`` in a ``device_allocations`` row."""
 
 _ALLOCATION_COLUMNS = ("cluster", "claim_uid", "namespace", "claim", "team", "request", "device_class", "driver",
                        "pool", "device", "share_id", "consumed_capacity", "admin_access", "node", "model",
-                       "conflict", "device_published")
+                       "conflict", "awaiting_device_from")
 _TAINT_RULE_COLUMNS = ("device_selector", "effect", "taint")
 """The ``device_taint_rules`` columns after cluster and name, as :func:`taint_rule_row` gives them."""
 _INVENTORY_COLUMNS = ("cluster", "driver", "pool", "device", "node", "slice_name", "model", "counter_set",
@@ -313,12 +313,18 @@ class _Allocation(_Interval):
 
     admin_access: bool = False
     conflict: bool = False
-    waiting: bool = False
-    """``device_published`` false: no inventory row held the device at the start when it was applied."""
+    awaiting_from: datetime | None = None
+    """``awaiting_device_from``: the allocation's start when no inventory row held the device then as it was
+    applied (a relabel's piece keeps the allocation's start), until a device event fills it."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a device event may still fill the row."""
+        return self.awaiting_from is not None
 
     def row(self) -> list[object]:
         self.values[_CONFLICT] = self.conflict
-        self.values[_PUBLISHED] = not self.waiting
+        self.values[_AWAITING] = self.awaiting_from
         return _Interval.row(self)
 
 
@@ -429,7 +435,7 @@ class _Fold:
     def _close_allocation(self, row: _Allocation, end: datetime) -> None:
         row.close(end)
         del self.open_allocations[id(row)]
-        if row.waiting and row.upper != row.lower:  # an empty row is never filled (its lower is NULL in SQL)
+        if row.waiting and row.upper != row.lower:  # an empty row is never filled (the reference: NOT isempty)
             self.held_back[id(row)] = row
         else:
             self.closed.append(row)
@@ -446,7 +452,7 @@ class _Fold:
             self.waiting.setdefault(device, []).append(row)
 
     def _fill(self, cluster: str, at: datetime, p: JSONObject) -> None:
-        """Fill the allocations waiting for this device that began at or after ``at`` (reference:
+        """Fill the rows waiting for this device whose allocation began at or after ``at`` (reference:
         ``models.FILL_UNPUBLISHED``): model, node unless the device has none, no conflict on a shareable device, no
         longer waiting."""
         key = (cluster, str_of(p, "driver"), str_of(p, "pool"), str_of(p, "device"))
@@ -456,16 +462,17 @@ class _Fold:
         model, node, shareable = published_fill(p)
         still: list[_Allocation] = []
         for row in rows:
-            if row.upper == row.lower:  # empty (closed where it began: already in ``closed``): lower(valid) is NULL
+            if row.upper == row.lower:  # empty (closed where it began: already in ``closed``): never filled
                 continue
-            if row.lower < at:
+            assert row.awaiting_from is not None  # only waiting rows are listed
+            if row.awaiting_from < at:  # the allocation began before the device's event (not only this piece)
                 still.append(row)
                 continue
             row.values[_MODEL] = model
             if node is not None:
                 row.values[_NODE] = node
             row.conflict = row.conflict and not shareable
-            row.waiting = False
+            row.awaiting_from = None
             self._release(row)
         if still:
             self.waiting[key] = still
@@ -499,8 +506,8 @@ class _Fold:
             self._add_allocation(_Allocation(
                 [cluster, uid, namespace, claim, team, str_of(result, "request"), opt_str_of(result, "deviceClassName"),
                  key[1], key[2], key[3], opt_str_of(result, "shareID"), _j(result.get("consumedCapacity") or {}), admin,
-                 node, inv.model if inv is not None else None, False, inv is not None], at, admin_access=admin,
-                conflict=conflict, waiting=inv is None))
+                 node, inv.model if inv is not None else None, False, None], at, admin_access=admin,
+                conflict=conflict, awaiting_from=at if inv is None else None))
 
     def _relabel(self, cluster: str, at: datetime, p: JSONObject) -> None:
         """Split the namespace's open intervals whose team differs (``DeviceAllocations._relabel``)."""
@@ -510,7 +517,7 @@ class _Fold:
                 continue
             if row.lower < at:  # close at `at` and reopen with the new team from `at`
                 copy = _Allocation(list(row.values), at, admin_access=row.admin_access, conflict=row.conflict,
-                                   waiting=row.waiting)
+                                   awaiting_from=row.awaiting_from)
                 copy.values[_ALLOC_TEAM] = team
                 self._close_allocation(row, at)
                 self._add_allocation(copy)

@@ -164,15 +164,15 @@ device_allocations = Table(
     Column("model", Text),
     Column("conflict", Boolean, nullable=False, comment="another non-shareable allocation of the device overlapped"),
     Column("valid", TSTZRANGE, nullable=False),
-    Column("device_published", Boolean, nullable=False, server_default=text("true"),
-           comment="false: no device_inventory row held the device at the start when the allocation was applied; "
-                   "model and node wait for its DevicePublished / DeviceUpdated"),
+    Column("awaiting_device_from", DateTime(timezone=True),
+           comment="the allocation's start, while no device_inventory row held the device then when it was applied: "
+                   "model and node wait for its DevicePublished / DeviceUpdated; NULL otherwise"),
     *_interval_indexes("device_allocations", "cluster", "driver", "pool", "device"),
     Index("device_allocations_claim_idx", "cluster", "claim_uid"),
     # Rows waiting for their device (a claim recorded before its ResourceSlice): few, found by each
     # DevicePublished / DeviceUpdated of the device (ledger.projections.models.DeviceAllocations).
-    Index("device_allocations_unpublished_idx", "cluster", "driver", "pool", "device",
-          postgresql_where=text("NOT device_published")),
+    Index("device_allocations_awaiting_device_idx", "cluster", "driver", "pool", "device",
+          postgresql_where=text("awaiting_device_from IS NOT NULL")),
 )
 
 claim_consumers = Table(

@@ -252,9 +252,15 @@ def _edge_cases(cluster: str) -> list[tuple[str, Event, float]]:
         (_created("c15", namespace="late"), 70),
         (_allocated("c15", _result("late-3"), namespace="late"), 70),
         (ClaimDeallocated(uid="c15"), 69),  # released "before" allocated: an empty interval, never filled
-        (TeamAssigned(namespace="late", team="later", label="team"), 72),  # splits c11, c12, c13 and c14
+        # c20 as c14 below, but its device's event (dated after its start: no fill) comes before the relabel
+        (_created("c20", namespace="late"), 70),
+        (_allocated("c20", _result("late-6"), namespace="late"), 70),
+        (_device("late-6", model="L4"), 71),
+        (TeamAssigned(namespace="late", team="later", label="team"), 72),  # splits c11, c12, c13, c14 and c20
         (ClaimDeallocated(uid="c14"), 74),
-        (_device("late-2", model="L4"), 71),  # after c14's start, before the relabel: fills only its second piece
+        # after c14's start, before the relabel: fills neither piece (the second begins after the event, but the
+        # allocation did not), as for c20 whose device's event came before the relabel split it
+        (_device("late-2", model="L4"), 71),
         (_device("late-3", model="L4"), 60),
         (_device("late-0", model="B200", node="node-b"), 65),  # before both starts: fills c11 and c12, all pieces
         (_device("late-1", model="L4"), 75),  # after c13's start: fills nothing ...
@@ -299,13 +305,13 @@ def test_hand_made_edge_cases_rebuild_to_the_rows_of_every_other_path(ledger: Le
         assert count("device_allocations WHERE model IS NULL AND namespace <> 'late'") == 5  # no inventory row then
         # filled by the device's publication when it came, or left waiting (before it, or empty)
         assert count("device_allocations WHERE claim_uid IN ('c11', 'c12') AND model = 'B200' AND node = 'node-b' "
-                     "AND device_published") == 4
-        assert count("device_allocations WHERE claim_uid = 'c13' AND model = 'H200' AND device_published") == 2
-        assert count("device_allocations WHERE claim_uid = 'c14' AND model = 'L4' AND team = 'later'") == 1
-        assert count("device_allocations WHERE claim_uid = 'c14' AND model IS NULL AND team = 'early' "
-                     "AND NOT device_published") == 1
+                     "AND awaiting_device_from IS NULL") == 4
+        assert count("device_allocations WHERE claim_uid = 'c13' AND model = 'H200' "
+                     "AND awaiting_device_from IS NULL") == 2
+        assert count("device_allocations WHERE claim_uid IN ('c14', 'c20') AND model IS NULL "
+                     "AND awaiting_device_from IS NOT NULL") == 4  # two pieces each, split by the relabel
         assert count("device_allocations WHERE claim_uid = 'c15' AND model IS NULL AND isempty(valid) "
-                     "AND NOT device_published") == 1
+                     "AND awaiting_device_from IS NOT NULL") == 1
         assert count("device_allocations WHERE claim_uid IN ('c16', 'c17') AND NOT conflict AND model = 'A100'") == 2
         assert count("device_allocations WHERE claim_uid IN ('c18', 'c19') AND conflict AND model = 'A100'") == 2
         assert count("device_inventory WHERE isempty(valid)") == 2  # gpu-0 and late-1: updates dated before

@@ -51,7 +51,8 @@ def _models(rows: JSONValue) -> set[JSONValue]:
 def _waiting(ledger: LedgerHandle) -> list[tuple[object, ...]]:
     with ledger.engine.connect() as conn:
         return list(conn.execute(text(
-            "SELECT claim, device, model, node FROM device_allocations WHERE NOT device_published OR model IS NULL "
+            "SELECT claim, device, model, node FROM device_allocations WHERE awaiting_device_from IS NOT NULL "
+            "OR model IS NULL "
             "ORDER BY claim, device")).all())
 
 
@@ -107,7 +108,8 @@ def test_upgrading_to_0015_marks_the_allocations_still_waiting_for_their_slice(
     schema.downgrade(reordered.engine, "0014")
     schema.upgrade(reordered.engine)
     with reordered.engine.connect() as conn:
-        marked = conn.execute(text("SELECT count(*) FROM device_allocations WHERE NOT device_published")).scalar_one()
+        marked = conn.execute(text(
+            "SELECT count(*) FROM device_allocations WHERE awaiting_device_from = lower(valid)")).scalar_one()
     assert marked == len(waiting) > 0
     reordered.replay(late)
     assert _waiting(reordered) == []
