@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
+
 from ledger.config import DEFAULT, LedgerConfig
 from ledger.errors import (
     CheckpointsLocked,
@@ -1668,10 +1670,13 @@ def spreadsheet_text(cell: object) -> object:
     A string starting with one of :data:`FORMULA_PREFIXES` gets a leading ``'``, which spreadsheets take as
     "this is text" (the OWASP advice); other strings, and numbers (``int`` / ``float``, negative ones too),
     pass unchanged, so numbers stay numbers. The ``defusedcsv`` package does the same for ``= + - @`` but
-    not for tab and CR, and it also rewrites ``|`` inside the text, so it was not used.
+    not for tab and CR, and it also rewrites ``|`` inside the text, so it was not used. A ``float`` is written as
+    the API's JSON writes it (msgspec: ``0.000056``, where Python's ``str`` gives ``5.6e-05``).
     """
     if isinstance(cell, str) and cell.startswith(FORMULA_PREFIXES):
         return "'" + cell
+    if isinstance(cell, float):
+        return msgspec.json.encode(cell).decode()
     return cell
 
 

@@ -40,3 +40,10 @@ def test_the_idle_claim_report_writes_a_formula_like_team_as_text() -> None:
     assert read(idle_report_csv(body))[1] == [
         "lab", "ml", "c", "'=cmd|' /C calc'!A0", "unreserved", "2026-11-02T11:00:00Z",
         "gpu.example.com/p/gpu-0 gpu.example.com/p/gpu-1", "2.0"]
+
+
+def test_a_small_number_is_written_as_the_api_json_writes_it_not_in_exponent_form() -> None:
+    # 0.2 s of a device is 0.000056 h: str() gave 5.6e-05 in the CSV where the JSON body says 0.000056.
+    text = csv_table(["a", "b", "c", "d"], [[round(0.2 / 3600, 6), 14.8825, -1.5, 3]])
+
+    assert text == "a,b,c,d\r\n0.000056,14.8825,-1.5,3\r\n"
