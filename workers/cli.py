@@ -113,6 +113,15 @@ _HOST = re.compile(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+(%[A-Za-z0-9._-]+)?")
 """A DNS name or IPv4 address, or an IPv6 address (yarl gives it without brackets) with an optional zone."""
 
 
+async def _loads(kubeconfig: Path, context: str | None) -> None:
+    """Load ``kubeconfig`` as :func:`api_client_for` does, then close the client.
+
+    Raises:
+        kubernetes_asyncio.config.ConfigException: as :func:`api_client_for`.
+    """
+    await (await api_client_for(kubeconfig, context)).close()
+
+
 def check_server(server: str, kubeconfig: str | Path) -> None:
     """Refuse a cluster ``server`` that no request can reach: not an ``http(s)://`` URL with a host.
 
@@ -305,14 +314,17 @@ def register(app: typer.Typer) -> None:
         While leader it also keeps the read models caught up and runs the report jobs (--no-jobs
         when 'dra-ledger jobs' runs them in a process of its own). Without a database URL the ledger is
         the embedded one in ``--data-dir`` (``LEDGER_DATA_DIR``, else the default), made there if new.
-        A ``--kubeconfig`` that is not a file, cannot be read, is not UTF-8 or not YAML, or holds no mapping is
-        refused (exit code 2, the message naming the file) before the ledger is opened, so a mistyped path or a
-        wrong file starts no database server.
+        A ``--kubeconfig`` that is not a file, cannot be read, is not UTF-8 or not YAML, holds no mapping, names
+        no usable context or a cluster server that is no http(s) URL is refused (exit code 2, the message naming
+        the file) before the ledger is opened, so a mistyped path or a wrong file starts no database server.
         """
         configure_logging()
         if kubeconfig is not None:
             try:
-                check_kubeconfig(kubeconfig)  # before the ledger: a bad file must start no database server
+                # Before the ledger: a bad file must start no database server. Loading it whole (its server checked)
+                # costs a parse; the client made here is closed at once, and main() makes the one it uses.
+                check_kubeconfig(kubeconfig)
+                asyncio.run(_loads(kubeconfig, context))
             except k8s_config.ConfigException as e:
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from e

@@ -162,22 +162,22 @@ def test_the_client_of_watch_and_record_names_a_kubeconfig_that_is_not_one(tmp_p
     ("http://[::1", "is not a URL (Invalid IPv6 URL)"),
     ("http://a b:6443", "has a host 'a b' that is no name nor address"),
 ])
-def test_watch_and_record_refuse_a_cluster_server_that_is_no_url(ledger: LedgerHandle, tmp_path: Path, server: str,
-                                                                 said: str) -> None:
+def test_watch_and_record_refuse_a_cluster_server_that_is_no_url(tmp_path: Path, server: str, said: str) -> None:
     # aiohttp refused each request as an invalid URL, and the worker retried that as a connection fault for ever.
+    # watch says so before it opens the ledger: the database named here does not exist.
     config = kubeconfig(tmp_path / "kube.yaml", server)
     out = tmp_path / "x.jsonl"
 
     watch = _invoke(["watch", "--kubeconfig", str(config), "--health-port", "-1", "--no-leader-election",
-                     "--database-url", ledger.engine.url.render_as_string(hide_password=False)])
+                     "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
     record = _invoke(["record", "--kubeconfig", str(config), "--output", str(out)])
 
     shown = server.rstrip("/")  # as kubernetes-asyncio keeps it
-    line = f"error: ConfigException: kubeconfig {config}: the cluster's server {shown!r} {said}, such as " \
-           "https://10.0.0.1:6443"
-    for result in (watch, record):
+    problem = f"kubeconfig {config}: the cluster's server {shown!r} {said}, such as https://10.0.0.1:6443"
+    # Each command's way of naming a bad kubeconfig (watch checks it before the ledger, as it checks the file).
+    for result, line in ((watch, f"error: {problem}"), (record, f"error: ConfigException: {problem}")):
         assert result.exit_code == 2, result.output
-        assert result.output.strip().splitlines() == [line]  # no Alembic lines before it (the watch read the schema)
+        assert result.output.strip().splitlines() == [line]
     assert not out.exists()
 
 

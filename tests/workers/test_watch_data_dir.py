@@ -3,15 +3,23 @@ a file before it opens (and so starts) any ledger."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from ledger import embedded
+from ledger import cli, embedded
 from ledger.embedded import EmbeddedPostgres
 from ledger.testing import pg
-from tests.factories import plugin_commands
+from tests.factories import CLI, plugin_commands
+from tests.workers.harness import FAST_ENV, SEED_LAB, WAIT_S, kubeconfig
+from workers.testing import ThreadedFakeApiServer
 
 WIDE = {"COLUMNS": "300"}
 
@@ -53,18 +61,54 @@ def test_watch_refuses_a_kubeconfig_it_cannot_read_as_yaml_before_it_makes_a_led
     assert not data_dir.exists()  # refused before any ledger was made or opened
 
 
-def test_watch_opens_the_embedded_ledger_of_its_data_dir(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kube.yaml"
-    kubeconfig.write_text("{}\n")  # a file, but no configuration in it: the watch stops once the ledger is open
-    with pg.temporary_data_dir() as data_dir:
-        try:
-            with plugin_commands() as app:
-                result = CliRunner().invoke(app, ["watch", "--kubeconfig", str(kubeconfig), "--data-dir",
-                                                  str(data_dir), "--no-leader-election", "--health-port", "-1"],
-                                            env={**WIDE, "LEDGER_DATABASE_URL": None})
+def test_watch_refuses_a_kubeconfig_with_no_configuration_in_it_before_it_makes_a_ledger(tmp_path: Path) -> None:
+    # A mapping, but no context: kubernetes-asyncio refused it only after the ledger was made and started.
+    data_dir, empty = tmp_path / "ledger", tmp_path / "kube.yaml"
+    empty.write_text("{}\n")
 
-            assert result.exit_code == 2, result.output
-            assert "error: ConfigException: Invalid kube-config file" in result.output
+    with plugin_commands() as app:
+        result = CliRunner().invoke(app, ["watch", "--kubeconfig", str(empty), "--data-dir", str(data_dir),
+                                          "--no-leader-election", "--health-port", "-1"],
+                                    env={**WIDE, "LEDGER_DATABASE_URL": None})
+
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: Invalid kube-config file. Expected key current-context in {empty}"
+    assert not data_dir.exists()
+
+
+def test_watch_records_into_the_embedded_ledger_of_its_data_dir(
+        fake_apiserver: Callable[..., ThreadedFakeApiServer], tmp_path: Path) -> None:
+    server = fake_apiserver(SEED_LAB)
+    server.advance(None)  # the whole history: five claims at its end
+    config = kubeconfig(tmp_path / "kube.yaml", server.url)
+    env = {k: v for k, v in os.environ.items() if k != "LEDGER_DATABASE_URL"}
+    with pg.temporary_data_dir() as data_dir:
+        log = tmp_path / "watch.log"
+        try:
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    [*CLI, "watch", "--kubeconfig", str(config), "--data-dir", str(data_dir), "--no-leader-election",
+                     "--no-jobs", "--health-port", "-1", "--clock-url", server.url],
+                    stdout=out, stderr=subprocess.STDOUT, env={**env, **FAST_ENV})
+            try:
+                deadline = time.monotonic() + WAIT_S * 4  # the first start of an embedded server runs initdb
+                while b"following ResourceClaim" not in log.read_bytes():
+                    assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.2)
+                claims: list[str] = []
+                while len(claims) < 5:  # the list is recorded once it is read: wait for it
+                    assert time.monotonic() < deadline, log.read_text()
+                    result = CliRunner().invoke(cli.app, ["claims", "--data-dir", str(data_dir), "--at",
+                                                          "2026-11-02T12:00:00Z", "--output", "json"],
+                                                env={**WIDE, "LEDGER_DATABASE_URL": None})
+                    assert result.exit_code == 0, result.output
+                    claims = [c["name"] for c in json.loads(result.stdout)["claims"]]
+                    time.sleep(0.2)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(timeout=WAIT_S) == 0, log.read_text()
             assert embedded.initialised(data_dir)  # the ledger was made in --data-dir
+            assert sorted(claims) == ["big", "ext-0-extended-resources-q9w7d", "pair-0-gpus-m2xzt", "pick-seven",
+                                      "shared-gpu"]
         finally:
             EmbeddedPostgres(data_dir).stop()
