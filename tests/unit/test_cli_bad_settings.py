@@ -109,7 +109,10 @@ def test_the_batch_size_bounds_are_1_and_100000() -> None:
 def test_watch_refuses_the_same_settings_before_the_ledger_is_opened(tmp_path: Path, env: dict[str, str],
                                                                      said: str) -> None:
     kubeconfig = tmp_path / "kube.yaml"
-    kubeconfig.write_text("{}\n")  # passes watch's early check: the settings are what is refused
+    # A whole kubeconfig (watch loads it before the ledger), of a server never reached: the settings are refused.
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                          "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                          "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n")
     data_dir = tmp_path / "ledger"
 
     with plugin_commands() as app:
