@@ -152,17 +152,6 @@ class Listed:
     """``metadata.resourceVersion`` of the list's first page: watch from here."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ListResult:
-    """A complete list of one kind (every page)."""
-
-    items: list[JSONObject]
-    """Objects with ``kind`` and ``apiVersion`` set, in server order."""
-    resource_version: str
-    """``metadata.resourceVersion`` of the first page: watch from here."""
-    received_at: datetime
-
-
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     value = headers.get("Retry-After")
     try:
@@ -378,26 +367,6 @@ class KubeSource:
             token = cast(str, next_token)
         log.info("listed %s", self.info.kind, extra={"resource": self.info.plural, "resourceVersion": version,
                                                      "items": offset})
-
-    async def list(self) -> ListResult:
-        """List every object of the kind, page by page (:meth:`pages`), and keep them all.
-
-        Holds the whole list in memory: the watch loop uses :meth:`pages` instead.
-
-        Returns:
-            The items and the first page's resourceVersion, received at the clock's time of the first page.
-
-        Raises:
-            WatchExpired: a ``continue`` token expired (410) mid-way: list again.
-            TransientApiError / NotServed / ApiError: see the module docstring.
-        """
-        items: list[JSONObject] = []
-        first: ListPage | None = None
-        async for page in self.pages():
-            first = first or page
-            items.extend(item for item in page.items if isinstance(item, dict))
-        assert first is not None  # pages() yields at least one page or raises
-        return ListResult(items=items, resource_version=first.resource_version, received_at=first.received_at)
 
     async def watch(self, *, since: str, timeout_s: int,
                     batch_size: int = 500) -> AsyncIterator[builtins.list[Received]]:
