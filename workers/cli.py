@@ -321,9 +321,9 @@ def register(app: typer.Typer) -> None:
         configure_logging()
         if kubeconfig is not None:
             try:
-                # Before the ledger: a bad file must start no database server. Loading it whole (its server checked)
-                # costs a parse; the client made here is closed at once, and main() makes the one it uses.
-                check_kubeconfig(kubeconfig)
+                # Before the ledger: a bad file must start no database server. Loading it whole (check_kubeconfig
+                # first, then its server) costs a parse; the client made here is closed at once, and main() makes the
+                # one it uses.
                 asyncio.run(_loads(kubeconfig, context))
             except k8s_config.ConfigException as e:
                 typer.echo(f"error: {e}", err=True)
