@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
+from urllib.parse import unquote
 
 import msgspec
 from litestar import Litestar, Router
@@ -44,7 +46,7 @@ from api.deps import AppState, ReportSlots, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
 from api.limits import DEFAULT_REPORT_SLOTS, REBUILD_WAIT_S
 from api.methods import JsonRenderPluginWithHead
-from api.parameters import known_query_parameters, no_nul_characters
+from api.parameters import ENCODED_SLASH, known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
@@ -100,6 +102,40 @@ def create_app_for_worker() -> Litestar:
         raise Invalid(f"{WORKER_SPEC_ENV}: not a configuration: {e}") from e
     return create_app(db=LedgerDatabase.from_url(spec.database_url, session_name=spec.session_name), config=config,
                       cluster=spec.cluster, reports=ReportSlots(spec.report_slots))
+
+
+_ENCODED_SLASH_RE: Final = re.compile(r"%2[fF]")
+
+
+class LedgerApp(Litestar):
+    """The Litestar application, routing on paths where an encoded slash (``%2F``) stays inside its segment.
+
+    Why: a ResourceSlice pool name may hold ``/`` (DNS subdomains joined by slashes), so the device timeline's
+    path ``/v1/devices/{driver}/{pool}/{device}/timeline`` needs the pool's slashes percent-encoded. ASGI servers
+    hand Litestar the path already decoded, where ``rack-1%2Flab-node`` is two segments, and the route never
+    matched (404 ``Not Found`` for such a device whatever the spelling). Here the path the router sees is decoded
+    from the raw one (``scope["raw_path"]``, the bytes the client sent) except for ``%2F``, which stays
+    :data:`ENCODED_SLASH` in its parameter; the one parameter that may hold a slash (the pool) turns it back
+    (:func:`api.parameters.path_name`). Driver, device, namespace and claim names
+    never hold ``/`` or ``%``, so elsewhere such a segment names nothing and answers 404, never another route
+    (``/v1/claims/ns/a%2Fhistory`` was ``/v1/claims/ns/a/history``).
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Route ``scope`` as the class docstring says, then handle it as Litestar does.
+
+        Args:
+            scope: the ASGI connection scope; a copy with another ``path`` is routed when ``raw_path`` holds
+                ``%2F`` (case-insensitive), ``scope`` itself otherwise.
+            receive: the ASGI receive channel.
+            send: the ASGI send channel.
+        """
+        raw = scope.get("raw_path") if scope.get("type") in ("http", "websocket") else None
+        if isinstance(raw, bytes) and b"%2" in raw:
+            text = raw.decode("latin-1").split("?", 1)[0]  # ASGI leaves the query out; some servers did not
+            if _ENCODED_SLASH_RE.search(text):
+                scope = {**scope, "path": ENCODED_SLASH.join(unquote(part) for part in _ENCODED_SLASH_RE.split(text))}
+        await super().__call__(scope, receive, send)
 
 
 def _check_v1_request(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -167,7 +203,7 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         ],
         security=[{"bearer": []}] if tokens.enabled else None,
     )
-    app = Litestar(
+    app = LedgerApp(
         route_handlers=[v1, HealthController],
         dependencies={
             "ctx": Provide(provide_state, sync_to_thread=False),

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType, UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Final, Literal, Union, get_args, get_origin
 
 from litestar.connection import ASGIConnection
 from litestar.exceptions import ValidationException
@@ -29,6 +29,19 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import ParameterKwarg
 
 from ledger.errors import Invalid, shorten, shorten_repr
+
+ENCODED_SLASH: Final = "%2F"
+"""How a ``/`` inside one path segment reaches the handlers: still percent-encoded (``api.app.LedgerApp``)."""
+
+
+def path_name(segment: str) -> str:
+    """The name a path segment spells, its :data:`ENCODED_SLASH` turned back into ``/``.
+
+    For the one path parameter whose Kubernetes name may hold a slash: a ResourceSlice pool (``spec.pool.name``,
+    DNS subdomains joined by ``/``), sent as ``rack-1%2Flab-node``. A pool name never holds ``%``, so no other
+    name is changed.
+    """
+    return segment.replace(ENCODED_SLASH, "/")
 
 
 def client_name(field: Any, name: str) -> str:

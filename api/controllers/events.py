@@ -14,6 +14,7 @@ from api.controllers.occupancy import LIMIT_DOC, TIME_SCHEMA, TOKEN_DOC
 from api.deps import AppState, ClusterParam, page_instant, parse_cluster, parse_instant
 from api.errors import V1_FORBIDDEN, V1_NOT_FOUND
 from api.methods import read
+from api.parameters import path_name
 from api.schemas import Events, Timeline, to_struct
 from ledger import services
 from ledger.errors import Invalid, shorten_repr
@@ -125,7 +126,7 @@ class DevicesController(Controller):
     ) -> Timeline:
         """Inventory intervals (``device_inventory``: which slice published it, on which node) and allocation
         intervals (``device_allocations``: which claim held it, for which team) overlapping the window, in
-        start order, ``limit`` entries a page. A pool name containing ``/`` must be percent-encoded.
+        start order, ``limit`` entries a page. A ``/`` in the pool name is sent percent-encoded (``%2F``).
         Team-limited tokens see only their teams' allocations. 404 when the device was never recorded.
         Without ``to`` the window ends at the first page's instant on every later page (the token carries it),
         so the entries of a device still in use do not move between pages.
@@ -133,6 +134,7 @@ class DevicesController(Controller):
         from datetime import UTC, datetime
 
         scope = parse_cluster(cluster, ctx)
+        pool = path_name(pool)
         t0 = parse_instant(start, "from", default=datetime(1970, 1, 1, tzinfo=UTC))
         asked = parse_instant(end, "to") if end is not None else None
         # The parsed window, not its text, is the query (the path names the device).
