@@ -8,6 +8,7 @@ pages too.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import re
@@ -35,6 +36,7 @@ from pydantic import ValidationError
 
 import ledger
 from api.auth import TokenTable, provide_access, require_token
+from api.catch_up import DEFAULT_CATCH_UP_INTERVAL_S, keep_read_models_current
 from api.controllers.claims import ClaimsController
 from api.controllers.demand import DemandController
 from api.controllers.events import DevicesController, EventsController
@@ -73,6 +75,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The ``application_name`` of the worker's database sessions (:data:`ledger.store.postgres.SESSION_NAME`):
     the command that started it, as that command's own sessions are named."""
 
+    catch_up_interval_s: float = DEFAULT_CATCH_UP_INTERVAL_S
+    """Seconds between the worker's catch-ups of the read models (``serve --catch-up-interval``; 0: none)."""
+
     def to_json(self) -> str:
         """The spec as the JSON text :func:`create_app_for_worker` reads."""
         return msgspec.json.encode(self).decode()
@@ -101,7 +106,8 @@ def create_app_for_worker() -> Litestar:
     except ValidationError as e:
         raise Invalid(f"{WORKER_SPEC_ENV}: not a configuration: {e}") from e
     return create_app(db=LedgerDatabase.from_url(spec.database_url, session_name=spec.session_name), config=config,
-                      cluster=spec.cluster, reports=ReportSlots(spec.report_slots))
+                      cluster=spec.cluster, reports=ReportSlots(spec.report_slots),
+                      catch_up_interval_s=spec.catch_up_interval_s)
 
 
 _ENCODED_SLASH_RE: Final = re.compile(r"%2[fF]")
@@ -167,7 +173,7 @@ def freeze_startup_objects() -> None:
 
 def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None = None,
                clock: Callable[[], datetime] = wall_clock, reports: ReportSlots | None = None,
-               rebuild_wait_s: float = REBUILD_WAIT_S) -> Litestar:
+               rebuild_wait_s: float = REBUILD_WAIT_S, catch_up_interval_s: float = 0.0) -> Litestar:
     """Build the Litestar application.
 
     Args:
@@ -181,6 +187,9 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         rebuild_wait_s: seconds a request waits for read models a rebuild holds before it answers 503 with
             ``Retry-After`` (:data:`api.limits.REBUILD_WAIT_S`). Set on a copy of ``db`` sharing its engine: the
             caller's ``db`` keeps waiting as it did.
+        catch_up_interval_s: seconds between two catch-ups of the read models while the app runs
+            (:func:`api.catch_up.keep_read_models_current`, started and stopped with the app's lifespan); 0 (the
+            default, for tests and embedders that catch up themselves): none.
 
     Raises:
         Invalid: a token's ``tokenEnv`` variable is unset or too short, two tokens have the same value, or
@@ -189,6 +198,20 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
     if cluster == "":
         raise Invalid("cluster: empty; leave it out to answer for every cluster")
     tokens = TokenTable.from_config(config)
+    catching_up: list[asyncio.Task[None]] = []
+
+    def start_catching_up() -> None:
+        if catch_up_interval_s > 0:
+            catching_up.append(asyncio.get_running_loop().create_task(
+                keep_read_models_current(db, interval_s=catch_up_interval_s), name="read-models-catch-up"))
+
+    async def stop_catching_up() -> None:
+        # Cancelled, the catch-up cancels the statement its thread runs and returns once that thread is done.
+        for task in catching_up:
+            task.cancel()
+        await asyncio.gather(*catching_up, return_exceptions=True)
+        catching_up.clear()
+
     v1 = Router(
         path="/",
         guards=[_check_v1_request],
@@ -228,8 +251,8 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         debug=False,
         # Frozen objects go back to the oldest generation at shutdown, so that a process that builds and stops
         # many apps (the test suite) can still collect them.
-        on_startup=[freeze_startup_objects],
-        on_shutdown=[gc.unfreeze],
+        on_startup=[freeze_startup_objects, start_catching_up],
+        on_shutdown=[stop_catching_up, gc.unfreeze],
     )
     app.state.ledger = AppState(db=replace(db, read_models_wait_s=rebuild_wait_s), config=config, cluster=cluster,
                                 clock=clock, reports=reports if reports is not None else ReportSlots())

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from api.catch_up import DEFAULT_CATCH_UP_INTERVAL_S
 from api.limits import DEFAULT_REPORT_SLOTS, MAX_REPORT_SLOTS, REPORT_WAIT_S
 from ledger import cli, services
 from ledger.cli_typer import whole_number_parser
@@ -30,6 +31,8 @@ MAX_WORKERS = 64
 default), so 64 workers may open ~1,000, past PostgreSQL's default ``max_connections`` of 100 well before."""
 COUNT_VARIABLES = ("LEDGER_API_WORKERS", "LEDGER_API_REPORT_SLOTS")
 """The environment variables of ``serve``'s ``--workers`` and ``--report-slots``, in that order."""
+CATCH_UP_VARIABLE = "LEDGER_API_CATCH_UP_INTERVAL_S"
+"""The environment variable of ``serve``'s ``--catch-up-interval``."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -42,7 +45,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, cluster: str | None = None,
-              workers: int = 1, report_slots: int = DEFAULT_REPORT_SLOTS) -> None:
+              workers: int = 1, report_slots: int = DEFAULT_REPORT_SLOTS,
+              catch_up_interval_s: float = DEFAULT_CATCH_UP_INTERVAL_S) -> None:
     """Serve the REST API with uvicorn until interrupted.
 
     ``workers``: processes answering on ``host:port`` (uvicorn's workers, each with its own connection pool and
@@ -50,7 +54,9 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     each worker adds a core's worth. With more than one, everything below is checked in this process first
     (so a bad setting is one error, not one per worker); the workers then build the same app from
     :data:`api.app.WORKER_SPEC_ENV`, and uvicorn replaces a worker that dies. ``report_slots``: whole-fleet
-    reports each process computes at once (:class:`api.deps.ReportSlots`).
+    reports each process computes at once (:class:`api.deps.ReportSlots`). ``catch_up_interval_s``: seconds between
+    two catch-ups of the read models while serving, in each process (:mod:`api.catch_up`; 0: only the one before
+    the server listens).
 
     Raises:
         LedgerError: ``host`` is empty or blank, or cannot be listened on (:func:`ledger.embedded.require_port`;
@@ -100,7 +106,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
                    "until something is recorded under that name", err=True)
     for warning in services.quota_cluster_warnings(db, config):
         typer.echo(warning, err=True)
-    app = create_app(db=db, config=config, cluster=cluster, reports=ReportSlots(report_slots))
+    app = create_app(db=db, config=config, cluster=cluster, reports=ReportSlots(report_slots),
+                     catch_up_interval_s=catch_up_interval_s)
     served = "" if workers == 1 else f", {workers} worker processes"
     where = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL (RFC 3986)
     typer.echo(f"dra-ledger API on http://{where}:{port}/v1 (OpenAPI at http://{where}:{port}/schema){served}",
@@ -114,7 +121,8 @@ def serve_api(settings: Settings, *, host: str, port: int, allow_open: bool, clu
     # JSON carries every value a LedgerConfig takes (its numbers are finite; a test round-trips deploy/ledger.toml).
     os.environ[WORKER_SPEC_ENV] = WorkerSpec(database_url=db.url, cluster=cluster, report_slots=report_slots,
                                              config=config.model_dump_json(by_alias=True),
-                                             session_name=SESSION_NAME.get()).to_json()
+                                             session_name=SESSION_NAME.get(),
+                                             catch_up_interval_s=catch_up_interval_s).to_json()
     db.dispose()
     uvicorn.run("api.server:worker_app", factory=True, workers=workers, host=host, port=port,
                 log_level="info", http=HTTP_PROTOCOL)
@@ -142,11 +150,16 @@ def register(app: typer.Typer) -> None:
             parser=whole_number_parser(1, MAX_REPORT_SLOTS),
             help="Whole-fleet reports (quotas, shared, pending, idle claims) each process computes at once; more "
                  f"requests wait, up to {REPORT_WAIT_S:g} s, then get 503.")] = DEFAULT_REPORT_SLOTS,
+        catch_up_interval_s: Annotated[float, typer.Option(
+            "--catch-up-interval", envvar=CATCH_UP_VARIABLE, parser=cli.finite_float(ge=0),
+            help="Seconds between two catch-ups of the read models while serving, so that events recorded without "
+                 "a watch worker (a replay cut short) reach the answers; 0: only the one before listening.")
+        ] = DEFAULT_CATCH_UP_INTERVAL_S,
         url: cli.UrlOpt = None,
         data_dir: cli.DataDirOpt = None,
     ) -> None:
         """Serve the read-only REST API (/v1, OpenAPI at /schema)."""
-        for variable in COUNT_VARIABLES:
+        for variable in (*COUNT_VARIABLES, CATCH_UP_VARIABLE):
             # Click reads a set but empty variable as unset, and never hands it to the parser: refused here, as
             # every empty LEDGER_ setting is (Settings refuses the others when settings_from reads them).
             if variable in os.environ and not os.environ[variable].strip():
@@ -156,7 +169,7 @@ def register(app: typer.Typer) -> None:
             settings = settings.model_copy(update={"config": config})
         with cli.reported_errors():  # one line and exit code 2 (a database it cannot use, too), no traceback
             serve_api(settings, host=host, port=port, allow_open=allow_unauthenticated, cluster=cluster,
-                      workers=workers, report_slots=report_slots)
+                      workers=workers, report_slots=report_slots, catch_up_interval_s=catch_up_interval_s)
 
     def serve_demo(settings: Settings, port: int) -> None:
         typer.echo(

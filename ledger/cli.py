@@ -579,7 +579,7 @@ def catch_up_read_models(db: LedgerDatabase, *, when: str) -> None:
         if caught_up:
             return f"interrupted {when}, with the read models caught up: tables not analyzed yet are left to autovacuum"
         return (f"interrupted {when}, while applying events to the read models: the batches applied so far are kept "
-                "with their checkpoints; the next command that reads them applies the rest")
+                "with their checkpoints; the next command that reads them, or a running `serve`, applies the rest")
 
     # From the first query: reading the checkpoints may wait for a lock too (and meet a lock_timeout, or Ctrl-C).
     with interrupt_said(kept):

@@ -39,7 +39,7 @@ from ledger import services
 from ledger.config import LedgerConfig
 from ledger.errors import Unavailable
 from ledger.store.database import LedgerDatabase
-from workers.threads import in_thread
+from ledger.threads import in_thread
 
 log = logging.getLogger(__name__)
 

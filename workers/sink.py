@@ -21,11 +21,11 @@ from ledger import services
 from ledger.errors import ProjectionFailed, Unavailable
 from ledger.recorded import BrokenLine, WatchLine, broken_watch_line, watch_line
 from ledger.store.database import LedgerDatabase
+from ledger.threads import in_thread, in_thread_with_grace
 from ledger.translator.translate import TranslatorSettings, TranslatorState
 from workers.health import WorkerMetrics
 from workers.k8s.client import KubeSource, Listed, ListPage, MalformedEvent, Received
 from workers.settings import STOP_GRACE_S, WatchSettings, backoff_delay_s
-from workers.threads import in_thread, in_thread_with_grace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -35,7 +35,7 @@ CANCEL_TIMEOUT = 5.0
 """Seconds one cancel request may take to reach the server (psycopg ``cancel_safe``)."""
 CANCEL_REPEAT = 0.25
 """Seconds between two cancel requests to work that has not ended yet (:func:`ledger.services.ingest`'s writer,
-:func:`workers.threads.in_thread`): PostgreSQL drops a request that reaches a connection between two statements."""
+:func:`ledger.threads.in_thread`): PostgreSQL drops a request that reaches a connection between two statements."""
 
 
 class ThreadCancelled(BaseException):

@@ -440,8 +440,8 @@ def test_a_replay_stopped_by_a_lock_timeout_in_its_catch_up_says_its_lines_are_k
     error, kept = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: the database cancelled a statement: canceling statement due to lock timeout (")
     assert kept == ("stopped after every line was recorded, while applying events to the read models: the batches "
-                    "applied so far are kept with their checkpoints; the next command that reads them applies the "
-                    "rest")
+                    "applied so far are kept with their checkpoints; the next command that reads them, or a running "
+                    "`serve`, applies the rest")
     with ledger_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39  # seed-lab.jsonl's lines
     again = subprocess.run([*CLI, "replay", str(SEED), "--database-url", url], capture_output=True, text=True,

@@ -82,7 +82,7 @@ def test_ctrl_c_that_breaks_the_connection_during_a_replays_catch_up_says_interr
     assert result.exit_code == 130, result.output
     assert result.output.startswith("interrupted after every line was recorded, while applying events to the read "
                                     "models: the batches applied so far are kept with their checkpoints; the next "
-                                    "command that reads them applies the rest")
+                                    "command that reads them, or a running `serve`, applies the rest")
     assert "error" not in result.output and "Traceback" not in result.output
     with ledger_engine.connect() as conn:  # the lines stay recorded; nothing was applied
         assert conn.execute(text("SELECT count(*) FROM observations")).scalar_one() == 39

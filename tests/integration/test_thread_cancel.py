@@ -1,4 +1,4 @@
-"""Work a coroutine hands to a thread (``workers.threads.in_thread``) stops when the coroutine is cancelled: the
+"""Work a coroutine hands to a thread (``ledger.threads.in_thread``) stops when the coroutine is cancelled: the
 statement the thread waits in is cancelled, its connection is not pooled again, and the work's own error handling
 takes the cancel for no failure of its own."""
 
@@ -19,10 +19,10 @@ from ledger import services
 from ledger.config import LedgerConfig
 from ledger.store.cancel import StatementCancel, ThreadCancelled
 from ledger.testing.handle import LedgerHandle
+from ledger.threads import in_thread
 from tests.locks import GUARD_S, held, someone_waits_for_a_lock
 from tests.paths import HISTORIES
 from workers.jobs import EXECUTOR_LOG, build_scheduler
-from workers.threads import in_thread
 
 
 async def cancelled_once_waiting(engine: Engine, work: Callable[[], object]) -> None:

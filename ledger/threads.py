@@ -1,4 +1,4 @@
-"""Database work of the event loop's coroutines, run in worker threads that a cancel can stop.
+"""Database work of event-loop coroutines (the workers, the API's catch-up), run in threads that a cancel can stop.
 
 The ledger's database calls are synchronous (SQLAlchemy Core on psycopg), so the workers' coroutines hand them to
 threads; :func:`in_thread` is ``asyncio.to_thread`` plus a way to stop the thread's statements when the coroutine
