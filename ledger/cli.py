@@ -889,6 +889,19 @@ def rebuild(url: UrlOpt = None, data_dir: DataDirOpt = None) -> None:
             services.refresh_statistics(db, told=_say_statistics)
 
 
+def output_path(text: str) -> Path:
+    """A Typer ``parser=`` for a file to write (``simulate --output``, ``record --output``): the path as given.
+
+    Raises:
+        typer.BadParameter: ``text`` is empty or blank (exit code 2). ``Path("")`` is ``.``, the current
+            directory, so an empty value (an unset shell variable, ``--output "$OUT"``) read as "cannot write .: it
+            is a directory" instead of naming the mistake.
+    """
+    if not text.strip():
+        raise typer.BadParameter("is empty; give the file to write")
+    return Path(text)
+
+
 def finite_float(*, ge: float | None = None, gt: float | None = None,
                  le: float | None = None) -> Callable[[str], float]:
     """A Typer ``parser=`` for a float option: a finite number in ``[ge, le]`` (``(gt, le]`` with ``gt``).
@@ -914,8 +927,8 @@ def finite_float(*, ge: float | None = None, gt: float | None = None,
 @app.command()
 def simulate(
     output_file: Annotated[Path, typer.Option(
-        "--output", help="History file to write (JSON Lines in the recorded format that replay reads: one "
-        "{observedAt, type, object} per line).")],
+        "--output", parser=output_path, help="History file to write (JSON Lines in the recorded format that "
+        "replay reads: one {observedAt, type, object} per line).")],
     nodes: Annotated[int, typer.Option("--nodes", min=1, max=bounds.MAX_NODES, help="Nodes in the fleet.")] = 10,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=bounds.MAX_GPUS_PER_NODE,
                                                help="Whole GPUs per node.")] = 8,

@@ -387,8 +387,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def record(
         output: Annotated[Path, typer.Option(
-            "--output", "-o", help="File to write (JSON Lines in the recorded format that replay reads: one "
-            "{observedAt, type, object} per line).")],
+            "--output", "-o", parser=cli.output_path, help="File to write (JSON Lines in the recorded format "
+            "that replay reads: one {observedAt, type, object} per line).")],
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
         duration_s: Annotated[float | None, typer.Option("--duration", parser=cli.finite_float(gt=0),

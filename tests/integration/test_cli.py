@@ -186,6 +186,18 @@ def test_simulate_into_a_missing_directory_is_a_one_line_error(tmp_path: Path) -
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("given", ["", "  "])
+def test_simulate_with_an_empty_output_names_the_option_instead_of_the_current_directory(
+        given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # Path("") is "."; the refusal must come before anything is written there
+    result = CliRunner().invoke(app, ["simulate", "--nodes", "1", "--hours", "0.01", "--output", given])
+
+    assert result.exit_code == 2
+    assert "Invalid value for '--output': is empty; give the file to write" in " ".join(result.output.split())
+    assert "cannot write ." not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def _interrupted_after(lines: int) -> Callable[..., Iterator[WatchLine | BrokenLine]]:
     """A ``read_history`` that raises ``KeyboardInterrupt`` (what Ctrl-C raises in the main thread) after ``lines``."""
     def read(path: Path, **kwargs: object) -> Iterator[WatchLine | BrokenLine]:

@@ -43,6 +43,16 @@ def test_record_into_a_folder_that_does_not_exist_is_refused_before_the_cluster_
     assert not out.parent.exists()
 
 
+def test_record_with_an_empty_output_is_refused_by_name(fake_apiserver: Start, tmp_path: Path) -> None:
+    server = fake_apiserver(SEED_LAB)
+
+    result = _invoke(["record", "--kubeconfig", str(kubeconfig(tmp_path / "kc", server.url)), "--output", ""])
+
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--output' / '-o': is empty; give the file to write" in " ".join(result.output.split())
+    assert server.requests == []
+
+
 def test_record_onto_a_directory_is_refused(fake_apiserver: Start, tmp_path: Path) -> None:
     server = fake_apiserver(SEED_LAB)
 
