@@ -95,15 +95,16 @@ class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``start``/``end`` are set for a time series (``step``).
     """
 
-    deviceHours: float
-    deviceClass: str | None
-    driver: str | None
+    # Fields in the order the CLI's JSON writes them: the group key, then what was counted.
     # UNSET, not None, marks a key that is not the grouping: omitted, where a null group value is written.
     team: str | msgspec.UnsetType | None = msgspec.UNSET
     namespace: str | msgspec.UnsetType | None = msgspec.UNSET
     model: str | msgspec.UnsetType | None = msgspec.UNSET
     node: str | msgspec.UnsetType | None = msgspec.UNSET
     cluster: str | msgspec.UnsetType | None = msgspec.UNSET
+    deviceClass: str | None
+    driver: str | None
+    deviceHours: float
     start: str | None = None
     end: str | None = None
     cost: float | None = None
@@ -113,12 +114,12 @@ class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
 class Usage(msgspec.Struct, kw_only=True):
     """``GET /v1/usage``."""
 
-    groupBy: str
-    rows: list[UsageRow]
-    step: float | None = None
-    nextPageToken: str | None = None
-    from_: str = msgspec.field(name="from")
+    from_: str = msgspec.field(name="from")  # keys in the CLI's order: the window, the grouping, the rows
     to: str
+    groupBy: str
+    step: float | None = None
+    rows: list[UsageRow]
+    nextPageToken: str | None = None
 
 
 class ClaimDevice(msgspec.Struct, kw_only=True):

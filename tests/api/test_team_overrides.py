@@ -123,6 +123,8 @@ def test_usage_by_team_bills_an_overridden_namespace_to_its_new_team_from_rollup
     assert hours_by_team(live) == pytest.approx(expected, abs=1e-6)
     assert rolled == live
     assert on_cli == live
+    # In the same order too, the body's keys and each row's: one reader diffing the two texts sees no change.
+    assert [list(on_cli), *map(list, on_cli["rows"])] == [list(live), *map(list, live["rows"])]
 
 
 def test_two_namespaces_overridden_to_one_team_are_summed_into_one_row(seeded: LedgerHandle) -> None:
