@@ -15,7 +15,7 @@ to an ordinary request; a claim that tolerates the taint may still get it, which
 then understates, never overstates.
 
 Sources: ``claim_states`` (pending intervals), ``claims.requests``, ``device_classes``,
-``device_inventory``, ``device_allocations``, ``device_taint_rules``, ``namespace_teams`` and the pools'
+``device_inventory``, ``device_allocations``, ``device_taint_rules``, ``namespace_teams``, ``pod_phases`` and the pools'
 ``sharedCounters``.
 """
 
@@ -155,9 +155,13 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
             overrides: Mapping[str, str] = NO_OVERRIDES, now: datetime | None = None) -> JSONObject:
     """Claims pending at ``at`` and, per DeviceClass, devices requested versus devices free.
 
-    A claim is pending at ``at`` when it holds no allocation then (table ``claim_states``) and no deletion of it was
+    A claim is pending at ``at`` when it holds no allocation then (table ``claim_states``), no deletion of it was
     requested by then (``claims.deletion_requested_at``, from ``metadata.deletionTimestamp``): the scheduler
-    allocates no claim being deleted, so such a claim is no demand, whether it never held devices or released them.
+    allocates no claim being deleted, so such a claim is no demand, whether it never held devices or released them;
+    and the pod it was made for, when it names one (``claims.owner_pod_uid``, the owner reference of a template or
+    extended-resource claim) and that pod was recorded by then (``pod_phases``), is still there at ``at`` in a phase
+    other than ``Succeeded`` or ``Failed``: a finished pod's claim is released and waits for nothing, however long
+    the pod object is kept. A claim whose pod the ledger never recorded by then is counted as before.
 
     Returns:
         ``{"at", "classes": [{"cluster", "deviceClass", "claims", "requested", "free"}], "claims": [{"cluster",
@@ -183,7 +187,14 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
         "FROM claim_states s JOIN claims c ON c.cluster = s.cluster AND c.uid = s.claim_uid "
         "WHERE s.valid @> :at AND s.state = 'pending' "
         # A claim being deleted waits for nothing: the scheduler allocates no claim with a deletionTimestamp.
-        " AND (c.deletion_requested_at IS NULL OR c.deletion_requested_at > :at)" + _cluster_filter(cluster, "s") +
+        " AND (c.deletion_requested_at IS NULL OR c.deletion_requested_at > :at)"
+        # Nor does a claim made for a pod that has finished: recorded by then, and at T either Succeeded / Failed or
+        # gone. Such a claim lingers unallocated as long as the pod object stays (a Job's pods, kept for their logs).
+        " AND NOT (c.owner_pod_uid IS NOT NULL"
+        "  AND EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.owner_pod_uid"
+        "   AND lower(p.valid) <= :at)"
+        "  AND NOT EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.owner_pod_uid"
+        "   AND p.valid @> :at AND p.phase NOT IN ('Succeeded', 'Failed')))" + _cluster_filter(cluster, "s") +
         " ORDER BY c.cluster, c.namespace, c.name, c.uid"), params).all()
     catalogs = load_catalogs(conn, at=at, cluster=cluster)
     free_by_cluster: dict[str, set[DeviceId]] = {}

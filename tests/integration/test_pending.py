@@ -55,6 +55,49 @@ def test_a_claim_being_deleted_is_no_longer_pending_demand(ledger: LedgerHandle,
     assert listed["big"] == "pending"
 
 
+def _pending_names(ledger: LedgerHandle, when: str) -> list[str]:
+    body: Any = services.pending(ledger.db, at=parse_time(when), cluster=ledger.cluster)
+    return [f"{c['namespace']}/{c['name']}" for c in body["claims"]]
+
+
+def test_a_template_claim_waits_while_its_pod_is_pending_and_not_once_the_pod_finished(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # seed-lab.jsonl: pod train-0 is created Pending at 09:02:01 with its template claim train-0-gpu-4fj8q, which is
+    # allocated at 09:02:05; the pod Succeeds at 10:00:01 and the claim is released then, deleted at 10:00:04, the pod
+    # at 10:00:07. Here the two deletions are left out, as for a Job whose finished pods are kept for their logs:
+    # the released claim stays, with no allocation, for as long as its Succeeded pod does.
+    lines = (HISTORIES / "seed-lab.jsonl").read_text().splitlines()
+    deletions = [n for n, text in enumerate(lines) if '"type":"DELETED"' in text and "train-0" in text]
+    assert len(deletions) == 2
+    kept = tmp_path / "finished-pod-kept.jsonl"
+    kept.write_text("".join(text + "\n" for n, text in enumerate(lines) if n not in deletions))
+    ledger.replay(kept)
+
+    # Before its allocation the claim waits for devices for a Pending pod: demand.
+    assert _pending_names(ledger, "2026-11-02T09:02:03Z") == ["ml-train/train-0-gpu-4fj8q"]
+    # Released with its pod Succeeded: no demand, then or hours later; the over-request "big" still is.
+    assert _pending_names(ledger, "2026-11-02T10:00:02Z") == ["ml-train/big"]
+    assert _pending_names(ledger, "2026-11-02T10:40:00Z") == ["ml-train/big"]
+    # Still a claim without an allocation: the claims listing shows it as such.
+    listing: Any = services.claims(ledger.db, at=parse_time("2026-11-02T10:40:00Z"), cluster=ledger.cluster)
+    assert {c["name"]: c["state"] for c in listing["claims"]}["train-0-gpu-4fj8q"] == "pending"
+
+
+def test_a_template_claim_whose_pod_was_never_recorded_still_counts_as_demand(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # Without the pod's lines (a recording that started after it, a cluster whose pods are not watched) nothing says
+    # the pod finished: the claim released at 10:00:01 is counted, as before, until its deletion at 10:00:04.
+    lines = (HISTORIES / "seed-lab.jsonl").read_text().splitlines()
+    no_pod = tmp_path / "no-pod.jsonl"
+    pod_lines = [text for text in lines if json.loads(text)["object"]["kind"] == "Pod" and "train-0" in text]
+    assert len(pod_lines) == 4
+    no_pod.write_text("".join(text + "\n" for text in lines if text not in pod_lines))
+    ledger.replay(no_pod)
+
+    assert _pending_names(ledger, "2026-11-02T10:00:02Z") == ["ml-train/big", "ml-train/train-0-gpu-4fj8q"]
+    assert _pending_names(ledger, "2026-11-02T10:00:05Z") == ["ml-train/big"]
+
+
 def _tainted(name: str, effect: str) -> JSONObject:
     return {"name": name, "attributes": {"index": {"int": 90}, "model": {"string": "A100"}},
             "capacity": {"memory": {"value": "80Gi"}},
