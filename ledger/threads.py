@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from ledger.store.cancel import CANCEL_REPEAT, StatementCancel
 
@@ -62,9 +63,13 @@ async def in_thread_with_grace(work: Callable[[], T], *, grace_s: float,
         Whatever ``work`` raises.
     """
     cancel = StatementCancel()
-    done = asyncio.ensure_future(asyncio.to_thread(cancel.run, work))
+    # The executor's future itself, as asyncio.to_thread makes it (in a copy of this context), not a task wrapping
+    # it: asyncio.run cancels every task still running when its main coroutine ends, and that cancel, taken for the
+    # thread's end, stopped the cancel requests below while the thread ran on.
+    done = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(contextvars.copy_context().run, cancel.run, work))
     # Read once done, so that an outcome dropped below is never reported as "exception was never retrieved".
-    done.add_done_callback(lambda task: task.cancelled() or task.exception())
+    done.add_done_callback(lambda future: future.cancelled() or future.exception())
     try:
         return await asyncio.shield(done)  # the caller's cancel reaches this await, not the thread's task
     except asyncio.CancelledError:
@@ -72,12 +77,18 @@ async def in_thread_with_grace(work: Callable[[], T], *, grace_s: float,
             hurried = asyncio.ensure_future(hurry.wait() if hurry is not None else asyncio.Event().wait())
             try:
                 with contextlib.suppress(asyncio.CancelledError):  # a second cancel: cancel the statements now
-                    await asyncio.wait([done, hurried], timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+                    either: list[asyncio.Future[Any]] = [done, hurried]
+                    await asyncio.wait(either, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 hurried.cancel()
         if grace_over is not None and not done.done():
             grace_over()
         while not done.done():
             cancel.request()
-            await asyncio.wait([done], timeout=CANCEL_REPEAT)
+            try:
+                await asyncio.wait([done], timeout=CANCEL_REPEAT)
+            except asyncio.CancelledError:
+                # A further cancel (a second Ctrl-C, asyncio.run cancelling what is left) must not end the repeats:
+                # a statement that began as the first request was sent can miss it, and only a repeat stops it.
+                continue
         raise

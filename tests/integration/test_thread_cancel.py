@@ -117,6 +117,41 @@ def test_work_that_polls_between_statements_is_refused_its_next_statement(ledger
     assert len(seen) - 1 < polls
 
 
+def _polling(ledger: LedgerHandle, polls: int, seen: list[object], started: threading.Event) -> Callable[[], None]:
+    """Work that runs ``SELECT 1`` every 0.1 s, ``polls`` times, noting each in ``seen`` and how it ended."""
+    def poll() -> None:
+        with ledger.engine.connect() as conn:
+            try:
+                for _ in range(polls):
+                    conn.execute(text("SELECT 1"))
+                    seen.append(1)
+                    started.set()
+                    time.sleep(0.1)
+            except BaseException as e:
+                seen.append(type(e))
+                raise
+
+    return poll
+
+
+def test_work_left_running_when_the_event_loop_ends_is_stopped_not_waited_for(ledger: LedgerHandle) -> None:
+    # asyncio.run cancels every task still running when its main coroutine returns (a forced exit of serve, jobs or
+    # watch: serve stopped by two Ctrl-C 20 ms apart during its catch-up). That cancel also reached the task that
+    # wrapped the thread; in_thread took it for the thread's end before it sent any cancel request, and asyncio.run
+    # then waited for the thread, which applied the whole backlog for minutes while the process ignored signals.
+    polls, seen, started = 100, list[object](), threading.Event()
+    running: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        running.append(asyncio.ensure_future(in_thread(_polling(ledger, polls, seen, started))))
+        assert await asyncio.to_thread(started.wait, GUARD_S)
+
+    asyncio.run(main())
+    assert running[0].cancelled()
+    assert seen[-1] is ThreadCancelled
+    assert len(seen) - 1 < polls
+
+
 def test_work_not_cancelled_by_its_caller_raises_a_cancelled_statement_as_the_database_error(
         ledger: LedgerHandle) -> None:
     # A statement_timeout is SQLSTATE 57014 too: under run() but never requested, it stays the database's error.
