@@ -42,8 +42,8 @@ async def keep_read_models_current(db: LedgerDatabase, *, interval_s: float) -> 
     its statement, and the batch it was applying rolls back with its checkpoint, so nothing applied is lost or
     applied twice. Events applied are logged (``read models: N events applied``). A failure never ends the loop:
     a database outage or a batch the projections cannot apply (they stay at their checkpoint) is logged as a
-    warning once per run of failures, and tried again after twice the last wait, up to
-    :data:`MAX_FAILURE_DELAY_S`.
+    warning, any other error with its traceback, once per run of failures, and tried again after twice the last
+    wait, up to :data:`MAX_FAILURE_DELAY_S`.
 
     Raises:
         asyncio.CancelledError: when cancelled, once the thread's work has ended.
@@ -65,12 +65,19 @@ async def keep_read_models_current(db: LedgerDatabase, *, interval_s: float) -> 
         except (Unavailable, ProjectionFailed) as e:
             if not failing:
                 log.warning("read models: catch-up failed, answers may lag the newest events (retrying): %s", e)
-            failing = True
-            delay_s = min(max(delay_s * 2, interval_s), MAX_FAILURE_DELAY_S)
+        except Exception:
+            # This loop is the API's supervisor of its catch-up, as main.py is a worker's: anything else (a table
+            # renamed or a grant revoked under the running process, a bug) is logged with its traceback and tried
+            # again, never the silent end of the catch-up (the task's error was only read at shutdown, and dropped).
+            if not failing:
+                log.exception("read models: catch-up failed, answers may lag the newest events (retrying)")
+        else:
+            if failing:
+                log.info("read models: catch-up works again")
+            failing, delay_s = False, interval_s
+            if applied:
+                log.info("read models: %d events applied%s", applied,
+                         f", {behind.events} still missing" if behind is not None and behind.events else "")
             continue
-        if failing:
-            log.info("read models: catch-up works again")
-        failing, delay_s = False, interval_s
-        if applied:
-            log.info("read models: %d events applied%s", applied,
-                     f", {behind.events} still missing" if behind is not None and behind.events else "")
+        failing = True
+        delay_s = min(max(delay_s * 2, interval_s), MAX_FAILURE_DELAY_S)

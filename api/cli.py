@@ -35,6 +35,27 @@ CATCH_UP_VARIABLE = "LEDGER_API_CATCH_UP_INTERVAL_S"
 """The environment variable of ``serve``'s ``--catch-up-interval``."""
 
 
+MIN_CATCH_UP_INTERVAL_S = 0.1
+"""Shortest ``--catch-up-interval`` above 0, in seconds: each tick is two queries (more than one a second per worker
+where nothing is missing), and a value such as ``1e-9`` kept a core busy."""
+MAX_CATCH_UP_INTERVAL_S = 3600.0
+"""Longest ``--catch-up-interval``, in seconds: longer reads as a typo for 0 (never), which says so."""
+
+
+def _catch_up_interval(text: str) -> float:
+    """The ``--catch-up-interval`` parser: 0 (none), or a finite number of seconds from
+    :data:`MIN_CATCH_UP_INTERVAL_S` to :data:`MAX_CATCH_UP_INTERVAL_S`.
+
+    Raises:
+        typer.BadParameter: anything else (exit code 2), with the range.
+    """
+    value = cli.finite_float(ge=0, le=MAX_CATCH_UP_INTERVAL_S)(text)
+    if 0 < value < MIN_CATCH_UP_INTERVAL_S:
+        raise typer.BadParameter(f"{value:g} s is too short: 0 for none, else {MIN_CATCH_UP_INTERVAL_S:g} to "
+                                 f"{MAX_CATCH_UP_INTERVAL_S:g} seconds")
+    return value
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -151,9 +172,10 @@ def register(app: typer.Typer) -> None:
             help="Whole-fleet reports (quotas, shared, pending, idle claims) each process computes at once; more "
                  f"requests wait, up to {REPORT_WAIT_S:g} s, then get 503.")] = DEFAULT_REPORT_SLOTS,
         catch_up_interval_s: Annotated[float, typer.Option(
-            "--catch-up-interval", envvar=CATCH_UP_VARIABLE, parser=cli.finite_float(ge=0),
-            help="Seconds between two catch-ups of the read models while serving, so that events recorded without "
-                 "a watch worker (a replay cut short) reach the answers; 0: only the one before listening.")
+            "--catch-up-interval", envvar=CATCH_UP_VARIABLE, parser=_catch_up_interval,
+            help="Seconds between two catch-ups of the read models while serving (0.1 to 3600), so that events "
+                 "recorded without a watch worker (a replay cut short) reach the answers; 0: only the one before "
+                 "listening.")
         ] = DEFAULT_CATCH_UP_INTERVAL_S,
         url: cli.UrlOpt = None,
         data_dir: cli.DataDirOpt = None,

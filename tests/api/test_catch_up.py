@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +15,9 @@ import httpx
 import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
+from sqlalchemy import text
 
+from api import catch_up
 from api.app import create_app
 from ledger import services
 from ledger.config import DEFAULT
@@ -124,3 +128,40 @@ def test_a_running_serve_with_two_workers_applies_events_recorded_after_it_start
     applied = [int(n) for n in re.findall(r"read models: (\d+) events applied", server.output)]
     assert sum(applied) == 51, server.output
     assert server.process.returncode == 0, server.output
+
+
+def test_a_catch_up_that_fails_for_any_reason_is_logged_and_tried_again(
+        serve: Callable[[float], TestClient[Litestar]], recorded: LedgerHandle,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Not a lost connection nor a projection's failure: a table missing under the running process (a migration run
+    # beside an older serve). The loop ended on it, silently, and the read models stayed behind for good.
+    caplog.set_level(logging.INFO, logger=catch_up.log.name)
+    catch_up.log.addHandler(caplog.handler)  # Litestar's logging setup stops uvicorn's loggers from propagating
+    try:
+        _fail_then_recover(serve, recorded, caplog)
+    finally:
+        catch_up.log.removeHandler(caplog.handler)
+    said = [r for r in caplog.records if r.name == catch_up.log.name]
+    [failed] = [r for r in said if "catch-up failed" in r.getMessage()]  # once for the run of failures
+    assert failed.levelno == logging.ERROR and failed.exc_info is not None
+    assert "checkpoints" in "".join(traceback.format_exception(*failed.exc_info))
+
+
+def _fail_then_recover(serve: Callable[[float], TestClient[Litestar]], recorded: LedgerHandle,
+                       caplog: pytest.LogCaptureFixture) -> None:
+    with recorded.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE checkpoints RENAME TO checkpoints_away"))
+    try:
+        serve(0.05)
+        deadline = time.monotonic() + DEADLINE_S
+        while not [r for r in caplog.records if "catch-up failed" in r.getMessage()]:
+            assert time.monotonic() < deadline, "the failure was never logged"
+            time.sleep(0.05)
+    finally:
+        with recorded.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE checkpoints_away RENAME TO checkpoints"))
+    _wait_until_caught_up(recorded)
+    deadline = time.monotonic() + DEADLINE_S
+    while not [r for r in caplog.records if r.getMessage() == "read models: catch-up works again"]:
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.05)

@@ -320,3 +320,19 @@ def test_serve_stopped_while_it_applies_events_says_what_was_kept(ledger: Ledger
                     "applied so far are kept with their checkpoints; the next command that reads them, or a running "
                     "`serve`, applies the rest")
     assert "dra-ledger API on" not in result.stderr
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ("0.05", "0.05 s is too short: 0 for none, else 0.1 to 3600 seconds"),  # 1e-9 kept a core busy
+    ("3601", "less than or equal to 3600"),
+    ("1e308", "less than or equal to 3600"),  # read as never, silently
+    ("-1", "greater than or equal to 0"),
+    ("nan", "finite number"),
+])
+def test_a_catch_up_interval_out_of_range_is_refused_before_the_database_is_touched(
+        registered: tuple[typer.Typer, int], given: str, said: str) -> None:
+    result = CliRunner().invoke(registered[0], ["--catch-up-interval", given, "--database-url",
+                                                "postgresql://nobody@127.0.0.1:1/none"])
+    assert result.exit_code == 2
+    assert said in " ".join(result.output.replace("│", " ").split())
+    assert "database" not in result.output
