@@ -158,10 +158,11 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
     A claim is pending at ``at`` when it holds no allocation then (table ``claim_states``), no deletion of it was
     requested by then (``claims.deletion_requested_at``, from ``metadata.deletionTimestamp``): the scheduler
     allocates no claim being deleted, so such a claim is no demand, whether it never held devices or released them;
-    and the pod it was made for, when it names one (``claims.owner_pod_uid``, the owner reference of a template or
-    extended-resource claim) and that pod was recorded by then (``pod_phases``), is still there at ``at`` in a phase
-    other than ``Succeeded`` or ``Failed``: a finished pod's claim is released and waits for nothing, however long
-    the pod object is kept. A claim whose pod the ledger never recorded by then is counted as before.
+    and, for a template or extended-resource claim (``claims.origin``), the pod it was made for
+    (``claims.owner_pod_uid``, its owner reference), when that pod was recorded by then (``pod_phases``), is still
+    there at ``at`` in a phase other than ``Succeeded`` or ``Failed``: a finished pod's claim is released and waits
+    for nothing, however long the pod object is kept. A claim whose pod the ledger never recorded by then is counted
+    as before, and so is a manual claim, whatever owns it: any pod may be waiting for it by name.
 
     Returns:
         ``{"at", "classes": [{"cluster", "deviceClass", "claims", "requested", "free"}], "claims": [{"cluster",
@@ -190,7 +191,7 @@ def pending(conn: Connection, *, at: datetime, cluster: str | None = None,
         " AND (c.deletion_requested_at IS NULL OR c.deletion_requested_at > :at)"
         # Nor does a claim made for a pod that has finished: recorded by then, and at T either Succeeded / Failed or
         # gone. Such a claim lingers unallocated as long as the pod object stays (a Job's pods, kept for their logs).
-        " AND NOT (c.owner_pod_uid IS NOT NULL"
+        " AND NOT (c.origin IN ('template', 'extended') AND c.owner_pod_uid IS NOT NULL"
         "  AND EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.owner_pod_uid"
         "   AND lower(p.valid) <= :at)"
         "  AND NOT EXISTS (SELECT 1 FROM pod_phases p WHERE p.cluster = c.cluster AND p.pod_uid = c.owner_pod_uid"

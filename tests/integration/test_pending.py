@@ -83,6 +83,31 @@ def test_a_template_claim_waits_while_its_pod_is_pending_and_not_once_the_pod_fi
     assert {c["name"]: c["state"] for c in listing["claims"]}["train-0-gpu-4fj8q"] == "pending"
 
 
+def test_a_manual_claim_owned_by_a_pod_that_finished_still_counts_while_another_pod_waits_for_it(
+        ledger: LedgerHandle, tmp_path: Path) -> None:
+    # seed-lab's over-request "big" is manual, and pod big-pod waits for it by name, Pending all along. Here it is
+    # also owned (not as its controller) by pod train-0, which Succeeds at 10:00:01 and is deleted at 10:00:07: an
+    # owner that finished says nothing about a manual claim's other users, so big stays demand.
+    lines = (HISTORIES / "seed-lab.jsonl").read_text().splitlines()
+    train_pod_uid = next(json.loads(text)["object"]["metadata"]["uid"] for text in lines
+                         if json.loads(text)["object"].get("kind") == "Pod" and '"name":"train-0"' in text)
+    owned = tmp_path / "owned-big.jsonl"
+    with owned.open("w") as out:
+        for text in lines:
+            event = json.loads(text)
+            meta = event["object"].get("metadata", {})
+            if event["object"].get("kind") == "ResourceClaim" and meta.get("name") == "big":
+                meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "train-0",
+                                            "uid": train_pod_uid, "controller": False}]
+            out.write(json.dumps(event) + "\n")
+    ledger.replay(owned)
+
+    listing: Any = services.claims(ledger.db, at=parse_time("2026-11-02T10:40:00Z"), cluster=ledger.cluster)
+    assert {c["name"]: c["origin"] for c in listing["claims"]}["big"] == "manual"
+    assert _pending_names(ledger, "2026-11-02T10:00:02Z") == ["ml-train/big"]
+    assert _pending_names(ledger, "2026-11-02T10:40:00Z") == ["ml-train/big"]
+
+
 def test_a_template_claim_whose_pod_was_never_recorded_still_counts_as_demand(
         ledger: LedgerHandle, tmp_path: Path) -> None:
     # Without the pod's lines (a recording that started after it, a cluster whose pods are not watched) nothing says
