@@ -48,7 +48,7 @@ from api.deps import AppState, ReportSlots, provide_state, wall_clock
 from api.errors import EXCEPTION_HANDLERS, html_error_as_problem, problem_details_plugin
 from api.limits import DEFAULT_REPORT_SLOTS, REBUILD_WAIT_S
 from api.methods import JsonRenderPluginWithHead
-from api.parameters import ENCODED_SLASH, known_query_parameters, no_nul_characters
+from api.parameters import known_query_parameters, no_nul_characters
 from ledger.config import LedgerConfig
 from ledger.errors import Invalid
 from ledger.store.database import LedgerDatabase
@@ -110,7 +110,9 @@ def create_app_for_worker() -> Litestar:
                       catch_up_interval_s=spec.catch_up_interval_s)
 
 
-_ENCODED_SLASH_RE: Final = re.compile(r"%2[fF]")
+_KEPT_ESCAPES_RE: Final = re.compile(r"(%2[fF]|%25)")
+"""The escapes :class:`LedgerApp` leaves encoded in the path it routes on: a slash, and a percent sign (so that a
+``%2F`` in a parameter always stands for a slash the client encoded, never for ``%252F`` decoded once)."""
 
 
 class LedgerApp(Litestar):
@@ -120,11 +122,11 @@ class LedgerApp(Litestar):
     path ``/v1/devices/{driver}/{pool}/{device}/timeline`` needs the pool's slashes percent-encoded. ASGI servers
     hand Litestar the path already decoded, where ``rack-1%2Flab-node`` is two segments, and the route never
     matched (404 ``Not Found`` for such a device whatever the spelling). Here the path the router sees is decoded
-    from the raw one (``scope["raw_path"]``, the bytes the client sent) except for ``%2F``, which stays
-    :data:`ENCODED_SLASH` in its parameter; the one parameter that may hold a slash (the pool) turns it back
-    (:func:`api.parameters.path_name`). Driver, device, namespace and claim names
-    never hold ``/`` or ``%``, so elsewhere such a segment names nothing and answers 404, never another route
-    (``/v1/claims/ns/a%2Fhistory`` was ``/v1/claims/ns/a/history``).
+    from the raw one (``scope["raw_path"]``, the bytes the client sent) except for ``%2F``, which stays ``%2F`` in
+    its parameter, and ``%25`` (a ``%``), so that ``%252F`` stays the text ``%2F`` it encodes; the one parameter
+    that may hold a slash (the pool) turns both back (:func:`api.parameters.path_name`). Driver, device, namespace
+    and claim names never hold ``/`` or ``%``, so elsewhere such a segment names nothing and answers 404, never
+    another route (``/v1/claims/ns/a%2Fhistory`` was ``/v1/claims/ns/a/history``).
     """
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -132,15 +134,17 @@ class LedgerApp(Litestar):
 
         Args:
             scope: the ASGI connection scope; a copy with another ``path`` is routed when ``raw_path`` holds
-                ``%2F`` (case-insensitive), ``scope`` itself otherwise.
+                ``%2F`` or ``%25`` (case-insensitive), kept as ``%2F`` and ``%25``; ``scope`` itself otherwise.
             receive: the ASGI receive channel.
             send: the ASGI send channel.
         """
         raw = scope.get("raw_path") if scope.get("type") in ("http", "websocket") else None
         if isinstance(raw, bytes) and b"%2" in raw:
             text = raw.decode("latin-1").split("?", 1)[0]  # ASGI leaves the query out; some servers did not
-            if _ENCODED_SLASH_RE.search(text):
-                scope = {**scope, "path": ENCODED_SLASH.join(unquote(part) for part in _ENCODED_SLASH_RE.split(text))}
+            parts = _KEPT_ESCAPES_RE.split(text)
+            if len(parts) > 1:  # odd items are the kept escapes, written in capitals; the rest decoded as usual
+                scope = {**scope, "path": "".join(part.upper() if n % 2 else unquote(part)
+                                                  for n, part in enumerate(parts))}
         await super().__call__(scope, receive, send)
 
 

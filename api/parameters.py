@@ -30,18 +30,18 @@ from litestar.params import ParameterKwarg
 
 from ledger.errors import Invalid, shorten, shorten_repr
 
-ENCODED_SLASH: Final = "%2F"
-"""How a ``/`` inside one path segment reaches the handlers: still percent-encoded (``api.app.LedgerApp``)."""
+_KEPT_ESCAPES: Final = re.compile("%2F|%25")
+"""The escapes a path parameter may still hold (``api.app.LedgerApp`` leaves ``%2F`` and ``%25`` encoded)."""
 
 
 def path_name(segment: str) -> str:
-    """The name a path segment spells, its :data:`ENCODED_SLASH` turned back into ``/``.
+    """The name a path segment spells, its ``%2F`` turned back into ``/`` and its ``%25`` into ``%``.
 
     For the one path parameter whose Kubernetes name may hold a slash: a ResourceSlice pool (``spec.pool.name``,
-    DNS subdomains joined by ``/``), sent as ``rack-1%2Flab-node``. A pool name never holds ``%``, so no other
-    name is changed.
+    DNS subdomains joined by ``/``), sent as ``rack-1%2Flab-node``. Sent encoded twice (``rack-1%252Flab-node``), it
+    names the pool ``rack-1%2Flab-node``, which no pool is.
     """
-    return segment.replace(ENCODED_SLASH, "/")
+    return _KEPT_ESCAPES.sub(lambda m: "/" if m.group() == "%2F" else "%", segment)
 
 
 def client_name(field: Any, name: str) -> str:

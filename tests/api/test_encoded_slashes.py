@@ -85,3 +85,14 @@ def test_an_encoded_slash_in_the_device_name_is_a_device_never_recorded(client: 
     response = client.get("/v1/devices/gpu.example.com/rack-1%2Flab-node/gpu%2F1/timeline")
     assert response.status_code == 404
     assert "gpu%2F1" in response.json()["detail"]
+
+
+def test_a_pool_encoded_twice_names_the_pool_its_text_spells_which_is_none(client: TestClient[Litestar]) -> None:
+    # rack-1%252Flab-node is the text "rack-1%2Flab-node" encoded once: a pool of that name, not rack-1/lab-node.
+    response = client.get("/v1/devices/gpu.example.com/rack-1%252Flab-node/gpu-1/timeline")
+    assert response.status_code == 404
+    assert "rack-1%2Flab-node/gpu-1" in response.json()["detail"]
+    # A percent sign and a slash, each encoded once, are both turned back in the pool.
+    odd = client.get("/v1/devices/gpu.example.com/a%25b%2Fc/gpu-1/timeline")
+    assert odd.status_code == 404
+    assert "a%b/c/gpu-1" in odd.json()["detail"]
