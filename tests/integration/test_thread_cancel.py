@@ -93,20 +93,8 @@ def test_work_that_polls_between_statements_is_refused_its_next_statement(ledger
     seen: list[object] = []
     started = threading.Event()
 
-    def poll() -> None:
-        with ledger.engine.connect() as conn:
-            try:
-                for _ in range(polls):
-                    conn.execute(text("SELECT 1"))
-                    seen.append(1)
-                    started.set()
-                    time.sleep(0.1)
-            except BaseException as e:
-                seen.append(type(e))
-                raise
-
     async def main() -> None:
-        task = asyncio.ensure_future(in_thread(poll))
+        task = asyncio.ensure_future(in_thread(_polling(ledger, polls, seen, started)))
         assert await asyncio.to_thread(started.wait, GUARD_S)
         task.cancel()
         await task
