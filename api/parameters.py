@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType, UnionType
-from typing import Any, Final, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
+from urllib.parse import unquote
 
 from litestar.connection import ASGIConnection
 from litestar.exceptions import ValidationException
@@ -30,18 +31,16 @@ from litestar.params import ParameterKwarg
 
 from ledger.errors import Invalid, shorten, shorten_repr
 
-_KEPT_ESCAPES: Final = re.compile("%2F|%25")
-"""The escapes a path parameter may still hold (``api.app.LedgerApp`` leaves ``%2F`` and ``%25`` encoded)."""
-
 
 def path_name(segment: str) -> str:
-    """The name a path segment spells, its ``%2F`` turned back into ``/`` and its ``%25`` into ``%``.
+    """The name a path segment spells, its ``%2F`` turned back into ``/`` and its ``%25`` into ``%`` (the escapes
+    ``api.app.LedgerApp`` leaves encoded; the segment holds no other).
 
     For the one path parameter whose Kubernetes name may hold a slash: a ResourceSlice pool (``spec.pool.name``,
     DNS subdomains joined by ``/``), sent as ``rack-1%2Flab-node``. Sent encoded twice (``rack-1%252Flab-node``), it
     names the pool ``rack-1%2Flab-node``, which no pool is.
     """
-    return _KEPT_ESCAPES.sub(lambda m: "/" if m.group() == "%2F" else "%", segment)
+    return unquote(segment)
 
 
 def client_name(field: Any, name: str) -> str:
