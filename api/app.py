@@ -12,7 +12,8 @@ import asyncio
 import gc
 import os
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
@@ -202,19 +203,17 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
     if cluster == "":
         raise Invalid("cluster: empty; leave it out to answer for every cluster")
     tokens = TokenTable.from_config(config)
-    catching_up: list[asyncio.Task[None]] = []
 
-    def start_catching_up() -> None:
-        if catch_up_interval_s > 0:
-            catching_up.append(asyncio.get_running_loop().create_task(
-                keep_read_models_current(db, interval_s=catch_up_interval_s), name="read-models-catch-up"))
-
-    async def stop_catching_up() -> None:
-        # Cancelled, the catch-up cancels the statement its thread runs and returns once that thread is done.
-        for task in catching_up:
+    @asynccontextmanager
+    async def catching_up(_: Litestar) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(
+            keep_read_models_current(db, interval_s=catch_up_interval_s), name="read-models-catch-up")
+        try:
+            yield
+        finally:
+            # Cancelled, the catch-up cancels the statement its thread runs and returns once that thread is done.
             task.cancel()
-        await asyncio.gather(*catching_up, return_exceptions=True)
-        catching_up.clear()
+            await asyncio.gather(task, return_exceptions=True)
 
     v1 = Router(
         path="/",
@@ -255,8 +254,9 @@ def create_app(*, db: LedgerDatabase, config: LedgerConfig, cluster: str | None 
         debug=False,
         # Frozen objects go back to the oldest generation at shutdown, so that a process that builds and stops
         # many apps (the test suite) can still collect them.
-        on_startup=[freeze_startup_objects, start_catching_up],
-        on_shutdown=[stop_catching_up, gc.unfreeze],
+        on_startup=[freeze_startup_objects],
+        on_shutdown=[gc.unfreeze],
+        lifespan=[catching_up],
     )
     app.state.ledger = AppState(db=replace(db, read_models_wait_s=rebuild_wait_s), config=config, cluster=cluster,
                                 clock=clock, reports=reports if reports is not None else ReportSlots())
